@@ -1,0 +1,84 @@
+"""Encoder and decoder layers. Residual connections and norm placement live only here.
+
+``post`` (Vaswani et al. 2017, sec. 5.4):  x = Norm(x + Dropout(Sublayer(x)))
+``pre``  (Xiong et al. 2020, arXiv:2002.04745): x = x + Dropout(Sublayer(Norm(x)))
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from torch import Tensor, nn
+
+Placement = Literal["post", "pre"]
+
+
+class Residual(nn.Module):
+    """A sub-layer wrapped with dropout, a residual connection and a norm placed by ``placement``."""
+
+    def __init__(self, inner: nn.Module, norm: nn.Module, *, placement: Placement, dropout: float):
+        super().__init__()
+        self.inner = inner
+        self.norm = norm
+        self.pre = placement == "pre"
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, **kwargs) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d); ``kwargs`` go to the inner sub-layer."""
+        if self.pre:
+            return x + self.drop(self.inner(self.norm(x), **kwargs))
+        return self.norm(x + self.drop(self.inner(x, **kwargs)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each a :class:`Residual` (Vaswani et al. 2017, sec. 3.1)."""
+
+    def __init__(self, *, self_attn: Residual, ffn: Residual):
+        super().__init__()
+        self.self_attn = self_attn
+        self.ffn = ffn
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+        """``x`` (b, n, d), ``mask`` broadcastable to (b, h, n, n) -> (b, n, d)."""
+        return self.ffn(self.self_attn(x, mask=mask))
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output (absent in decoder-only
+    models), then feed-forward (Vaswani et al. 2017, sec. 3.1)."""
+
+    def __init__(self, *, self_attn: Residual, cross_attn: Residual | None, ffn: Residual):
+        super().__init__()
+        self.self_attn = self_attn
+        self.cross_attn = cross_attn
+        self.ffn = ffn
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``x`` (b, i, d), ``mask`` to (b, h, i, i), ``memory`` (b, j, d), ``memory_mask`` to
+        (b, h, i, j) -> (b, i, d)."""
+        x = self.self_attn(x, mask=mask)
+        if self.cross_attn is not None:
+            x = self.cross_attn(x, context=memory, mask=memory_mask)
+        return self.ffn(x)
+
+
+class Stack(nn.Module):
+    """``layers`` identical-in-kind layers, then an optional final norm (pre-norm needs one)."""
+
+    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+
+    def forward(self, x: Tensor, **kwargs) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d); ``kwargs`` (masks, memory) go to every layer."""
+        for layer in self.layers:
+            x = layer(x, **kwargs)
+        return x if self.final_norm is None else self.final_norm(x)

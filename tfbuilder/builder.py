@@ -1,0 +1,118 @@
+"""Validated recipe -> ``nn.Module``. The only caller of the registry's factories."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import registry
+from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
+from .errors import Problem, RecipeError
+from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, token_embedding
+from .recipe import ModelSection, Recipe, StackSection
+from .registry import BuildContext, ComponentParams
+from .sources import dotted_path
+
+
+def build_model(recipe: Recipe | ModelSection) -> nn.Module:
+    """Build the model a recipe (or its ``model`` section) describes.
+
+    ``encoder_decoder``: ``model(src, tgt)`` with int64 ids (b, j) and (b, i) -> logits (b, i, vocab);
+    ``decoder`` and ``encoder``: ``model(tokens)`` (b, n) -> logits (b, n, vocab).
+    """
+    spec = recipe.model if isinstance(recipe, Recipe) else recipe
+    return _Builder(spec, recipe if isinstance(recipe, Recipe) else None).model()
+
+
+class _Builder:
+    def __init__(self, spec: ModelSection, recipe: Recipe | None):
+        self.spec = spec
+        self.recipe = recipe
+
+    def component(self, family: str, params: ComponentParams, ctx: BuildContext, where: tuple) -> nn.Module:
+        try:
+            return registry.build(family, params, ctx)
+        except (ValueError, TypeError) as exc:
+            # A component refusing its params is a recipe problem: report it where it was written.
+            loc = ("model",) + where
+            src = self.recipe._source if self.recipe is not None else None
+            problem = src.problem(loc, str(exc)) if src is not None else Problem(str(exc), dotted_path(loc))
+            raise RecipeError([problem]) from exc
+
+    def norm(self, stack: StackSection | None, where: str) -> nn.Module:
+        params = (stack.norm if stack else None) or self.spec.norm
+        return self.component("norm", params, BuildContext(d_model=self.spec.d_model), (where, "norm"))
+
+    def residual(self, inner: nn.Module, stack: StackSection, where: str) -> Residual:
+        return Residual(inner, self.norm(stack, where), placement=self.spec.placement, dropout=self.spec.dropout)
+
+    def stack(self, part: str) -> Stack:
+        spec = self.spec
+        section = getattr(spec, part)
+        decoder = part == "decoder"
+        attention = section.attention or spec.attention
+        cross_params = getattr(section, "cross_attention", None) or attention
+        ffn = section.ffn or spec.ffn
+        layers = []
+        for index in range(section.layers):
+            ctx = BuildContext(
+                d_model=spec.d_model, dropout=spec.dropout, causal=decoder, layer=index, num_layers=section.layers
+            )
+            self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
+            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
+            if not decoder:
+                layers.append(EncoderLayer(self_attn=self_attn, ffn=ff))
+                continue
+            cross = None
+            if spec.kind == "encoder_decoder":
+                cross_ctx = BuildContext(
+                    d_model=spec.d_model, dropout=spec.dropout, cross=True, layer=index, num_layers=section.layers
+                )
+                where = (part, "cross_attention" if section.cross_attention else "attention")
+                cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part)
+            layers.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
+        final = self.norm(section, part) if spec.uses_final_norm else None
+        return Stack(layers, final)
+
+    def embedding(self, tokens: nn.Embedding) -> Embedding:
+        ctx = BuildContext(d_model=self.spec.d_model)
+        position = self.component("position", self.spec.position, ctx, ("position",))
+        return Embedding(tokens, position, dropout=self.spec.dropout)
+
+    def output(self, tokens: nn.Embedding) -> nn.Linear:
+        out = nn.Linear(self.spec.d_model, self.spec.vocab_size, bias=False)
+        if self.spec.tie_output:
+            out.weight = tokens.weight
+        else:
+            nn.init.normal_(out.weight, std=self.spec.d_model**-0.5)
+        return out
+
+    def model(self) -> nn.Module:
+        spec = self.spec
+        tgt_tokens = token_embedding(spec.vocab_size, spec.d_model)
+        if spec.kind == "encoder_decoder":
+            if spec.share_embeddings:
+                src_tokens = tgt_tokens
+            else:
+                src_tokens = token_embedding(spec.src_vocab_size or spec.vocab_size, spec.d_model)
+            return EncoderDecoder(
+                src_embed=self.embedding(src_tokens),
+                tgt_embed=self.embedding(tgt_tokens),
+                encoder=self.stack("encoder"),
+                decoder=self.stack("decoder"),
+                head=self.output(tgt_tokens),
+                pad_id=spec.pad_id,
+            )
+        if spec.kind == "decoder":
+            return DecoderOnly(
+                embed=self.embedding(tgt_tokens),
+                decoder=self.stack("decoder"),
+                head=self.output(tgt_tokens),
+                pad_id=spec.pad_id,
+            )
+        head = MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))
+        return EncoderOnly(embed=self.embedding(tgt_tokens), encoder=self.stack("encoder"), head=head, pad_id=spec.pad_id)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct parameters (a tied matrix counts once)."""
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,48 @@
+"""Errors a user can cause: each problem carries where it is (file, line, column, dotted path)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a recipe, printed as ``file:line:col: dotted.path: message``."""
+
+    message: str
+    path: str = ""
+    file: str | None = None
+    line: int | None = None
+    col: int | None = None
+
+    def __str__(self) -> str:
+        where = ""
+        if self.file is not None:
+            where = f"{self.file}:{self.line or 1}:{self.col or 1}: "
+        what = f"{self.path}: " if self.path else ""
+        return f"{where}{what}{self.message}"
+
+
+class TfbuilderError(Exception):
+    """Base class of the errors tfbuilder raises on purpose (the CLI prints them and exits 2)."""
+
+
+class RecipeError(TfbuilderError):
+    """A recipe is wrong: every problem found, at once."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems: list[Problem] = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest choice, or a list of the choices when none is close."""
+    choices = sorted(set(choices))
+    close = difflib.get_close_matches(str(word), choices, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    if choices and len(choices) <= 12:
+        return "; expected one of: " + ", ".join(f"'{c}'" for c in choices)
+    return ""

@@ -1,0 +1,35 @@
+"""The one place masks are made.
+
+Convention: a mask is a boolean tensor broadcastable to (b, h, i, j), True where query i may attend
+to key j; ``None`` means "attend everywhere". Padding is on the right.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor | None:
+    """Keys that are real tokens: ``ids`` (b, j) -> (b, 1, 1, j), or None when nothing is padding."""
+    real = ids != pad_id
+    if bool(real.all()):
+        return None
+    return real[:, None, None, :]
+
+
+def causal_mask(n_query: int, n_key: int | None = None, *, offset: int = 0, device=None) -> Tensor:
+    """Look-ahead mask (1, 1, i, j): query ``offset + i`` may attend to keys ``0 .. offset + i``."""
+    n_key = n_query + offset if n_key is None else n_key
+    i = torch.arange(offset, offset + n_query, device=device)[:, None]
+    j = torch.arange(n_key, device=device)[None, :]
+    return (j <= i)[None, None]
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of masks, ignoring Nones."""
+    out = None
+    for m in masks:
+        if m is not None:
+            out = m if out is None else out & m
+    return out

@@ -1,0 +1,186 @@
+"""The component registry: family -> type name -> component class with its strict ``Params`` model.
+
+Components register themselves with :func:`register`; third-party packages do the same from Python
+or through the entry-point group ``tfbuilder.components`` (a recipe only ever names a registered
+type, never an import path). This module imports no component.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict
+
+FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
+ENTRY_POINT_GROUP = "tfbuilder.components"
+_BUILTIN_MODULES = (
+    "tfbuilder.components.attention",
+    "tfbuilder.components.position",
+    "tfbuilder.components.norm",
+    "tfbuilder.components.ffn",
+)
+
+
+class ComponentParams(BaseModel):
+    """Base of every component's params: strict (unknown keys are errors), immutable, described."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    family: ClassVar[str] = ""
+    type: str
+
+    def check(self, dims: "ModelDims") -> list[tuple[str, str]]:
+        """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
+        return []
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Dimensions shared by the whole model, known when a recipe is validated."""
+
+    d_model: int
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a component learns at build time instead of repeating it in its params."""
+
+    d_model: int
+    dropout: float = 0.0
+    causal: bool = False
+    cross: bool = False
+    layer: int = 0
+    num_layers: int = 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered component: its family, type name, class and params model."""
+
+    family: str
+    name: str
+    cls: type
+    params: type[ComponentParams]
+    source: str
+
+    @property
+    def doc(self) -> str:
+        return (self.cls.__doc__ or "").strip().splitlines()[0] if self.cls.__doc__ else ""
+
+
+class RegistryError(Exception):
+    """A component cannot be registered (a programming error in a component, not a recipe error)."""
+
+
+_entries: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
+_loaded = False
+_version = 0
+C = TypeVar("C", bound=type)
+
+
+def register(family: str, name: str) -> Callable[[C], C]:
+    """Class decorator: register ``cls`` as ``family``/``name``.
+
+    ``cls`` must define a nested ``Params(ComponentParams)`` whose ``type`` field is
+    ``Literal[name]`` with default ``name``, and be constructible as ``cls(params, ctx)``.
+    """
+
+    def decorate(cls: C) -> C:
+        _add(family, name, cls, source=getattr(cls, "__module__", "?"))
+        return cls
+
+    return decorate
+
+
+def _add(family: str, name: str, cls: type, *, source: str) -> None:
+    global _version
+    if family not in FAMILIES:
+        raise RegistryError(f"unknown family '{family}' (families: {', '.join(FAMILIES)})")
+    params = getattr(cls, "Params", None)
+    if not (isinstance(params, type) and issubclass(params, ComponentParams)):
+        raise RegistryError(f"{cls.__name__} must define a nested Params(ComponentParams)")
+    field = params.model_fields.get("type")
+    annotation = field.annotation if field else None
+    if get_origin(annotation) is not Literal or get_args(annotation) != (name,) or field.default != name:
+        raise RegistryError(
+            f"{cls.__name__}.Params.type must be declared as: type: Literal['{name}'] = '{name}'"
+        )
+    for pname, pfield in params.model_fields.items():
+        if pname != "type" and not pfield.description:
+            raise RegistryError(f"{cls.__name__}.Params.{pname} needs a description")
+    existing = _entries[family].get(name)
+    if existing is not None:
+        raise RegistryError(
+            f"{family} type '{name}' is already registered by {existing.source} ({existing.cls.__name__})"
+        )
+    params.family = family
+    _entries[family][name] = Entry(family, name, cls, params, source)
+    _version += 1
+
+
+def unregister(family: str, name: str) -> None:
+    """Remove a registration (for tests and interactive work)."""
+    global _version
+    del _entries[family][name]
+    _version += 1
+
+
+def load() -> None:
+    """Import the built-in components and the installed plugins, once."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for module in _BUILTIN_MODULES:
+        importlib.import_module(module)
+    load_plugins()
+
+
+def load_plugins() -> list[str]:
+    """Load every entry point of group ``tfbuilder.components``; returns the names loaded.
+
+    A plugin that fails to import is reported as a warning and skipped, so one broken package
+    does not break every recipe.
+    """
+    loaded = []
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            target = ep.load()
+        except Exception as exc:  # a broken third-party package must not take tfbuilder down
+            warnings.warn(f"tfbuilder plugin '{ep.name}' ({ep.value}) failed to load: {exc}", stacklevel=2)
+            continue
+        if callable(target) and not isinstance(target, type):
+            target()  # an entry point may name a function that registers components
+        loaded.append(ep.name)
+    return loaded
+
+
+def get(family: str, name: str) -> Entry:
+    load()
+    return _entries[family][name]
+
+
+def types(family: str) -> list[str]:
+    """The registered type names of ``family``, sorted."""
+    load()
+    return sorted(_entries[family])
+
+
+def entries(family: str) -> list[Entry]:
+    load()
+    return [_entries[family][n] for n in sorted(_entries[family])]
+
+
+def version() -> int:
+    """Changes whenever a registration is added or removed (schemas are cached on it)."""
+    load()
+    return _version
+
+
+def build(family: str, params: ComponentParams, ctx: BuildContext) -> Any:
+    """Instantiate the component that ``params`` describes."""
+    return get(family, params.type).cls(params, ctx)

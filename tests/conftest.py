@@ -1,0 +1,41 @@
+"""Shared fixtures: paths, tiny recipes, deterministic seeds."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+
+# The smallest model that still has every part: used wherever a test needs "some model".
+TINY_MODEL = {
+    "kind": "encoder_decoder",
+    "vocab_size": 53,
+    "d_model": 32,
+    "dropout": 0.0,
+    "attention": {"type": "multihead", "heads": 4},
+    "ffn": {"type": "mlp", "hidden": 48},
+    "encoder": {"layers": 2},
+    "decoder": {"layers": 2},
+}
+
+
+def tiny_model(**changes) -> dict:
+    """A copy of TINY_MODEL with ``changes`` applied (None removes a key)."""
+    spec = copy.deepcopy(TINY_MODEL)
+    for key, value in changes.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield

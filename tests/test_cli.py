@@ -1,0 +1,73 @@
+"""The CLI verbs: validate, show, components, schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from conftest import RECIPES, ROOT
+from tfbuilder import registry
+from tfbuilder.cli import main
+
+
+def test_validate_all_recipes_ok(capsys):
+    assert main(["validate", *map(str, RECIPES)]) == 0
+    assert capsys.readouterr().out.count(": OK") == len(RECIPES)
+
+
+def test_validate_reports_every_bad_file_and_still_checks_the_good(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  vocab_size: 10\n  d_modle: 3\n")
+    assert main(["validate", str(ROOT / "recipes" / "vanilla.yaml"), str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert "vanilla.yaml: OK" in captured.out
+    assert "bad.yaml:3:3: model.d_modle: unknown key 'd_modle'; did you mean 'd_model'?" in captured.err
+
+
+def test_show_applies_overrides(capsys):
+    assert main(["show", str(ROOT / "recipes" / "vanilla.yaml"), "--set", "model.encoder.layers=2"]) == 0
+    out = capsys.readouterr().out
+    assert "0..1 (x2, each): EncoderLayer" in out
+    assert "0..5 (x6, each): DecoderLayer" in out
+
+
+def test_components_lists_every_registered_type_with_params(capsys):
+    assert main(["components"]) == 0
+    out = capsys.readouterr().out
+    for family in registry.FAMILIES:
+        assert f"{family}:" in out
+        for entry in registry.entries(family):
+            assert f"  {entry.name}  (" in out
+            for name, field in entry.params.model_fields.items():
+                if name != "type":
+                    assert f"{name}: " in out and field.description in out
+
+
+def test_schema_is_valid_json_schema_that_accepts_recipes_and_rejects_typos(tmp_path):
+    out = tmp_path / "schema.json"
+    assert main(["schema", "--output", str(out)]) == 0
+    schema = json.loads(out.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    good = {"model": {"vocab_size": 100, "encoder": {"layers": 2}, "decoder": {"layers": 2}}}
+    jsonschema.validate(good, schema)
+    for bad in (
+        {"model": {"vocab_size": 100, "d_modle": 3}},
+        {"model": {"vocab_size": 100, "attention": {"type": "multihed"}}},
+        {"model": {"vocab_size": 100, "attention": {"type": "multihead", "hedas": 2}}},
+        {"model": {"vocab_size": 100, "dropout": 1.5}},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_console_script_runs_and_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {vocab_size: 10, attention: {type: multihed}}\n")
+    proc = subprocess.run([sys.executable, "-m", "tfbuilder", "validate", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "did you mean 'multihead'?" in proc.stderr

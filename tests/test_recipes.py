@@ -1,0 +1,183 @@
+"""Generated over every file in recipes/: each validates, builds, has the model properties, and is what it says."""
+
+from __future__ import annotations
+
+import re
+
+import jsonschema
+import pytest
+import torch
+import yaml
+
+import tfbuilder
+from conftest import RECIPES, ROOT
+from properties import PROPERTIES
+from tfbuilder.cli import main
+from tfbuilder.recipe import json_schema
+from tfbuilder.sources import load_source
+
+IDS = [str(p.relative_to(ROOT / "recipes")) for p in RECIPES]
+
+
+def shrunk(path) -> tfbuilder.Recipe:
+    """The recipe at a size a unit test can run: fewer layers, narrower, small vocabulary; its kind
+    and component types unchanged."""
+    full = tfbuilder.load_recipe(path)
+    spec = full.model
+    overrides = ["model.vocab_size=61", "model.d_model=64", "model.dropout=0.0"]
+    if spec.src_vocab_size:
+        overrides.append("model.src_vocab_size=61")
+    for part in ("encoder", "decoder"):
+        if getattr(spec, part) is not None:
+            overrides.append(f"model.{part}.layers=1")
+    if getattr(spec.ffn, "hidden", None):
+        overrides.append("model.ffn.hidden=96")
+    return tfbuilder.load_recipe(path, overrides=overrides)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_recipe_validates_and_builds_at_full_size(path):
+    recipe = tfbuilder.load_recipe(path)
+    with torch.device("meta"):
+        model = tfbuilder.build_model(recipe)
+    assert model.kind == recipe.model.kind
+    assert tfbuilder.count_parameters(model) == analytic_parameters(recipe.model)
+
+
+# An encoder is bidirectional by design, so it has no causality case (test_components checks the opposite).
+PROPERTY_CASES = [
+    pytest.param(path, prop, id=f"{name}-{prop}")
+    for path, name in zip(RECIPES, IDS)
+    for prop in PROPERTIES
+    if not (prop == "causal" and tfbuilder.load_recipe(path).model.kind == "encoder")
+]
+
+
+@pytest.mark.parametrize("path, prop", PROPERTY_CASES)
+def test_recipe_model_properties(path, prop):
+    recipe = shrunk(path)
+    model = tfbuilder.build_model(recipe).eval()
+    PROPERTIES[prop](model, vocab=recipe.model.vocab_size, src_vocab=recipe.model.src_vocab_size)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_show_prints_the_module_counts(path, capsys):
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    total = int(re.search(r"^total parameters: ([\d,]+)$", out, re.M).group(1).replace(",", ""))
+    recipe = tfbuilder.load_recipe(path)
+    assert total == analytic_parameters(recipe.model)
+    # The first-level parts add up to the total (tied weights are counted once, under their owner).
+    parts = re.findall(r"^  \w+: \w+ +([\d,]+)", out, re.M)
+    assert sum(int(p.replace(",", "")) for p in parts) == total
+    # The resolved recipe printed first is itself a valid recipe, equal to the loaded one.
+    resolved = yaml.safe_load(out.split("\n# modules")[0])
+    assert tfbuilder.Recipe.model_validate(resolved).to_dict() == recipe.to_dict()
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_recipe_satisfies_the_json_schema(path):
+    jsonschema.validate(load_source(path).data, json_schema())
+
+
+def analytic_parameters(spec) -> int:
+    """Parameter count written out from the architecture (multihead, mlp, layernorm; tied embeddings)."""
+    d = spec.d_model
+
+    def attention(p) -> int:
+        h, dk, dv = p.heads, p.key_dim or d // p.heads, p.value_dim or d // p.heads
+        weights = d * h * (2 * dk + dv) + h * dv * d
+        return weights + (h * (2 * dk + dv) + d if p.bias else 0)
+
+    def ffn(p) -> int:
+        hidden = p.hidden or 4 * d
+        return 2 * d * hidden + (hidden + d if p.bias else 0)
+
+    def norm(p) -> int:
+        return d * (2 if p.bias else 1)
+
+    total = spec.vocab_size * d
+    if spec.kind == "encoder_decoder" and not spec.share_embeddings:
+        total += (spec.src_vocab_size or spec.vocab_size) * d
+    if not spec.tie_output:
+        total += spec.vocab_size * d
+    if spec.position.type == "learned":
+        per_embedding = spec.position.max_len * d
+        total += per_embedding * (2 if spec.kind == "encoder_decoder" else 1)
+    for part, sublayers in (("encoder", 2), ("decoder", 3 if spec.kind == "encoder_decoder" else 2)):
+        stack = getattr(spec, part)
+        if stack is None:
+            continue
+        attn = stack.attention or spec.attention
+        cross = getattr(stack, "cross_attention", None) or attn
+        per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norm(stack.norm or spec.norm)
+        if sublayers == 3:
+            per_layer += attention(cross)
+        total += stack.layers * per_layer + (norm(stack.norm or spec.norm) if spec.uses_final_norm else 0)
+    if spec.kind == "encoder":
+        total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
+    return total
+
+
+# Table 3 of the paper, written out independently of the recipe files: row -> the values it changes.
+TABLE3 = {
+    "A1": {"model.attention.heads": 1, "model.attention.key_dim": 512, "model.attention.value_dim": 512},
+    "A2": {"model.attention.heads": 4, "model.attention.key_dim": 128, "model.attention.value_dim": 128},
+    "A3": {"model.attention.heads": 16, "model.attention.key_dim": 32, "model.attention.value_dim": 32},
+    "A4": {"model.attention.heads": 32, "model.attention.key_dim": 16, "model.attention.value_dim": 16},
+    "B1": {"model.attention.key_dim": 16},
+    "B2": {"model.attention.key_dim": 32},
+    "C1": {"model.encoder.layers": 2, "model.decoder.layers": 2},
+    "C2": {"model.encoder.layers": 4, "model.decoder.layers": 4},
+    "C3": {"model.encoder.layers": 8, "model.decoder.layers": 8},
+    "C4": {"model.d_model": 256, "model.attention.key_dim": 32, "model.attention.value_dim": 32},
+    "C5": {"model.d_model": 1024, "model.attention.key_dim": 128, "model.attention.value_dim": 128},
+    "C6": {"model.ffn.hidden": 1024},
+    "C7": {"model.ffn.hidden": 4096},
+    "D1": {"model.dropout": 0.0},
+    "D2": {"model.dropout": 0.2},
+    "D3": {"optim.label_smoothing": 0.0},
+    "D4": {"optim.label_smoothing": 0.2},
+    "E": {"model.position.type": "learned", "model.position.base": None},
+}
+
+
+def flat(data, prefix="") -> dict:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_table3_has_every_row_of_the_paper():
+    rows = sorted(p.stem for p in (ROOT / "recipes" / "table3").glob("*.yaml"))
+    assert rows == sorted(TABLE3)
+
+
+@pytest.mark.parametrize("row", sorted(TABLE3))
+def test_table3_row_changes_exactly_what_the_paper_says(row):
+    base = flat(tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml").to_dict())
+    mine = flat(tfbuilder.load_recipe(ROOT / "recipes" / "table3" / f"{row}.yaml").to_dict())
+    changed = {k: mine.get(k) for k in set(base) | set(mine) if k != "name" and base.get(k) != mine.get(k)}
+    assert changed == TABLE3[row]
+
+
+def test_vanilla_big_is_the_papers_big_model():
+    big = tfbuilder.load_recipe(ROOT / "recipes" / "vanilla-big.yaml")
+    m = big.model
+    assert (m.d_model, m.ffn.hidden, m.attention.heads, m.dropout) == (1024, 4096, 16, 0.3)
+    assert (m.encoder.layers, m.decoder.layers, big.trainer.max_steps) == (6, 6, 300_000)
+
+
+def test_vanilla_is_the_papers_base_model():
+    r = tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml")
+    m = r.model
+    assert (m.kind, m.d_model, m.ffn.hidden, m.ffn.activation, m.attention.heads) == ("encoder_decoder", 512, 2048, "relu", 8)
+    assert (m.attention.key_dim, m.attention.value_dim, m.dropout, m.placement) == (64, 64, 0.1, "post")
+    assert (m.encoder.layers, m.decoder.layers, m.vocab_size, m.position.type) == (6, 6, 37000, "sinusoidal")
+    assert m.share_embeddings and m.tie_output and not m.uses_final_norm
+    assert (r.optim.optimizer, r.optim.betas, r.optim.eps, r.optim.label_smoothing) == ("adam", (0.9, 0.98), 1e-9, 0.1)
+    assert (r.optim.schedule.type, r.optim.schedule.warmup) == ("inverse_sqrt", 4000)

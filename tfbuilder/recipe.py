@@ -15,8 +15,10 @@ from pydantic import (
     Field,
     PrivateAttr,
     SerializeAsAny,
+    Strict,
     ValidationError,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -84,9 +86,9 @@ Ffn = slot("ffn")
 
 
 class Section(BaseModel):
-    """A recipe section: unknown keys are errors."""
+    """A recipe section: unknown keys are errors, no silent coercion (``yes`` is not 1.0), no inf/nan."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 def _fail(model: str, problems: list[tuple[tuple, str, Any]]) -> None:
@@ -151,7 +153,9 @@ class ModelSection(Section):
             if part in needs and not present:
                 problems.append(((part,), f"kind '{self.kind}' needs {'an' if part == 'encoder' else 'a'} {part} section (e.g. {part}: {{layers: 6}})", None))
             elif part not in needs and present:
-                problems.append(((part,), f"kind '{self.kind}' has no {part}; remove this section", None))
+                problems.append(
+                    ((part,), f"kind '{self.kind}' has no {part}; remove this section (or set {part}: null where inherited)", None)
+                )
         dims = ModelDims(d_model=self.d_model)
         for loc, params in self.components():
             for field, message in params.check(dims):
@@ -244,7 +248,9 @@ class OptimSection(Section):
 
     optimizer: Literal["adam", "adamw"] = Field("adam", description="adam or adamw")
     lr: float = Field(1.0, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
-    betas: tuple[float, float] = Field((0.9, 0.98), description="Adam beta1, beta2")
+    betas: tuple[Annotated[float, Strict()], Annotated[float, Strict()]] = Field(
+        (0.9, 0.98), strict=False, description="Adam beta1, beta2"
+    )
     eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
     weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
@@ -267,7 +273,7 @@ class TrainerSection(Section):
     max_steps: int = Field(100_000, ge=1, description="optimizer steps to train (the paper: 100k base, 300k big)")
     max_epochs: int | None = Field(None, ge=1, description="stop after this many epochs, if sooner")
     val_every: int = Field(1000, ge=1, description="validate every this many steps")
-    precision: Literal["32", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
+    precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind")
     devices: int | Literal["auto"] = Field("auto", description="devices per node")
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
@@ -275,6 +281,12 @@ class TrainerSection(Section):
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
     seed: int = Field(0, ge=0, description="random seed")
     compile: bool = Field(False, description="torch.compile the model (slower on CPU; opt-in)")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_number(cls, value: Any) -> Any:
+        # `precision: 32` is what people write (and what Lightning accepts).
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 class Recipe(Section):
@@ -325,28 +337,58 @@ def validate(src: Source) -> Recipe:
 
 def translate(exc: ValidationError, src: Source) -> list[Problem]:
     """Pydantic errors -> problems with file, line, column, dotted path and a helpful message."""
-    problems: list[Problem] = []
+    merged: dict[tuple, tuple[str, str, Any]] = {}  # data path -> (kind, message, input)
     for err in exc.errors(include_url=False):
-        loc = tuple(err["loc"])
-        kind = err["type"]
+        if err["type"] == "cross_field":  # our own checks name real paths, defaults included
+            loc, branch = tuple(err["loc"]), False
+        else:
+            named = err["type"] in ("missing", "extra_forbidden")
+            loc, branch = _data_path(tuple(err["loc"]), src.data, named=named)
+        kind, message = err["type"], err["msg"]
         if kind == "extra_forbidden":
             key = loc[-1]
             cls = _model_at(loc[:-1], src.data)
-            hint = did_you_mean(str(key), cls.model_fields) if cls else ""
-            problems.append(src.problem(loc, f"unknown key '{key}'{hint}", key=True))
+            message = f"unknown key '{key}'" + (did_you_mean(str(key), cls.model_fields) if cls else "")
         elif kind == "missing":
-            problems.append(src.problem(loc, f"missing required key '{loc[-1]}'"))
-        elif kind.startswith("component_"):
-            inner = loc + ("type",) if (*loc, "type") in src.values else loc
-            problems.append(src.problem(inner, err["msg"]))
-        elif kind == "cross_field":
-            problems.append(src.problem(loc, err["msg"]))
+            what = f"item [{loc[-1]}]" if isinstance(loc[-1], int) else f"required key '{loc[-1]}'"
+            message = f"missing {what}"
+        if loc in merged and branch:
+            # One value failing every member of a union (e.g. `int | 'auto'`): one line, alternatives joined.
+            _, earlier, got = merged[loc]
+            merged[loc] = (kind, f"{earlier}, or {message.removeprefix('Input should be ')}", got)
         else:
-            got = err.get("input")
-            shown = f" (got {got!r})" if isinstance(got, (str, int, float, bool)) or got is None else ""
-            problems.append(src.problem(loc, f"{err['msg']}{shown}"))
+            merged[loc] = (kind, message, err.get("input"))
+    problems = []
+    for loc, (kind, message, got) in merged.items():
+        if kind.startswith("component_") and (*loc, "type") in src.values:
+            loc = (*loc, "type")
+        elif kind not in ("extra_forbidden", "missing", "cross_field") and not kind.startswith("component_"):
+            if isinstance(got, (str, int, float, bool)) or got is None:
+                message = f"{message} (got {got!r})"
+        problems.append(src.problem(loc, message, key=kind in ("extra_forbidden", "missing")))
     problems.sort(key=lambda p: (p.file or "", p.line or 0, p.col or 0))
     return problems
+
+
+def _data_path(loc: tuple, data: Any, *, named: bool) -> tuple[tuple, bool]:
+    """Drop the parts of a pydantic location that are not in the data (union branch names such as
+    ``int`` or ``literal['auto']``); returns the path and whether anything was dropped."""
+    path: list[Any] = []
+    node = data
+    dropped = False
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif last and named:
+            pass  # a key that is missing, or unknown, is still named
+        else:
+            dropped = True
+            continue
+        path.append(part)
+    return tuple(path), dropped
 
 
 def _model_at(loc: tuple, data: Any) -> type[BaseModel] | None:

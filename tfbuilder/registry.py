@@ -29,7 +29,7 @@ _BUILTIN_MODULES = (
 class ComponentParams(BaseModel):
     """Base of every component's params: strict (unknown keys are errors), immutable, described."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     family: ClassVar[str] = ""
     type: str
 

@@ -15,7 +15,10 @@ import yaml
 
 from .errors import Problem, RecipeError
 
-_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+_PLAIN_TAGS = tuple(
+    f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
+)
+_MERGE = "tag:yaml.org,2002:merge"
 Key = tuple  # a path into the data: ("model", "encoder", "layers")
 
 
@@ -64,23 +67,29 @@ def _mark(file: str, node: yaml.Node) -> Mark:
 def _construct(node: yaml.Node, file: str, path: Key, src: Source, problems: list[Problem]) -> Any:
     """Turn a composed node into plain data, recording marks; duplicate keys are errors."""
     src.values[path] = _mark(file, node)
-    if not isinstance(node, yaml.ScalarNode) and node.tag not in _PLAIN_TAGS:
+    if node.tag not in _PLAIN_TAGS:
         problems.append(Problem(f"YAML tag {node.tag!r} is not allowed: recipes are plain data", dotted_path(path), *_pos(file, node)))
         return None
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
+        own = sum(1 for k, _ in node.value if k.tag != _MERGE)
+        _SCALAR_LOADER.flatten_mapping(node)  # YAML merge keys (`<<: *base`), as yaml.safe_load does
+        inherited = len(node.value) - own  # pairs merged in from anchors: the mapping's own keys win
+        owned: set[str] = set()
+        for index, (key_node, value_node) in enumerate(node.value):
             key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
             if not isinstance(key, (str, int, float, bool)):
                 problems.append(Problem("keys must be plain scalars", dotted_path(path), *_pos(file, key_node)))
                 continue
             key = str(key) if not isinstance(key, str) else key
-            if key in out:
+            if key in out and key in owned:
                 first = src.keys[path + (key,)]
                 problems.append(
                     Problem(f"duplicate key '{key}' (first at line {first.line})", dotted_path(path + (key,)), *_pos(file, key_node))
                 )
                 continue
+            if index >= inherited:
+                owned.add(key)
             src.keys[path + (key,)] = _mark(file, key_node)
             out[key] = _construct(value_node, file, path + (key,), src, problems)
         return out
@@ -107,6 +116,8 @@ def parse_yaml(text: str, file: str) -> Source:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        if exc.context_mark is not None and "end of stream" in (exc.problem or ""):
+            mark = exc.context_mark  # an unclosed quote or bracket: point where it opened
         msg = (exc.problem or str(exc)).strip()
         if exc.context:
             msg = f"{exc.context.strip()}: {msg}"
@@ -151,6 +162,8 @@ def _load(path: Path, stack: tuple[Path, ...], via: Problem | None = None) -> So
         raise RecipeError([via or Problem(f"no such recipe file: {shown}", "", shown, 1, 1)]) from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if via is not None:  # report it where the parent is named
+            raise RecipeError([Problem(f"extends {shown}, which cannot be read: {reason}", via.path, via.file, via.line, via.col)]) from None
         raise RecipeError([Problem(f"cannot read recipe: {reason}", "", shown, 1, 1)]) from None
     src = parse_yaml(text, shown)
     parent_name = src.data.get("extends")
@@ -219,6 +232,10 @@ def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Sour
         if any(p == "" for p in parts):
             problems.append(Problem("empty key in the dotted path", key, label, 1, 1))
             continue
+        key = dotted_path(tuple(parts))
+        if parts[0] == "extends":
+            problems.append(Problem("extends cannot be overridden: edit the recipe or extend it", key, label, 1, 1))
+            continue
         col = len(text) - len(raw) + 1
         try:
             value = yaml.safe_load(raw) if raw.strip() else None
@@ -234,6 +251,9 @@ def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Sour
             if nxt is None:
                 if isinstance(node, dict):
                     nxt = node[part] = {}
+                    created = tuple(parts[: i + 1])
+                    src.values[created] = Mark(label, 1, 1)
+                    src.keys[created] = Mark(label, 1, 1)
                 else:
                     ok = False
             if not isinstance(nxt, (dict, list)):

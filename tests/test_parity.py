@@ -93,7 +93,7 @@ def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm):
     # The vanilla recipe at its full width and depth; only the vocabulary is smaller.
     overrides = [
-        "model.vocab_size=301",
+        "data.tokenizer.vocab_size=301",
         f"model.placement={placement}",
         f"model.ffn.activation={activation}",
         f"model.final_norm={str(final_norm).lower()}",
@@ -127,7 +127,7 @@ def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm)
 def test_parity_fails_when_a_weight_differs():
     """The comparison above is sharp: perturb one weight and it no longer holds."""
     recipe = tfbuilder.load_recipe(
-        ROOT / "recipes" / "vanilla.yaml", overrides=["model.vocab_size=101", "model.encoder.layers=1", "model.decoder.layers=1"]
+        ROOT / "recipes" / "vanilla.yaml", overrides=["data.tokenizer.vocab_size=101", "model.encoder.layers=1", "model.decoder.layers=1"]
     )
     model = tfbuilder.build_model(recipe).eval()
     ref = nn.Transformer(d_model=512, nhead=8, num_encoder_layers=1, num_decoder_layers=1, batch_first=True).eval()

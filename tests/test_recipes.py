@@ -24,7 +24,8 @@ def shrunk(path) -> tfbuilder.Recipe:
     and component types unchanged."""
     full = tfbuilder.load_recipe(path)
     spec = full.model
-    overrides = ["model.vocab_size=61", "model.d_model=64", "model.dropout=0.0"]
+    vocab = "data.tokenizer.vocab_size=61" if full.data and full.data.tokenizer.vocab_size else "model.vocab_size=61"
+    overrides = [vocab, "model.d_model=64", "model.dropout=0.0"]
     if spec.src_vocab_size:
         overrides.append("model.src_vocab_size=61")
     for part in ("encoder", "decoder"):

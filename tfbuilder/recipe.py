@@ -26,6 +26,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
+from .sections import DataSection, OptimSection, Section, TrainerSection, fail
 from .sources import Source, apply_overrides, dotted_path, load_source
 
 
@@ -85,22 +86,6 @@ Norm = slot("norm")
 Ffn = slot("ffn")
 
 
-class Section(BaseModel):
-    """A recipe section: unknown keys are errors, no silent coercion (``yes`` is not 1.0), no inf/nan."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-def _fail(model: str, problems: list[tuple[tuple, str, Any]]) -> None:
-    """Raise the cross-field ``problems`` (loc, message, value) as one ValidationError."""
-    if problems:
-        details = [
-            InitErrorDetails(type=PydanticCustomError("cross_field", message), loc=loc, input=value)
-            for loc, message, value in problems
-        ]
-        raise ValidationError.from_exception_data(model, details)
-
-
 class StackSection(Section):
     """An encoder or decoder stack; components left out come from the model section."""
 
@@ -124,7 +109,9 @@ class ModelSection(Section):
     kind: Literal["encoder_decoder", "decoder", "encoder"] = Field(
         "encoder_decoder", description="encoder_decoder (the paper), decoder (GPT-like) or encoder (BERT-like)"
     )
-    vocab_size: int = Field(ge=2, le=10_000_000, description="target (or shared) vocabulary size")
+    vocab_size: int = Field(
+        ge=2, le=10_000_000, description="target (or shared) vocabulary size; default: the data's (data.tokenizer)"
+    )
     src_vocab_size: int | None = Field(
         None, ge=2, le=10_000_000, description="source vocabulary size when not shared; default vocab_size"
     )
@@ -174,7 +161,7 @@ class ModelSection(Section):
             size = getattr(self, name)
             if size is not None and self.pad_id >= size:
                 problems.append((("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id))
-        _fail("ModelSection", problems)
+        fail("ModelSection", problems)
         return self
 
     def components(self) -> list[tuple[tuple, ComponentParams]]:
@@ -196,99 +183,6 @@ class ModelSection(Section):
         return self.placement == "pre" if self.final_norm is None else self.final_norm
 
 
-class TokenizerSection(Section):
-    """How text becomes ids."""
-
-    type: Literal["bpe", "char"] = Field("bpe", description="bpe (HF tokenizers, byte-level) or char")
-    vocab_size: int | None = Field(None, ge=4, le=10_000_000, description="subword vocabulary size (bpe)")
-    shared: bool = Field(True, description="one vocabulary for source and target (the paper)")
-
-
-class DataSection(Section):
-    """Where examples come from and how they are batched."""
-
-    type: Literal["synthetic", "parallel", "monolingual"] = Field(
-        "synthetic", description="synthetic tasks, parallel text (translation) or monolingual text (LM)"
-    )
-    task: Literal["copy", "reverse", "sort"] | None = Field(None, description="the synthetic task")
-    path: str | None = Field(None, description="directory of the text files (parallel, monolingual)")
-    src_lang: str | None = Field(None, description="source language suffix, e.g. 'de' for train.de.gz")
-    tgt_lang: str | None = Field(None, description="target language suffix, e.g. 'en'")
-    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection, description="the tokenizer")
-    max_tokens: int | None = Field(None, ge=1, description="token budget per batch (source and target each)")
-    batch_size: int | None = Field(None, ge=1, description="sentences per batch, when not batching by tokens")
-
-    @model_validator(mode="after")
-    def _check(self) -> "DataSection":
-        problems: list[tuple[tuple, str, Any]] = []
-        if self.type == "synthetic" and self.task is None:
-            problems.append((("task",), "synthetic data needs a task (copy, reverse or sort)", None))
-        if self.type in ("parallel", "monolingual") and self.path is None:
-            problems.append((("path",), f"{self.type} data needs a path", None))
-        if self.type == "parallel":
-            for lang in ("src_lang", "tgt_lang"):
-                if getattr(self, lang) is None:
-                    problems.append(((lang,), f"parallel data needs {lang}", None))
-        _fail("DataSection", problems)
-        return self
-
-
-class ScheduleSection(Section):
-    """Learning-rate schedule."""
-
-    type: Literal["inverse_sqrt", "cosine", "constant"] = Field(
-        "inverse_sqrt", description="inverse_sqrt: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (sec. 5.3)"
-    )
-    warmup: int = Field(4000, ge=0, description="warm-up steps")
-    scale: float = Field(1.0, gt=0.0, description="multiplies the schedule (inverse_sqrt) ")
-
-
-class OptimSection(Section):
-    """Optimisation: the paper's Adam and warm-up by default (sec. 5.3), label smoothing (sec. 5.4)."""
-
-    optimizer: Literal["adam", "adamw"] = Field("adam", description="adam or adamw")
-    lr: float = Field(1.0, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
-    betas: tuple[Annotated[float, Strict()], Annotated[float, Strict()]] = Field(
-        (0.9, 0.98), strict=False, description="Adam beta1, beta2"
-    )
-    eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
-    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
-    schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
-    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
-    grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
-    accumulate: int = Field(1, ge=1, description="batches per optimizer step")
-
-    @model_validator(mode="after")
-    def _check(self) -> "OptimSection":
-        problems = [
-            (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b) for i, b in enumerate(self.betas) if not 0 <= b < 1
-        ]
-        _fail("OptimSection", problems)
-        return self
-
-
-class TrainerSection(Section):
-    """What Lightning's Trainer is told."""
-
-    max_steps: int = Field(100_000, ge=1, description="optimizer steps to train (the paper: 100k base, 300k big)")
-    max_epochs: int | None = Field(None, ge=1, description="stop after this many epochs, if sooner")
-    val_every: int = Field(1000, ge=1, description="validate every this many steps")
-    precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
-    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind")
-    devices: int | Literal["auto"] = Field("auto", description="devices per node")
-    strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
-    num_nodes: int = Field(1, ge=1, description="machines")
-    deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
-    seed: int = Field(0, ge=0, description="random seed")
-    compile: bool = Field(False, description="torch.compile the model (slower on CPU; opt-in)")
-
-    @field_validator("precision", mode="before")
-    @classmethod
-    def _precision_number(cls, value: Any) -> Any:
-        # `precision: 32` is what people write (and what Lightning accepts).
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-
 class Recipe(Section):
     """A whole recipe: a name, the model, and how to train it."""
 
@@ -299,6 +193,38 @@ class Recipe(Section):
     optim: OptimSection = Field(default_factory=OptimSection, description="optimisation")
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="training loop")
     _source: Source | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vocab_from_data(cls, data: Any) -> Any:
+        # The tokenizer decides the vocabulary: model.vocab_size may be left out when data says it.
+        if isinstance(data, dict) and isinstance(data.get("model"), dict) and "vocab_size" not in data["model"]:
+            try:
+                size = DataSection.model_validate(data["data"]).vocab_size if isinstance(data.get("data"), dict) else None
+            except ValidationError:
+                size = None  # the data section's own errors are reported where they are
+            if size is not None:
+                data = {**data, "model": {**data["model"], "vocab_size": size}}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "Recipe":
+        problems: list[tuple[tuple, str, Any]] = []
+        if self.data is not None:
+            wanted = {"encoder_decoder": ("parallel", "synthetic"), "decoder": ("monolingual",), "encoder": ("monolingual",)}
+            if self.data.type not in wanted[self.model.kind]:
+                problems.append(
+                    (("data", "type"), f"a model of kind '{self.model.kind}' trains on {' or '.join(wanted[self.model.kind])} data", self.data.type)
+                )
+            size = self.data.vocab_size
+            if size is not None and size != self.model.vocab_size:
+                problems.append(
+                    (("model", "vocab_size"), f"model.vocab_size ({self.model.vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's", self.model.vocab_size)
+                )
+            if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
+                problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
+        fail("Recipe", problems)
+        return self
     _path: Path | None = PrivateAttr(None)
 
     @property
@@ -434,6 +360,9 @@ def _first_model(annotation: Any) -> type[BaseModel] | None:
 def json_schema() -> dict[str, Any]:
     """A JSON Schema of recipes (draft 2020-12), for editors' YAML language servers."""
     schema = Recipe.model_json_schema()
+    # model.vocab_size may come from the data section (see Recipe._vocab_from_data).
+    model = schema["$defs"]["ModelSection"]
+    model["required"] = [r for r in model.get("required", []) if r != "vocab_size"]
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "tfbuilder recipe"
     return schema

@@ -1,0 +1,176 @@
+"""Recipe sections other than the model: data, optimisation, trainer (schema only, no tensors)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")  # ids 0..4 in every tokenizer
+SYNTHETIC_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+class Section(BaseModel):
+    """A recipe section: unknown keys are errors, no silent coercion (``yes`` is not 1.0), no inf/nan."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def fail(model: str, problems: list[tuple[tuple, str, Any]]) -> None:
+    """Raise cross-field ``problems`` (loc, message, value) as one ValidationError, each at its loc."""
+    if problems:
+        details = [
+            InitErrorDetails(type=PydanticCustomError("cross_field", message), loc=loc, input=value)
+            for loc, message, value in problems
+        ]
+        raise ValidationError.from_exception_data(model, details)
+
+
+StrictFloat = Annotated[float, Strict()]
+StrictInt = Annotated[int, Strict()]
+
+
+class TokenizerSection(Section):
+    """How text becomes ids. Ids 0-4 are <pad>, <s>, </s>, <unk>, <mask> in every tokenizer."""
+
+    type: Literal["bpe", "char"] = Field("bpe", description="bpe (byte-level BPE, HF tokenizers) or char")
+    vocab_size: int | None = Field(
+        None, ge=len(SPECIAL_TOKENS) + 1, le=10_000_000, description="vocabulary size, specials included"
+    )
+    shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
+
+
+class SplitsSection(Section):
+    """File stems of the splits: ``<path>/<stem>.<lang>`` or ``<stem>.<lang>.gz``."""
+
+    train: str = Field("train", min_length=1, description="training split")
+    val: str = Field("val", min_length=1, description="validation split")
+    test: str = Field("test", min_length=1, description="test split")
+
+
+class DataSection(Section):
+    """Where examples come from and how they are batched."""
+
+    type: Literal["synthetic", "parallel", "monolingual"] = Field(
+        "synthetic", description="synthetic tasks, parallel text (translation) or monolingual text (language models)"
+    )
+    # synthetic tasks
+    task: Literal["copy", "reverse", "sort"] | None = Field(None, description="the synthetic task")
+    symbols: int = Field(10, ge=2, le=len(SYNTHETIC_ALPHABET), description="alphabet size of synthetic sequences")
+    lengths: tuple[StrictInt, StrictInt] = Field((1, 16), strict=False, description="min and max synthetic length")
+    train_size: int = Field(10_000, ge=1, description="synthetic training examples")
+    val_size: int = Field(500, ge=1, description="synthetic validation examples")
+    test_size: int = Field(500, ge=1, description="synthetic test examples")
+    seed: int = Field(1234, ge=0, description="seed of the synthetic data (independent of trainer.seed)")
+    # text
+    path: str | None = Field(None, description="directory of the text files (relative to the working directory)")
+    src_lang: str | None = Field(None, description="source language suffix: train.<src_lang>[.gz]")
+    tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
+    lang: str | None = Field(None, description="language suffix of monolingual text")
+    splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits")
+    max_len: int = Field(256, ge=1, description="training examples longer than this (in tokens) are dropped")
+    mlm_probability: float = Field(0.15, gt=0.0, lt=1.0, description="masked-LM: share of tokens to predict")
+    # tokenizer and batching
+    tokenizer: TokenizerSection = Field(default_factory=TokenizerSection, description="the tokenizer")
+    max_tokens: int | None = Field(
+        None, ge=1, description="token budget per batch, padding included, for source and target each"
+    )
+    batch_size: int | None = Field(None, ge=1, description="sentences per batch (when max_tokens is not set)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataSection":
+        problems: list[tuple[tuple, str, Any]] = []
+        if self.type == "synthetic":
+            if self.task is None:
+                problems.append((("task",), "synthetic data needs a task (copy, reverse or sort)", None))
+            if not 1 <= self.lengths[0] <= self.lengths[1]:
+                problems.append((("lengths",), f"lengths must satisfy 1 <= min <= max, got {list(self.lengths)}", None))
+            if self.tokenizer.type != "char":
+                problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
+        else:
+            if self.path is None:
+                problems.append((("path",), f"{self.type} data needs a path", None))
+            needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
+            for lang in needed:
+                if getattr(self, lang) is None:
+                    problems.append(((lang,), f"{self.type} data needs {lang}", None))
+            if self.tokenizer.vocab_size is None:
+                problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
+        if self.max_tokens is not None and self.batch_size is not None:
+            problems.append((("batch_size",), "set max_tokens or batch_size, not both", self.batch_size))
+        fail("DataSection", problems)
+        return self
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The vocabulary the tokenizer will have, when the recipe alone decides it."""
+        if self.type == "synthetic":
+            return len(SPECIAL_TOKENS) + self.symbols
+        return self.tokenizer.vocab_size
+
+
+class ScheduleSection(Section):
+    """Learning-rate schedule."""
+
+    type: Literal["inverse_sqrt", "cosine", "constant"] = Field(
+        "inverse_sqrt",
+        description="inverse_sqrt: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (sec. 5.3); "
+        "cosine: linear warm-up to optim.lr then cosine decay to min_lr; constant: warm-up to optim.lr",
+    )
+    warmup: int = Field(4000, ge=0, description="warm-up steps")
+    scale: float = Field(1.0, gt=0.0, description="multiplies the inverse_sqrt schedule")
+    min_lr: float = Field(0.0, ge=0.0, description="cosine: learning rate at the last step")
+
+
+class OptimSection(Section):
+    """Optimisation: the paper's Adam and warm-up by default (sec. 5.3), label smoothing (sec. 5.4)."""
+
+    optimizer: Literal["adam", "adamw"] = Field("adam", description="adam or adamw")
+    lr: float = Field(1e-3, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
+    betas: tuple[StrictFloat, StrictFloat] = Field((0.9, 0.98), strict=False, description="Adam beta1, beta2")
+    eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
+    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
+    grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
+    accumulate: int = Field(1, ge=1, description="batches per optimizer step")
+
+    @model_validator(mode="after")
+    def _check(self) -> "OptimSection":
+        problems = [
+            (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b) for i, b in enumerate(self.betas) if not 0 <= b < 1
+        ]
+        fail("OptimSection", problems)
+        return self
+
+
+class TrainerSection(Section):
+    """What Lightning's Trainer is told, and where runs go."""
+
+    max_steps: int = Field(100_000, ge=1, description="optimizer steps to train (the paper: 100k base, 300k big)")
+    max_epochs: int | None = Field(None, ge=1, description="stop after this many passes over the data, if sooner")
+    max_minutes: float | None = Field(None, gt=0, description="stop after this much wall time, if sooner")
+    val_every: int = Field(1000, ge=1, description="validate (and checkpoint) every this many steps")
+    val_batches: int | None = Field(None, ge=1, description="validate on at most this many batches")
+    log_every: int = Field(50, ge=1, description="log training metrics every this many steps")
+    precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind (auto: a GPU when present)")
+    devices: int | Literal["auto"] = Field("auto", description="devices (or CPU processes) per node")
+    strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
+    num_nodes: int = Field(1, ge=1, description="machines (launched by SLURM or torchrun)")
+    deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
+    seed: int = Field(0, ge=0, description="seed of initialisation, dropout and data order")
+    compile: bool = Field(False, description="torch.compile the model (slower on this CPU; opt-in)")
+    output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
+    logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")
+    progress: bool = Field(True, description="show a progress bar")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_number(cls, value: Any) -> Any:
+        # `precision: 32` is what people write (and what Lightning accepts).
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+__all__ = ["BaseModel", "DataSection", "OptimSection", "Section", "TrainerSection", "fail"]

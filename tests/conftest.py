@@ -10,6 +10,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"  # beside the clone, here and in CI
 
 # The smallest model that still has every part: used wherever a test needs "some model".
 TINY_MODEL = {

@@ -41,6 +41,12 @@ def parser() -> argparse.ArgumentParser:
     _add_set(s)
     s.set_defaults(run=cmd_show)
 
+    f = sub.add_parser("fit", help="train a recipe (or resume a run) through Lightning")
+    f.add_argument("recipe", nargs="?", metavar="RECIPE")
+    f.add_argument("--resume", metavar="RUN_OR_CKPT", help="continue a run directory or checkpoint")
+    _add_set(f)
+    f.set_defaults(run=cmd_fit)
+
     c = sub.add_parser("components", help="registered components with their params")
     c.add_argument("family", nargs="?", choices=registry.FAMILIES)
     c.set_defaults(run=cmd_components)
@@ -92,6 +98,31 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fit(args: argparse.Namespace) -> int:
+    if (args.recipe is None) == (args.resume is None):
+        print("fit: give a RECIPE, or --resume RUN_DIR_OR_CHECKPOINT", file=sys.stderr)
+        return EXIT_USAGE
+    if args.resume:
+        from .recipe import recipe_from_dict
+        from .runs import read_checkpoint
+
+        recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
+    else:
+        recipe, _ = _check(args.recipe, args.overrides)
+    from .training import fit
+
+    summary = fit(recipe, resume=args.resume)
+    if summary is not None and _is_rank_zero():
+        print("\n".join(summary.lines()))
+    return 0
+
+
+def _is_rank_zero() -> bool:
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    return rank_zero_only.rank == 0
+
+
 def _describe_field(name: str, field) -> str:
     default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
     return f"      {name}: {default} - {field.description}"
@@ -133,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except TfbuilderError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -26,7 +26,10 @@ class Problem:
 
 
 class TfbuilderError(Exception):
-    """Base class of the errors tfbuilder raises on purpose (the CLI prints them and exits 2)."""
+    """Base class of the errors tfbuilder raises on purpose: the CLI prints them, no traceback, and
+    exits with ``exit_code`` (2: bad input, caught before anything ran)."""
+
+    exit_code = 2
 
 
 class RecipeError(TfbuilderError):

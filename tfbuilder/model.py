@@ -78,17 +78,24 @@ class EncoderDecoder(nn.Module):
         src_mask = masks.padding_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
-    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None) -> Tensor:
-        """``tgt`` (b, i) and the encoder's output -> logits (b, i, vocab)."""
+    def decode_features(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None) -> Tensor:
+        """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d)."""
         n = tgt.shape[1]
         mask = masks.combine(masks.causal_mask(n, device=tgt.device), masks.padding_mask(tgt, self.pad_id))
-        x = self.decoder(self.tgt_embed(tgt), mask=mask, memory=memory, memory_mask=memory_mask)
-        return self.head(x)
+        return self.decoder(self.tgt_embed(tgt), mask=mask, memory=memory, memory_mask=memory_mask)
+
+    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None) -> Tensor:
+        """``tgt`` (b, i) and the encoder's output -> logits (b, i, vocab)."""
+        return self.head(self.decode_features(tgt, memory, memory_mask))
+
+    def features(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Hidden states before the output head (b, i, d): training applies the head only where needed."""
+        memory, memory_mask = self.encode(src)
+        return self.decode_features(tgt, memory, memory_mask)
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         """``src`` (b, j), ``tgt`` (b, i) int64 ids -> logits (b, i, vocab)."""
-        memory, memory_mask = self.encode(src)
-        return self.decode(tgt, memory, memory_mask)
+        return self.head(self.features(src, tgt))
 
 
 class DecoderOnly(nn.Module):
@@ -103,11 +110,15 @@ class DecoderOnly(nn.Module):
         self.head = head
         self.pad_id = pad_id
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
+    def features(self, tokens: Tensor) -> Tensor:
+        """``tokens`` (b, n) -> hidden states before the output head (b, n, d)."""
         n = tokens.shape[1]
         mask = masks.combine(masks.causal_mask(n, device=tokens.device), masks.padding_mask(tokens, self.pad_id))
-        return self.head(self.decoder(self.embed(tokens), mask=mask))
+        return self.decoder(self.embed(tokens), mask=mask)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
+        return self.head(self.features(tokens))
 
 
 class EncoderOnly(nn.Module):
@@ -122,7 +133,10 @@ class EncoderOnly(nn.Module):
         self.head = head
         self.pad_id = pad_id
 
+    def features(self, tokens: Tensor) -> Tensor:
+        """``tokens`` (b, n) -> hidden states before the masked-LM head (b, n, d)."""
+        return self.encoder(self.embed(tokens), mask=masks.padding_mask(tokens, self.pad_id))
+
     def forward(self, tokens: Tensor) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        mask = masks.padding_mask(tokens, self.pad_id)
-        return self.head(self.encoder(self.embed(tokens), mask=mask))
+        return self.head(self.features(tokens))

@@ -251,6 +251,13 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return recipe
 
 
+def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Validate a resolved recipe kept as data (in a checkpoint), with overrides."""
+    import copy
+
+    return validate(apply_overrides(Source(copy.deepcopy(data)), list(overrides)))
+
+
 def validate(src: Source) -> Recipe:
     """Validate loaded data against the schema, translating errors to positions."""
     try:

@@ -1,0 +1,151 @@
+"""Data: tokenizers, synthetic tasks, reading text, bucketing by a token budget."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+
+import numpy as np
+import pytest
+
+from conftest import MULTI30K
+from tfbuilder.data import synthetic, text
+from tfbuilder.data.batching import BucketBatchSampler, pack
+from tfbuilder.data.datamodule import Collate, pad
+from tfbuilder.data.prepare import Split, Vocab
+from tfbuilder.data.tokenizers import BOS, EOS, PAD, BPETokenizer, CharTokenizer, DataError, from_json
+
+
+@pytest.fixture(scope="module")
+def multi30k_lines():
+    de = text.read_lines(MULTI30K / "train.de.gz")[:3000]
+    en = text.read_lines(MULTI30K / "train.en.gz")[:3000]
+    return de, en
+
+
+def test_bpe_round_trip_on_multi30k(multi30k_lines):
+    de, en = multi30k_lines
+    tok = BPETokenizer.train(de + en, 2000)
+    assert tok.vocab_size == 2000
+    val = text.read_lines(MULTI30K / "val.de.gz")[:200] + text.read_lines(MULTI30K / "val.en.gz")[:200]
+    for line in val:
+        ids = tok.encode(line)
+        assert all(5 <= i < 2000 for i in ids)  # never a special token
+        assert tok.decode(ids) == line.strip()
+    # The saved form rebuilds the same tokenizer.
+    again = from_json(tok.to_json())
+    assert [again.encode(s) for s in val[:20]] == [tok.encode(s) for s in val[:20]]
+    # Subwords, not characters: German and English sentences average well under 2 tokens per word.
+    words = sum(len(s.split()) for s in val)
+    assert sum(len(tok.encode(s)) for s in val) < 2 * words
+
+
+def test_bpe_refuses_a_vocabulary_the_data_cannot_fill():
+    with pytest.raises(DataError, match="fills only"):
+        BPETokenizer.train(["a tiny corpus", "of two lines"], 5000)
+
+
+def test_char_tokenizer_round_trip_and_unknowns():
+    tok = CharTokenizer.train(["abcabc", "cab d"], 5 + 5)
+    assert tok.decode(tok.encode("cab d")) == "cab d"
+    assert tok.encode("z") == [3]  # <unk>
+    assert from_json(tok.to_json()).encode("abc") == tok.encode("abc")
+    shared = Vocab(tok, tok)
+    assert Vocab.from_json(shared.to_json()).shared
+
+
+@pytest.mark.parametrize("task, expect", [("copy", lambda s: s), ("reverse", lambda s: s[::-1]), ("sort", sorted)])
+def test_synthetic_tasks(task, expect):
+    src, tgt = synthetic.generate(task, n=50, symbols=6, lengths=(2, 9), seed=3)
+    assert all(2 <= len(s) <= 9 and set(s) <= set("abcdef") for s in src)
+    assert all(t == "".join(expect(s)) for s, t in zip(src, tgt))
+    assert synthetic.generate(task, n=50, symbols=6, lengths=(2, 9), seed=3) == (src, tgt)  # deterministic
+    assert synthetic.generate(task, n=50, symbols=6, lengths=(2, 9), seed=4) != (src, tgt)
+
+
+def lengths(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 60, n).tolist(), rng.integers(1, 70, n).tolist()
+
+
+def test_token_budget_batches_respect_the_budget_and_group_lengths():
+    src, tgt = lengths()
+    sampler = BucketBatchSampler(src, tgt, max_tokens=600, seed=1, shuffle=True)
+    batches = sampler.epoch(0)
+    for batch in batches:
+        assert len(batch) * max(src[i] for i in batch) <= 600
+        assert len(batch) * max(tgt[i] for i in batch) <= 600
+    # Bucketing keeps padding small: far less than random batching would give.
+    padded = sum(len(b) * max(src[i] for i in b) for b in batches)
+    assert padded < 1.15 * sum(src)
+
+
+def test_each_example_exactly_once_per_epoch_and_a_new_order_each_epoch():
+    src, tgt = lengths()
+    sampler = BucketBatchSampler(src, tgt, max_tokens=500, seed=7, shuffle=True)
+    for epoch in range(3):
+        flat = [i for b in sampler.epoch(epoch) for i in b]
+        assert sorted(flat) == list(range(len(src)))
+    assert sampler.epoch(0) != sampler.epoch(1)
+    assert BucketBatchSampler(src, tgt, max_tokens=500, seed=7).epoch(1) == sampler.epoch(1)
+
+
+def test_sentence_count_batching():
+    src, tgt = lengths(100)
+    batches = BucketBatchSampler(src, tgt, batch_size=16, seed=0).epoch(0)
+    assert sorted(len(b) for b in batches) == [4] + [16] * 6
+
+
+def test_ranks_take_disjoint_equal_shares():
+    src, tgt = lengths()
+    ranks = [BucketBatchSampler(src, tgt, max_tokens=500, seed=2, infinite=True, rank=r, world=2) for r in range(2)]
+    shares = [ranks[r].epoch(0) for r in range(2)]
+    assert len(shares[0]) == len(shares[1])
+    seen = [i for share in shares for b in share for i in b]
+    assert len(seen) == len(set(seen))
+    assert len(seen) > len(src) - max(len(b) for b in BucketBatchSampler(src, tgt, max_tokens=500, seed=2).epoch(0))
+
+
+def test_infinite_sampler_resumes_at_any_position():
+    src, tgt = lengths(500)
+    sampler = BucketBatchSampler(src, tgt, max_tokens=400, seed=5, infinite=True)
+    per_epoch = sampler.batches_per_epoch
+    straight = list(itertools.islice(iter(sampler), 3 * per_epoch))
+    resumed = BucketBatchSampler(src, tgt, max_tokens=400, seed=5, infinite=True)
+    resumed.start = lambda: per_epoch + 3
+    assert list(itertools.islice(iter(resumed), 2 * per_epoch - 3)) == straight[per_epoch + 3 :]
+
+
+def test_an_example_longer_than_the_budget_is_a_batch_alone():
+    assert pack([3, 50, 3], [3, 3, 3], [0, 1, 2], max_tokens=20, batch_size=None) == [[0], [1], [2]]
+
+
+def test_collate_adds_specials_and_pads():
+    split = Split(src=[[5, 6], [7]], tgt=[[8], [9, 10, 11]])
+    batch = Collate(split)([0, 1])
+    assert batch["src"].tolist() == [[5, 6, EOS], [7, EOS, PAD]]
+    assert batch["tgt_in"].tolist() == [[BOS, 8, PAD, PAD], [BOS, 9, 10, 11]]
+    assert batch["tgt_out"].tolist() == [[8, EOS, PAD, PAD], [9, 10, 11, EOS]]
+    assert pad([[5]], bos=True, eos=True).tolist() == [[BOS, 5, EOS]]
+
+
+def write_gz(path, lines):
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_reading_reports_missing_mismatched_and_empty_files(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        text.read_parallel(tmp_path / "nowhere", "train", "de", "en")
+    write_gz(tmp_path / "train.de.gz", ["a", "b", "c"])
+    with pytest.raises(DataError, match=r"missing data file: .*train\.en"):
+        text.read_parallel(tmp_path, "train", "de", "en")
+    (tmp_path / "train.en").write_text("a\nb\n")
+    with pytest.raises(DataError, match="has 3 lines but .* has 2"):
+        text.read_parallel(tmp_path, "train", "de", "en")
+    (tmp_path / "val.de").write_text("\n\n")
+    with pytest.raises(DataError, match="is empty"):
+        text.read_lines(tmp_path / "val.de")
+    (tmp_path / "bad.de.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(DataError, match="cannot read"):
+        text.read_lines(tmp_path / "bad.de.gz")

@@ -1,0 +1,128 @@
+"""Tokenizers: byte-level BPE (HF ``tokenizers``) and characters. Ids 0-4 are the specials.
+
+A tokenizer serialises to a JSON string, so that checkpoints carry it as plain data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from ..errors import TfbuilderError
+from ..sections import SPECIAL_TOKENS
+
+PAD, BOS, EOS, UNK, MASK = range(len(SPECIAL_TOKENS))
+
+
+class DataError(TfbuilderError):
+    """The data cannot be used (missing files, mismatched lines, too little text for the vocabulary...)."""
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def to_json(self) -> str: ...
+
+
+class CharTokenizer:
+    """One id per character; characters outside the vocabulary become <unk>."""
+
+    def __init__(self, chars: str):
+        self.chars = chars
+        self.vocab_size = len(SPECIAL_TOKENS) + len(chars)
+        self._ids = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(chars)}
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "CharTokenizer":
+        """Keep the ``vocab_size - 5`` most frequent characters (ties broken by first appearance)."""
+        counts = Counter(c for t in texts for c in t)
+        keep = vocab_size - len(SPECIAL_TOKENS)
+        if len(counts) < keep:
+            raise DataError(f"the training text has {len(counts)} distinct characters; vocab_size {vocab_size} needs {keep}")
+        return cls("".join(c for c, _ in counts.most_common(keep)))
+
+    def encode(self, text: str) -> list[int]:
+        return [self._ids.get(c, UNK) for c in text]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        n = len(SPECIAL_TOKENS)
+        return "".join(self.chars[i - n] for i in ids if i >= n and i - n < len(self.chars))
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "char", "chars": self.chars})
+
+
+class BPETokenizer:
+    """Byte-level BPE (Sennrich et al. 2016, arXiv:1508.07909; GPT-2's byte-level variant), lossless on any text."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        got = tok.get_vocab_size()
+        if got < vocab_size:
+            raise DataError(
+                f"the training text fills only {got} of the {vocab_size} BPE tokens asked for; "
+                f"lower data.tokenizer.vocab_size to at most {got} or add text"
+            )
+        return cls(tok)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BPETokenizer":
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_str(text))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([i for i in ids if i >= len(SPECIAL_TOKENS)]).strip()
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "bpe", "tokenizer": self._tok.to_str()})
+
+
+def from_json(text: str) -> Tokenizer:
+    """Rebuild a tokenizer from :meth:`to_json` output."""
+    data = json.loads(text)
+    if data.get("type") == "char":
+        return CharTokenizer(data["chars"])
+    if data.get("type") == "bpe":
+        return BPETokenizer.from_json(data["tokenizer"])
+    raise DataError(f"unknown tokenizer type {data.get('type')!r}")
+
+
+def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
+    """Train a tokenizer of ``kind`` ('bpe' or 'char') on ``texts``."""
+    if kind == "char":
+        return CharTokenizer.train(texts, vocab_size)
+    return BPETokenizer.train(texts, vocab_size)

@@ -7,6 +7,7 @@ can point at it. Only ``yaml.safe_load``-level constructs are accepted: recipes 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,17 @@ def _construct(node: yaml.Node, file: str, path: Key, src: Source, problems: lis
     return _scalar(node)
 
 
-_SCALAR_LOADER = yaml.SafeLoader("")
+class Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-3`` as a float as YAML 1.2 does (YAML 1.1 wants ``1.0e-3``)."""
+
+
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+_SCALAR_LOADER = Loader("")
 
 
 def _scalar(node: yaml.Node) -> Any:
@@ -113,7 +124,7 @@ def _pos(file: str, node: yaml.Node) -> tuple[str, int, int]:
 def parse_yaml(text: str, file: str) -> Source:
     """Parse one YAML document (a mapping) into a :class:`Source`; YAML errors become problems."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         if exc.context_mark is not None and "end of stream" in (exc.problem or ""):
@@ -238,7 +249,7 @@ def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Sour
             continue
         col = len(text) - len(raw) + 1
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = yaml.load(raw, Loader=Loader) if raw.strip() else None  # noqa: S506 (a safe loader)
         except yaml.YAMLError as exc:
             problems.append(Problem(f"cannot parse value {raw!r}: {getattr(exc, 'problem', exc)}", key, label, 1, col))
             continue

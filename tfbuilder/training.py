@@ -19,7 +19,6 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
 from torch import nn
 
 from . import __version__, objectives
@@ -27,6 +26,7 @@ from .builder import build_model
 from .data.datamodule import DataModule
 from .data.prepare import Vocab, prepare
 from .errors import TfbuilderError
+from .metrics_log import MetricsCSV
 from .recipe import Recipe
 from .runs import RUN_DIR_ENV, new_run_dir, read_checkpoint, write_recipe
 from .schedules import learning_rate
@@ -207,7 +207,7 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
         except ModuleNotFoundError as exc:
             raise TfbuilderError(f"trainer.logger: tensorboard needs the tensorboard package ({exc})") from None
     else:
-        logger = CSVLogger(**logger_args)
+        logger = MetricsCSV(run_dir)
     try:
         return L.Trainer(
             max_steps=max_steps,

@@ -1,0 +1,194 @@
+"""Training through Lightning: learning, resume, checkpoints, summaries, and refusing bad input."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tfbuilder
+from conftest import ROOT
+from tfbuilder.cli import main
+from tfbuilder.recipe import recipe_from_dict
+from tfbuilder.runs import CheckpointError, load_checkpoint, read_checkpoint
+from tfbuilder.training import NonFiniteLoss, fit
+
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+
+
+def small(tmp_path, *overrides: str) -> list[str]:
+    """Overrides that make the quickstart recipe a few-second run writing under tmp_path."""
+    return [
+        f"trainer.output={tmp_path / 'runs'}",
+        "trainer.progress=false",
+        "data.train_size=2000",
+        "data.val_size=200",
+        "data.lengths=[1, 8]",
+        *overrides,
+    ]
+
+
+def val_metrics(run_dir) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        return [row for row in csv.DictReader(f) if row.get("val_acc")]
+
+
+def test_copy_task_is_learned(tmp_path):
+    schedule = ["optim.schedule.type=constant", "optim.schedule.warmup=50", "optim.lr=3e-3", "model.placement=pre"]
+    recipe = tfbuilder.load_recipe(QUICKSTART, small(tmp_path, *schedule, "trainer.max_steps=400", "trainer.val_every=400"))
+    summary = fit(recipe)
+    final = val_metrics(summary.run_dir)[-1]
+    # A model that cannot see the source (or sees the answer) cannot land here: chance is 1/10 per token.
+    assert float(final["val_acc"]) > 0.95, final
+    assert summary.best_val_loss < 0.3
+    assert summary.steps == 400
+
+
+def test_resume_ends_bit_equal_to_an_uninterrupted_run(tmp_path):
+    common = small(tmp_path, "model.dropout=0.1", "trainer.val_every=10", "trainer.deterministic=true")
+    full = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=30"]))
+    half = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=16"]))
+    assert full.run_dir != half.run_dir  # a new version: the first run is not overwritten
+    resumed_recipe = recipe_from_dict(read_checkpoint(half.run_dir)["tfbuilder"]["recipe"], ["trainer.max_steps=30"])
+    resumed = fit(resumed_recipe, resume=half.run_dir)
+    assert resumed.run_dir == half.run_dir and resumed.steps == 30
+    a = read_checkpoint(full.last_checkpoint)["state_dict"]
+    b = read_checkpoint(resumed.last_checkpoint)["state_dict"]
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # ... and the comparison is sharp: another seed ends elsewhere.
+    other = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=30", "trainer.seed=1"]))
+    c = read_checkpoint(other.last_checkpoint)["state_dict"]
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    # The metrics of the interrupted run are kept, with the resumed steps appended.
+    steps = [int(r["step"]) for r in val_metrics(half.run_dir)]
+    assert steps[0] < 16 < steps[-1]
+
+
+def test_checkpoint_rebuilds_the_model_without_the_recipe_file(tmp_path):
+    summary = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=5", "trainer.val_every=5")))
+    run = os.path.join(summary.run_dir)
+    loaded = load_checkpoint(run)  # a run directory means its last checkpoint
+    assert loaded.step == 5
+    assert loaded.recipe.model.d_model == 64
+    src = torch.tensor([loaded.vocab.src.encode("abc") + [2]])
+    tgt = torch.tensor([[1] + loaded.vocab.tgt.encode("ab")])
+    state = read_checkpoint(summary.last_checkpoint)["state_dict"]
+    reference = tfbuilder.build_model(loaded.recipe)
+    reference.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    torch.testing.assert_close(loaded.model(src, tgt), reference.eval()(src, tgt))
+    for name in ("recipe.yaml", "tokenizer.json", "metrics.csv", "summary.json", "checkpoints/best.ckpt"):
+        assert os.path.exists(os.path.join(run, name)), name
+    assert json.loads(open(os.path.join(run, "summary.json")).read())["steps"] == 5
+
+
+def test_bad_checkpoints_are_refused_clearly(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.ckpt")
+    truncated = tmp_path / "truncated.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(1000)}, "tfbuilder": {}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_checkpoint(truncated)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(CheckpointError, match="not a tfbuilder checkpoint"):
+        load_checkpoint(foreign)
+    # weights_only=True: a pickled object that would run code on load is refused.
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "tfbuilder": {}, "payload": CheckpointError("x")}, evil)
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_checkpoint(evil)
+
+
+def test_non_finite_loss_stops_training_naming_the_step(tmp_path, capsys):
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, "optim.schedule.scale=1e30", "trainer.val_every=1", "trainer.max_steps=50")), [])]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "at step" in err and "Traceback" not in err
+    run = next((tmp_path / "runs" / "quickstart").iterdir())
+    read_checkpoint(run / "checkpoints" / "last.ckpt")  # the last good checkpoint is intact
+
+
+def test_fit_prints_a_summary(tmp_path, capsys):
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, "trainer.max_steps=4", "trainer.val_every=2")), [])]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for label in ("run directory", "steps", "wall time", "best validation loss", "training tokens/s", "last checkpoint"):
+        assert label in out
+
+
+def parallel_recipe(tmp_path, files: dict[str, list[str]], *extra: str) -> tfbuilder.Recipe:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for name, lines in files.items():
+        with gzip.open(data / f"{name}.gz", "wt", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    return tfbuilder.load_recipe(
+        ROOT / "recipes" / "vanilla.yaml",
+        [
+            f"data.path={data}",
+            "data.src_lang=de",
+            "data.tgt_lang=en",
+            "data.tokenizer.vocab_size=300",
+            "data.max_tokens=400",
+            f"trainer.output={tmp_path / 'runs'}",
+            *extra,
+        ],
+    )
+
+
+GOOD = [f"ein kleiner satz nummer {i} mit worten" for i in range(200)]
+GOOD_EN = [f"a small sentence number {i} with words" for i in range(200)]
+
+
+@pytest.mark.parametrize(
+    "files, extra, message",
+    [
+        ({"train.de": GOOD, "val.de": GOOD[:5], "val.en": GOOD_EN[:5]}, [], r"missing data file: .*train\.en"),
+        ({"train.de": GOOD, "train.en": GOOD_EN[:-1], "val.de": GOOD, "val.en": GOOD_EN}, [], "has 200 lines but"),
+        ({"train.de": GOOD, "train.en": GOOD_EN, "val.de": [""], "val.en": [""]}, [], "is empty"),
+        ({"train.de": GOOD, "train.en": GOOD_EN, "val.de": GOOD, "val.en": GOOD_EN}, ["data.tokenizer.vocab_size=90000"], "fills only"),
+        ({"train.de": GOOD, "train.en": GOOD_EN, "val.de": GOOD, "val.en": GOOD_EN}, ["data.max_tokens=5"], "smaller than the longest"),
+    ],
+    ids=["missing-file", "line-counts-differ", "empty-file", "vocabulary-too-big", "budget-too-small"],
+)
+def test_bad_data_is_reported_before_training(tmp_path, files, extra, message):
+    recipe = parallel_recipe(tmp_path, files, *extra)
+    with pytest.raises(tfbuilder.errors.TfbuilderError, match=message):
+        fit(recipe)
+    assert not (tmp_path / "runs").exists()  # nothing was created, nothing trained
+
+
+def test_unwritable_output_is_reported_before_training(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, f"trainer.output={blocker / 'runs'}")), [])]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "cannot create run directory" in err and "Traceback" not in err
+    assert blocker.read_text() == "not a directory"
+
+
+def test_fit_without_data_section_is_refused(tmp_path):
+    recipe = tfbuilder.Recipe.model_validate({"model": {"vocab_size": 10, "encoder": {"layers": 1}, "decoder": {"layers": 1}}})
+    with pytest.raises(tfbuilder.errors.TfbuilderError, match="no data section"):
+        fit(recipe)
+
+
+def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
+    sets = small(tmp_path, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_steps=6", "trainer.val_every=3")
+    cmd = [sys.executable, "-m", "tfbuilder", "fit", str(QUICKSTART), *sum((["--set", o] for o in sets), [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"^ranks agree +yes$", proc.stdout, re.M), proc.stdout
+    runs = list((tmp_path / "runs" / "quickstart").iterdir())
+    assert len(runs) == 1  # both ranks wrote into one run directory
+    assert json.loads((runs[0] / "summary.json").read_text())["ranks_agree"] is True

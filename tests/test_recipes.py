@@ -24,8 +24,11 @@ def shrunk(path) -> tfbuilder.Recipe:
     and component types unchanged."""
     full = tfbuilder.load_recipe(path)
     spec = full.model
-    vocab = "data.tokenizer.vocab_size=61" if full.data and full.data.tokenizer.vocab_size else "model.vocab_size=61"
-    overrides = [vocab, "model.d_model=64", "model.dropout=0.0"]
+    overrides = ["model.d_model=64", "model.dropout=0.0"]
+    if full.data is None:
+        overrides.append("model.vocab_size=61")
+    elif full.data.tokenizer.vocab_size:  # the data decides the vocabulary (synthetic ones are small already)
+        overrides.append("data.tokenizer.vocab_size=61")
     if spec.src_vocab_size:
         overrides.append("model.src_vocab_size=61")
     for part in ("encoder", "decoder"):

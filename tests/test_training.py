@@ -41,7 +41,7 @@ def val_metrics(run_dir) -> list[dict]:
 
 
 def test_copy_task_is_learned(tmp_path):
-    schedule = ["optim.schedule.type=constant", "optim.schedule.warmup=50", "optim.lr=3e-3", "model.placement=pre"]
+    schedule = ["optim.schedule.type=constant", "optim.schedule.warmup=50", "optim.lr=1e-3", "model.placement=pre"]
     recipe = tfbuilder.load_recipe(QUICKSTART, small(tmp_path, *schedule, "trainer.max_steps=400", "trainer.val_every=400"))
     summary = fit(recipe)
     final = val_metrics(summary.run_dir)[-1]
@@ -192,3 +192,10 @@ def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
     runs = list((tmp_path / "runs" / "quickstart").iterdir())
     assert len(runs) == 1  # both ranks wrote into one run directory
     assert json.loads((runs[0] / "summary.json").read_text())["ranks_agree"] is True
+
+
+@pytest.mark.slow
+def test_quickstart_recipe_reaches_99_percent(tmp_path):
+    """The README's promise, kept: the quickstart recipe as shipped (its time is in the fit summary)."""
+    summary = fit(tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path}", "trainer.progress=false"]))
+    assert float(val_metrics(summary.run_dir)[-1]["val_acc"]) >= 0.99

@@ -10,6 +10,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from .dropout import Dropout
+
 Placement = Literal["post", "pre"]
 
 
@@ -21,7 +23,7 @@ class Residual(nn.Module):
         self.inner = inner
         self.norm = norm
         self.pre = placement == "pre"
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x: Tensor, **kwargs) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` go to the inner sub-layer."""

@@ -14,6 +14,8 @@ from typing import Literal
 
 from torch import Tensor, nn
 
+from .dropout import Dropout
+
 from . import masks
 from .blocks import Stack
 
@@ -28,7 +30,7 @@ class Embedding(nn.Module):
         self.tokens = tokens
         self.position = position
         self.scale = math.sqrt(tokens.embedding_dim)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, ids: Tensor, *, offset: int = 0) -> Tensor:
         """``ids`` (b, n) int64 -> (b, n, d)."""

@@ -122,7 +122,8 @@ class Task(L.LightningModule):
             {"params": no_decay, "weight_decay": 0.0},
         ]
         cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
-        optimizer = cls(groups, lr=1.0, betas=optim.betas, eps=optim.eps)
+        # The fused kernel is one pass over all parameters: several times faster than the default on CPU.
+        optimizer = cls(groups, lr=1.0, betas=optim.betas, eps=optim.eps, fused=True)
         rate = learning_rate(optim.schedule, d_model=self.recipe.model.d_model, lr=optim.lr, max_steps=trainer.max_steps)
         # LambdaLR multiplies the base lr (1.0) by rate(step); the paper counts steps from 1.
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step + 1))

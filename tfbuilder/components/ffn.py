@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
+from ..dropout import Dropout
 from ..registry import BuildContext, ComponentParams, register
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
@@ -30,7 +31,7 @@ class MLP(nn.Module):
         hidden = params.hidden or 4 * ctx.d_model
         self.ff_in = nn.Linear(ctx.d_model, hidden, bias=params.bias)
         self.act = ACTIVATIONS[params.activation]()
-        self.drop = nn.Dropout(params.dropout)
+        self.drop = Dropout(params.dropout)
         self.ff_out = nn.Linear(hidden, ctx.d_model, bias=params.bias)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -109,7 +109,7 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path):
 
 
 def test_non_finite_loss_stops_training_naming_the_step(tmp_path, capsys):
-    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, "optim.schedule.scale=1e30", "trainer.val_every=1", "trainer.max_steps=50")), [])]
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, "optim.lr=1e30", "trainer.val_every=1", "trainer.max_steps=50")), [])]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "at step" in err and "Traceback" not in err
@@ -199,3 +199,13 @@ def test_quickstart_recipe_reaches_99_percent(tmp_path):
     """The README's promise, kept: the quickstart recipe as shipped (its time is in the fit summary)."""
     summary = fit(tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path}", "trainer.progress=false"]))
     assert float(val_metrics(summary.run_dir)[-1]["val_acc"]) >= 0.99
+
+
+def test_a_given_run_directory_is_shared_and_never_reused(tmp_path, monkeypatch):
+    """TFBUILDER_RUN_DIR (for cluster launchers that start every rank) names the run directory."""
+    target = tmp_path / "shared-run"
+    monkeypatch.setenv("TFBUILDER_RUN_DIR", str(target))
+    summary = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=2", "trainer.val_every=2")))
+    assert summary.run_dir == str(target) and (target / "checkpoints" / "last.ckpt").exists()
+    with pytest.raises(tfbuilder.errors.TfbuilderError, match="already holds a run"):
+        fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=2")))

@@ -1,15 +1,25 @@
 """tfbuilder: declarative transformers from validated YAML recipes.
 
-Public API: :func:`load_recipe`, :func:`build_model`, :func:`register`, :class:`Recipe`,
-:class:`RecipeError`, :class:`ComponentParams`, :class:`BuildContext`.
+Public API: :func:`load_recipe`, :func:`build_model`, :func:`fit`, :func:`load_checkpoint`,
+:func:`register`, :class:`Recipe`, :class:`RecipeError`, :class:`ComponentParams`, :class:`BuildContext`.
 """
+
+__version__ = "0.1.0"
 
 from .builder import build_model, count_parameters
 from .errors import Problem, RecipeError
 from .recipe import Recipe, json_schema, load_recipe
 from .registry import BuildContext, ComponentParams, ModelDims, register
+from .runs import load_checkpoint
 
-__version__ = "0.1.0"
+
+def fit(recipe: Recipe, *, resume=None):
+    """Train a recipe through Lightning (see :func:`tfbuilder.training.fit`); returns a summary."""
+    from .training import fit as _fit  # Lightning is imported only when training
+
+    return _fit(recipe, resume=resume)
+
+
 __all__ = [
     "BuildContext",
     "ComponentParams",
@@ -19,6 +29,8 @@ __all__ = [
     "RecipeError",
     "build_model",
     "count_parameters",
+    "fit",
+    "load_checkpoint",
     "json_schema",
     "load_recipe",
     "register",

@@ -28,7 +28,7 @@ from .data.prepare import Vocab, prepare
 from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .recipe import Recipe
-from .runs import RUN_DIR_ENV, new_run_dir, read_checkpoint, write_recipe
+from .runs import RUN_DIR_ENV, RunDirError, new_run_dir, read_checkpoint, write_recipe
 from .schedules import learning_rate
 
 log = logging.getLogger("tfbuilder")
@@ -249,9 +249,19 @@ def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
         ckpt_path = find_checkpoint(resume)
         read_checkpoint(ckpt_path)  # a damaged checkpoint is reported before anything starts
         run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
-    elif rank_zero_only.rank != 0 and os.environ.get(RUN_DIR_ENV):
-        run_dir = Path(os.environ[RUN_DIR_ENV])  # another rank of the job rank 0 started
-        _wait_for(run_dir / "tokenizer.json")
+    elif os.environ.get(RUN_DIR_ENV):
+        # One directory for every process of a job: set by rank 0 for the processes it launches,
+        # or by the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once.
+        run_dir = Path(os.environ[RUN_DIR_ENV])
+        if rank_zero_only.rank == 0:
+            if (run_dir / "checkpoints").exists():
+                raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
+        else:
+            _wait_for(run_dir / "tokenizer.json")
     vocab_file = run_dir / "tokenizer.json" if run_dir is not None else None
     vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file and vocab_file.exists() else None
     # All data problems surface here, before a run directory exists or anything trains.
@@ -281,11 +291,13 @@ def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
         max_steps = min(max_steps, math.ceil(recipe.trainer.max_epochs * per_epoch / recipe.optim.accumulate))
     last = ckpt_dir / "last.ckpt"
     trainer = _trainer(recipe, run_dir, [best, SaveLast(last)], max_steps)
+    ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
     finally:
-        os.environ.pop(RUN_DIR_ENV, None)
+        if ours:
+            os.environ.pop(RUN_DIR_ENV, None)
 
     score = best.best_model_score
     best_loss = float(score) if score is not None else None

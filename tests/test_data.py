@@ -11,7 +11,7 @@ import pytest
 from conftest import MULTI30K
 from tfbuilder.data import synthetic, text
 from tfbuilder.data.batching import BucketBatchSampler, pack
-from tfbuilder.data.datamodule import Collate, pad
+from tfbuilder.data.collate import Collate, pad
 from tfbuilder.data.prepare import Split, Vocab
 from tfbuilder.data.tokenizers import BOS, EOS, PAD, BPETokenizer, CharTokenizer, DataError, from_json
 

@@ -40,7 +40,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = self_attn
         self.ffn = ffn
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache: dict | None = None) -> Tensor:
         """``x`` (b, n, d), ``mask`` broadcastable to (b, h, n, n) -> (b, n, d)."""
         return self.ffn(self.self_attn(x, mask=mask))
 
@@ -62,12 +62,14 @@ class DecoderLayer(nn.Module):
         mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        cache: dict | None = None,
     ) -> Tensor:
         """``x`` (b, i, d), ``mask`` to (b, h, i, i), ``memory`` (b, j, d), ``memory_mask`` to
-        (b, h, i, j) -> (b, i, d)."""
-        x = self.self_attn(x, mask=mask)
+        (b, h, i, j) -> (b, i, d). ``cache`` holds this layer's keys and values while decoding."""
+        x = self.self_attn(x, mask=mask, cache=None if cache is None else cache.setdefault("self", {}))
         if self.cross_attn is not None:
-            x = self.cross_attn(x, context=memory, mask=memory_mask)
+            cross = None if cache is None else cache.setdefault("cross", {})
+            x = self.cross_attn(x, context=memory, mask=memory_mask, cache=cross)
         return self.ffn(x)
 
 
@@ -79,8 +81,9 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
 
-    def forward(self, x: Tensor, **kwargs) -> Tensor:
-        """``x`` (b, n, d) -> (b, n, d); ``kwargs`` (masks, memory) go to every layer."""
-        for layer in self.layers:
-            x = layer(x, **kwargs)
+    def forward(self, x: Tensor, *, cache: list[dict] | None = None, **kwargs) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d); ``kwargs`` (masks, memory) go to every layer, and
+        ``cache[i]`` to layer i when decoding incrementally."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cache=None if cache is None else cache[i], **kwargs)
         return x if self.final_norm is None else self.final_norm(x)

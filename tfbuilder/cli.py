@@ -47,6 +47,31 @@ def parser() -> argparse.ArgumentParser:
     _add_set(f)
     f.set_defaults(run=cmd_fit)
 
+    t = sub.add_parser("translate", help="translate lines with a checkpoint (stdin to stdout by default)")
+    t.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
+    t.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, the paper's)")
+    t.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, the paper's)")
+    t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
+    t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
+    t.set_defaults(run=cmd_translate)
+
+    g = sub.add_parser("generate", help="continue a prompt with a decoder-only checkpoint")
+    g.add_argument("checkpoint", metavar="CHECKPOINT")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-new", type=int, default=100)
+    g.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--seed", type=int, default=0)
+    g.set_defaults(run=cmd_generate)
+
+    e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
+    e.add_argument("checkpoint", metavar="CHECKPOINT")
+    e.add_argument("--split", default="test", choices=["train", "val", "test"])
+    e.add_argument("--beam", type=int, default=4)
+    e.add_argument("--alpha", type=float, default=0.6)
+    e.set_defaults(run=cmd_test)
+
     c = sub.add_parser("components", help="registered components with their params")
     c.add_argument("family", nargs="?", choices=registry.FAMILIES)
     c.set_defaults(run=cmd_components)
@@ -114,6 +139,67 @@ def cmd_fit(args: argparse.Namespace) -> int:
     summary = fit(recipe, resume=args.resume)
     if summary is not None and _is_rank_zero():
         print("\n".join(summary.lines()))
+    return 0
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from .evaluation import translate_lines
+    from .runs import load_checkpoint
+
+    if args.beam < 1:
+        raise TfbuilderError("--beam must be at least 1")
+    loaded = load_checkpoint(args.checkpoint)
+    if loaded.recipe.model.kind != "encoder_decoder":
+        raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
+    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    try:
+        sink = open(args.output, "x", encoding="utf-8") if args.output else sys.stdout
+    except FileExistsError:
+        raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
+    with source, sink:
+        for line in translate_lines(loaded, source, beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512):
+            sink.write(line + "\n")
+            sink.flush()
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .evaluation import generate
+    from .runs import load_checkpoint
+
+    loaded = load_checkpoint(args.checkpoint)
+    if loaded.recipe.model.kind != "decoder":
+        raise TfbuilderError(f"generate needs a decoder-only checkpoint; this one is '{loaded.recipe.model.kind}'")
+    rng = torch.Generator().manual_seed(args.seed)
+    text = generate(loaded, args.prompt, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=rng)
+    print(text)
+    return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from .evaluation import evaluate
+    from .runs import load_checkpoint
+
+    loaded = load_checkpoint(args.checkpoint)
+    try:
+        scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha)
+    except ValueError as exc:
+        raise TfbuilderError(str(exc)) from None
+    rows = [("checkpoint", str(loaded.path)), ("split", f"{scores.split} ({scores.examples:,} examples)")]
+    rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
+    if scores.bleu is not None:
+        rows += [(f"sacreBLEU (beam {scores.beam})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
+        rows += [("signature", scores.bleu_signature), ("decoding time", f"{scores.seconds_decoding:.1f} s")]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    run_dir = loaded.path.parent.parent if loaded.path.parent.name == "checkpoints" else loaded.path.parent
+    out = run_dir / f"test-{scores.split}-{loaded.path.stem}-beam{args.beam}.json"
+    out.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
+    print(f"{'saved'.ljust(width)}  {out}")
     return 0
 
 

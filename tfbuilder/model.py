@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from .dropout import Dropout
@@ -59,6 +60,19 @@ class MLMHead(nn.Module):
         return self.out(self.norm(self.act(self.dense(x))))
 
 
+def decoder_mask(tokens: Tensor, pad_id: int, *, offset: int = 0) -> Tensor | None:
+    """Self-attention mask of decoder tokens (b, i) that follow ``offset`` cached ones: look-ahead,
+    plus padding among the new tokens (tokens fed earlier were real)."""
+    n = tokens.shape[1]
+    if offset and n == 1:
+        return None  # one new query may see every key so far
+    causal = masks.causal_mask(n, n + offset, offset=offset, device=tokens.device)
+    pad = masks.padding_mask(tokens, pad_id)
+    if pad is not None and offset:
+        pad = torch.cat([pad.new_ones(pad.shape[:-1] + (offset,)), pad], dim=-1)
+    return masks.combine(causal, pad)
+
+
 class EncoderDecoder(nn.Module):
     """The sequence-to-sequence transformer of Vaswani et al. 2017: ``model(src, tgt) -> logits``."""
 
@@ -80,15 +94,24 @@ class EncoderDecoder(nn.Module):
         src_mask = masks.padding_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
-    def decode_features(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None) -> Tensor:
-        """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d)."""
-        n = tgt.shape[1]
-        mask = masks.combine(masks.causal_mask(n, device=tgt.device), masks.padding_mask(tgt, self.pad_id))
-        return self.decoder(self.tgt_embed(tgt), mask=mask, memory=memory, memory_mask=memory_mask)
+    def decode_features(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
+    ) -> Tensor:
+        """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
+        With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before."""
+        mask = decoder_mask(tgt, self.pad_id, offset=offset)
+        x = self.tgt_embed(tgt, offset=offset)
+        return self.decoder(x, mask=mask, memory=memory, memory_mask=memory_mask, cache=cache)
 
-    def decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None) -> Tensor:
+    def decode(
+        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
+    ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> logits (b, i, vocab)."""
-        return self.head(self.decode_features(tgt, memory, memory_mask))
+        return self.head(self.decode_features(tgt, memory, memory_mask, cache=cache, offset=offset))
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
+        return [{} for _ in self.decoder.layers]
 
     def features(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Hidden states before the output head (b, i, d): training applies the head only where needed."""
@@ -112,15 +135,19 @@ class DecoderOnly(nn.Module):
         self.head = head
         self.pad_id = pad_id
 
-    def features(self, tokens: Tensor) -> Tensor:
-        """``tokens`` (b, n) -> hidden states before the output head (b, n, d)."""
-        n = tokens.shape[1]
-        mask = masks.combine(masks.causal_mask(n, device=tokens.device), masks.padding_mask(tokens, self.pad_id))
-        return self.decoder(self.embed(tokens), mask=mask)
+    def features(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
+        """``tokens`` (b, n) -> hidden states before the output head (b, n, d); with ``cache``,
+        ``tokens`` continue the ``offset`` tokens fed before."""
+        mask = decoder_mask(tokens, self.pad_id, offset=offset)
+        return self.decoder(self.embed(tokens, offset=offset), mask=mask, cache=cache)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens))
+        return self.head(self.features(tokens, cache=cache, offset=offset))
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
+        return [{} for _ in self.decoder.layers]
 
 
 class EncoderOnly(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from einops import rearrange
 from pydantic import Field
@@ -69,20 +70,33 @@ class MultiHeadAttention(nn.Module):
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
 
-    def forward(self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: dict | None = None
+    ) -> Tensor:
         """``x`` (b, i, d), ``context`` (b, j, d) for cross-attention, ``mask`` bool broadcastable
-        to (b, h, i, j) with True where a query may attend; returns (b, i, d)."""
-        qk = self.heads * self.key_dim
+        to (b, h, i, j) with True where a query may attend; returns (b, i, d).
+
+        ``cache`` (incremental decoding): self-attention appends this call's keys and values to it;
+        cross-attention computes the context's keys and values once and reuses them."""
+        h = self.heads
         if self.cross:
-            if context is None:
-                raise ValueError("cross-attention needs a context")
             q = self.to_q(x)
-            k, v = self.to_kv(context).split([qk, self.heads * self.value_dim], dim=-1)
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                if context is None:
+                    raise ValueError("cross-attention needs a context")
+                k, v = self._heads_kv(self.to_kv(context).split([h * self.key_dim, h * self.value_dim], dim=-1))
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
         else:
-            q, k, v = self.to_qkv(x).split([qk, qk, self.heads * self.value_dim], dim=-1)
-        q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
-        k = rearrange(k, "b j (h k) -> b h j k", h=self.heads)
-        v = rearrange(v, "b j (h v) -> b h j v", h=self.heads)
+            q, k, v = self.to_qkv(x).split([h * self.key_dim, h * self.key_dim, h * self.value_dim], dim=-1)
+            k, v = self._heads_kv((k, v))
+            if cache is not None:
+                if "k" in cache:
+                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        q = rearrange(q, "b i (h k) -> b h i k", h=h)
         out = F.scaled_dot_product_attention(
             q,
             k,
@@ -93,3 +107,6 @@ class MultiHeadAttention(nn.Module):
         )
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
 
+    def _heads_kv(self, kv: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        k, v = kv
+        return rearrange(k, "b j (h k) -> b h j k", h=self.heads), rearrange(v, "b j (h v) -> b h j v", h=self.heads)

@@ -121,7 +121,7 @@ def test_fit_prints_a_summary(tmp_path, capsys):
     args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, "trainer.max_steps=4", "trainer.val_every=2")), [])]
     assert main(args) == 0
     out = capsys.readouterr().out
-    for label in ("run directory", "steps", "wall time", "best validation loss", "training tokens/s", "last checkpoint"):
+    for label in ("run directory", "steps", "wall time", "best validation loss", "tokens/s (training steps)", "last checkpoint"):
         assert label in out
 
 

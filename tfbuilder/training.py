@@ -180,7 +180,7 @@ class Summary:
             ("steps", f"{self.steps:,}"),
             ("wall time", f"{self.seconds:.1f} s"),
             ("best validation loss", best),
-            ("training tokens/s", f"{self.tokens_per_s:,.0f}"),
+            ("tokens/s (training steps)", f"{self.tokens_per_s:,.0f}"),
             ("best checkpoint", self.best_checkpoint or "n/a"),
             ("last checkpoint", self.last_checkpoint),
         ]

@@ -16,10 +16,10 @@ def call(model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
     return model(*inputs)
 
 
-def inputs_for(model: nn.Module, vocab: int, src_vocab: int | None = None) -> tuple[torch.Tensor, ...]:
+def inputs_for(model: nn.Module, vocab: int, src_vocab: int | None = None, *, batch: int = 2) -> tuple[torch.Tensor, ...]:
     if model.kind == "encoder_decoder":
-        return ids(2, 7, src_vocab or vocab), ids(2, 5, vocab)
-    return (ids(2, 6, vocab),)
+        return ids(batch, 7, src_vocab or vocab), ids(batch, 5, vocab)
+    return (ids(batch, 6, vocab),)
 
 
 def check_shapes(model: nn.Module, vocab: int, src_vocab: int | None = None) -> None:
@@ -31,9 +31,10 @@ def check_shapes(model: nn.Module, vocab: int, src_vocab: int | None = None) -> 
 
 
 def check_gradients(model: nn.Module, vocab: int, src_vocab: int | None = None) -> None:
-    """A loss on the logits gives every parameter a non-zero gradient."""
+    """A loss on the logits gives every parameter a non-zero gradient (a batch large enough that a
+    mixture of experts routes tokens to every expert)."""
     model.zero_grad()
-    inputs = inputs_for(model, vocab, src_vocab)
+    inputs = inputs_for(model, vocab, src_vocab, batch=16)
     out = call(model, *inputs)
     (out * torch.randn_like(out)).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]

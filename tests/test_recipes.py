@@ -85,39 +85,52 @@ def test_recipe_satisfies_the_json_schema(path):
 
 
 def analytic_parameters(spec) -> int:
-    """Parameter count written out from the architecture (multihead, mlp, layernorm; tied embeddings)."""
+    """Parameter count written out from the architecture, for every built-in component type."""
     d = spec.d_model
 
     def attention(p) -> int:
-        h, dk, dv = p.heads, p.key_dim or d // p.heads, p.value_dim or d // p.heads
-        weights = d * h * (2 * dk + dv) + h * dv * d
-        return weights + (h * (2 * dk + dv) + d if p.bias else 0)
+        h, kv = p.heads, p.kv_heads or p.heads
+        dk, dv = p.key_dim or d // h, p.value_dim or d // h
+        widths = h * dk + kv * dk + kv * dv
+        total = d * widths + h * dv * d + (widths + d if p.bias else 0)
+        return total + (1 if p.qk_norm else 0)
+
+    def mlp(hidden, bias) -> int:
+        return 2 * d * hidden + (hidden + d if bias else 0)
 
     def ffn(p) -> int:
-        hidden = p.hidden or 4 * d
-        return 2 * d * hidden + (hidden + d if p.bias else 0)
+        if p.type == "mlp":
+            return mlp(p.hidden or 4 * d, p.bias)
+        if p.type == "moe":
+            return d * p.experts + p.experts * mlp(p.hidden or 4 * d, p.bias)
+        hidden = p.hidden or (-(-(8 * d) // 3 // 8) * 8 if p.match_params else 4 * d)  # GLU variants
+        return 3 * d * hidden + (2 * hidden + d if p.bias else 0)
 
     def norm(p) -> int:
-        return d * (2 if p.bias else 1)
+        return {"layernorm": d * (2 if getattr(p, "bias", True) else 1), "rmsnorm": d, "scalenorm": 1}[p.type]
 
+    sides = 2 if spec.kind == "encoder_decoder" else 1
     total = spec.vocab_size * d
     if spec.kind == "encoder_decoder" and not spec.share_embeddings:
         total += (spec.src_vocab_size or spec.vocab_size) * d
     if not spec.tie_output:
         total += spec.vocab_size * d
     if spec.position.type == "learned":
-        per_embedding = spec.position.max_len * d
-        total += per_embedding * (2 if spec.kind == "encoder_decoder" else 1)
+        total += spec.position.max_len * d * sides
+    if spec.position.type == "relative_bias":
+        total += spec.position.buckets * spec.attention.heads * sides
+    norms_per_sublayer = 2 if spec.placement == "sandwich" else 1
     for part, sublayers in (("encoder", 2), ("decoder", 3 if spec.kind == "encoder_decoder" else 2)):
         stack = getattr(spec, part)
         if stack is None:
             continue
         attn = stack.attention or spec.attention
         cross = getattr(stack, "cross_attention", None) or attn
-        per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norm(stack.norm or spec.norm)
+        stack_norm = norm(stack.norm or spec.norm)
+        per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norms_per_sublayer * stack_norm
         if sublayers == 3:
             per_layer += attention(cross)
-        total += stack.layers * per_layer + (norm(stack.norm or spec.norm) if spec.uses_final_norm else 0)
+        total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
     if spec.kind == "encoder":
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
     return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import math
 import os
 import re
 import subprocess
@@ -209,3 +210,39 @@ def test_a_given_run_directory_is_shared_and_never_reused(tmp_path, monkeypatch)
     assert summary.run_dir == str(target) and (target / "checkpoints" / "last.ckpt").exists()
     with pytest.raises(tfbuilder.errors.TfbuilderError, match="already holds a run"):
         fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=2")))
+
+
+def test_moe_balancing_loss_is_trained_and_logged(tmp_path):
+    moe = ["model.ffn={type: moe, experts: 3, top_k: 1, hidden: 32}", "trainer.max_steps=6", "trainer.val_every=6"]
+    summary = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.log_every=2", *moe)))
+    with open(os.path.join(summary.run_dir, "metrics.csv")) as f:
+        logged = [float(r["moe_aux_loss"]) for r in csv.DictReader(f) if r.get("moe_aux_loss")]
+    assert logged and all(value > 0 for value in logged)
+
+
+@pytest.mark.parametrize("recipe_name", ["decoder-lm.yaml", "encoder-mlm.yaml"])
+def test_language_model_recipes_train_on_monolingual_text(tmp_path, recipe_name, capsys):
+    data = tmp_path / "text"
+    data.mkdir()
+    lines = [f"a person number {i} walks a dog in the park" for i in range(300)]
+    for split in ("train", "val"):
+        (data / f"{split}.en").write_text("\n".join(lines) + "\n")
+    overrides = [
+        f"data.path={data}",
+        "data.tokenizer.vocab_size=300",
+        "model.d_model=32",
+        "model.attention.key_dim=8",
+        "model.attention.value_dim=8",
+        "trainer.max_steps=4",
+        "trainer.val_every=2",
+        f"trainer.output={tmp_path / 'runs'}",
+        "trainer.progress=false",
+    ]
+    summary = fit(tfbuilder.load_recipe(ROOT / "recipes" / recipe_name, overrides))
+    assert summary.steps == 4 and summary.best_val_loss is not None and math.isfinite(summary.best_val_loss)
+    if recipe_name.startswith("decoder"):
+        assert main(["generate", summary.run_dir, "--prompt", "a person", "--max-new", "5", "--temperature", "0"]) == 0
+        assert capsys.readouterr().out.strip() != ""
+    else:
+        assert main(["test", summary.run_dir, "--split", "val"]) == 0
+        assert "perplexity" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """Encoder and decoder layers. Residual connections and norm placement live only here.
 
-``post`` (Vaswani et al. 2017, sec. 5.4):  x = Norm(x + Dropout(Sublayer(x)))
-``pre``  (Xiong et al. 2020, arXiv:2002.04745): x = x + Dropout(Sublayer(Norm(x)))
+``post``     (Vaswani et al. 2017, sec. 5.4):         x = Norm(x + Dropout(Sublayer(x)))
+``pre``      (Xiong et al. 2020, arXiv:2002.04745):   x = x + Dropout(Sublayer(Norm(x)))
+``sandwich`` (Ding et al. 2021, CogView, arXiv:2105.13290): x = x + Dropout(Norm'(Sublayer(Norm(x))))
 """
 
 from __future__ import annotations
@@ -12,24 +13,32 @@ from torch import Tensor, nn
 
 from .dropout import Dropout
 
-Placement = Literal["post", "pre"]
+Placement = Literal["post", "pre", "sandwich"]
 
 
 class Residual(nn.Module):
     """A sub-layer wrapped with dropout, a residual connection and a norm placed by ``placement``."""
 
-    def __init__(self, inner: nn.Module, norm: nn.Module, *, placement: Placement, dropout: float):
+    def __init__(
+        self, inner: nn.Module, norm: nn.Module, *, placement: Placement, dropout: float, norm_out: nn.Module | None = None
+    ):
         super().__init__()
+        if (placement == "sandwich") != (norm_out is not None):
+            raise ValueError("a sandwich residual needs norm_out, and only it")
         self.inner = inner
         self.norm = norm
-        self.pre = placement == "pre"
+        self.norm_out = norm_out
+        self.placement = placement
         self.drop = Dropout(dropout)
 
     def forward(self, x: Tensor, **kwargs) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` go to the inner sub-layer."""
-        if self.pre:
-            return x + self.drop(self.inner(self.norm(x), **kwargs))
-        return self.norm(x + self.drop(self.inner(x, **kwargs)))
+        if self.placement == "post":
+            return self.norm(x + self.drop(self.inner(x, **kwargs)))
+        out = self.inner(self.norm(x), **kwargs)
+        if self.norm_out is not None:
+            out = self.norm_out(out)
+        return x + self.drop(out)
 
 
 class EncoderLayer(nn.Module):

@@ -43,9 +43,17 @@ class _Builder:
         return self.component("norm", params, BuildContext(d_model=self.spec.d_model), (where, "norm"))
 
     def residual(self, inner: nn.Module, stack: StackSection, where: str) -> Residual:
-        return Residual(inner, self.norm(stack, where), placement=self.spec.placement, dropout=self.spec.dropout)
+        sandwich = self.spec.placement == "sandwich"
+        return Residual(
+            inner,
+            self.norm(stack, where),
+            placement=self.spec.placement,
+            dropout=self.spec.dropout,
+            norm_out=self.norm(stack, where) if sandwich else None,
+        )
 
-    def stack(self, part: str) -> Stack:
+    def stack(self, part: str, position: nn.Module) -> Stack:
+        """The encoder or decoder stack; ``position`` is its side's position module (attention may use it)."""
         spec = self.spec
         section = getattr(spec, part)
         decoder = part == "decoder"
@@ -55,7 +63,13 @@ class _Builder:
         layers = []
         for index in range(section.layers):
             ctx = BuildContext(
-                d_model=spec.d_model, dropout=spec.dropout, causal=decoder, layer=index, num_layers=section.layers
+                d_model=spec.d_model,
+                dropout=spec.dropout,
+                causal=decoder,
+                layer=index,
+                num_layers=section.layers,
+                heads=attention.heads if hasattr(attention, "heads") else 1,
+                position=position,
             )
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
             ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
@@ -73,8 +87,10 @@ class _Builder:
         final = self.norm(section, part) if spec.uses_final_norm else None
         return Stack(layers, final)
 
-    def embedding(self, tokens: nn.Embedding) -> Embedding:
-        ctx = BuildContext(d_model=self.spec.d_model)
+    def embedding(self, tokens: nn.Embedding, *, causal: bool) -> Embedding:
+        """Token embedding plus this side's position module (``causal`` for decoder sides)."""
+        heads = getattr(self.spec.attention, "heads", 1)
+        ctx = BuildContext(d_model=self.spec.d_model, causal=causal, heads=heads)
         position = self.component("position", self.spec.position, ctx, ("position",))
         return Embedding(tokens, position, dropout=self.spec.dropout)
 
@@ -94,23 +110,23 @@ class _Builder:
                 src_tokens = tgt_tokens
             else:
                 src_tokens = token_embedding(spec.src_vocab_size or spec.vocab_size, spec.d_model)
+            src_embed, tgt_embed = self.embedding(src_tokens, causal=False), self.embedding(tgt_tokens, causal=True)
             return EncoderDecoder(
-                src_embed=self.embedding(src_tokens),
-                tgt_embed=self.embedding(tgt_tokens),
-                encoder=self.stack("encoder"),
-                decoder=self.stack("decoder"),
+                src_embed=src_embed,
+                tgt_embed=tgt_embed,
+                encoder=self.stack("encoder", src_embed.position),
+                decoder=self.stack("decoder", tgt_embed.position),
                 head=self.output(tgt_tokens),
                 pad_id=spec.pad_id,
             )
         if spec.kind == "decoder":
+            embed = self.embedding(tgt_tokens, causal=True)
             return DecoderOnly(
-                embed=self.embedding(tgt_tokens),
-                decoder=self.stack("decoder"),
-                head=self.output(tgt_tokens),
-                pad_id=spec.pad_id,
+                embed=embed, decoder=self.stack("decoder", embed.position), head=self.output(tgt_tokens), pad_id=spec.pad_id
             )
+        embed = self.embedding(tgt_tokens, causal=False)
         head = MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))
-        return EncoderOnly(embed=self.embedding(tgt_tokens), encoder=self.stack("encoder"), head=head, pad_id=spec.pad_id)
+        return EncoderOnly(embed=embed, encoder=self.stack("encoder", embed.position), head=head, pad_id=spec.pad_id)
 
 
 def count_parameters(module: nn.Module) -> int:

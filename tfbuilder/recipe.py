@@ -63,9 +63,9 @@ class _Dispatch:
 
     def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
         members = [e.params.model_json_schema() for e in registry.entries(self.family)]
+        shorthand = {"type": "string", "enum": registry.types(self.family), "description": "shorthand for {type: NAME}"}
         return {
-            "oneOf": members,
-            "discriminator": {"propertyName": "type"},
+            "oneOf": [*members, shorthand],
             "description": f"a registered {self.family} component: " + ", ".join(registry.types(self.family)),
         }
 
@@ -118,10 +118,11 @@ class ModelSection(Section):
     pad_id: int = Field(0, ge=0, description="id of the padding token (masked as a key, ignored by the loss)")
     d_model: int = Field(512, ge=1, le=65536, description="model width d_model")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="P_drop: on embeddings+positions and every sub-layer output")
-    placement: Literal["post", "pre"] = Field(
-        "post", description="norm placement: post (the paper: Norm(x + f(x))) or pre (x + f(Norm(x)))"
+    placement: Literal["post", "pre", "sandwich"] = Field(
+        "post",
+        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + Norm(f(Norm(x))))",
     )
-    final_norm: bool | None = Field(None, description="norm after each stack; default true for pre, false for post")
+    final_norm: bool | None = Field(None, description="norm after each stack; default false for post, true otherwise")
     share_embeddings: bool = Field(True, description="source and target share one embedding matrix (sec. 3.4)")
     tie_output: bool = Field(True, description="the pre-softmax projection reuses the target embedding (sec. 3.4)")
     position: Position = Field(default_factory=_default("position", "sinusoidal"), description="positional encoding")
@@ -180,7 +181,7 @@ class ModelSection(Section):
 
     @property
     def uses_final_norm(self) -> bool:
-        return self.placement == "pre" if self.final_norm is None else self.final_norm
+        return self.placement != "post" if self.final_norm is None else self.final_norm
 
 
 class Recipe(Section):

@@ -69,6 +69,7 @@ class Task(L.LightningModule):
         self._clock = 0.0
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
+        self._routed = [m for m in model.modules() if hasattr(m, "aux_loss") and hasattr(m, "aux_weight")]
 
     # --- training -----------------------------------------------------------------------------
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
@@ -77,6 +78,10 @@ class Task(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         result = self.objective(self.model, batch)
+        if self._routed:  # mixture-of-experts layers add their load-balancing losses
+            aux = sum(m.aux_weight * m.aux_loss for m in self._routed)
+            self.log("moe_aux_loss", aux, batch_size=result.tokens)
+            result.loss = result.loss + aux
         if not torch.isfinite(result.loss):
             raise NonFiniteLoss(
                 f"the loss became {result.loss.item()} at step {self.global_step + 1}; training stopped "

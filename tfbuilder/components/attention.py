@@ -11,55 +11,80 @@ from einops import rearrange
 from pydantic import Field
 from torch import Tensor, nn
 
+from .. import masks
 from ..registry import BuildContext, ComponentParams, ModelDims, register
 
 
 @register("attention", "multihead")
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2).
+    """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2), with
+    grouped-query and multi-query attention (``kv_heads``; Ainslie et al. 2023, arXiv:2305.13245;
+    Shazeer 2019, arXiv:1911.02150), sliding-window attention (``window``; Beltagy et al. 2020,
+    arXiv:2004.05150) and query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245).
 
     Self-attention projects queries, keys and values with one fused matrix; cross-attention
-    (``ctx.cross``) projects queries from ``x`` and keys/values, fused, from ``context``.
+    (``ctx.cross``) projects queries from ``x`` and keys/values, fused, from ``context``. Positions that
+    act inside attention (rotary, ALiBi, relative bias) are applied in self-attention.
     """
 
     class Params(ComponentParams):
         type: Literal["multihead"] = "multihead"
-        heads: int = Field(8, ge=1, le=1024, description="number of attention heads h")
+        heads: int = Field(8, ge=1, le=1024, description="number of query heads h")
+        kv_heads: int | None = Field(
+            None, ge=1, description="key/value heads (grouped-query; 1 = multi-query); default heads"
+        )
         key_dim: int | None = Field(
             None, ge=1, description="query/key width per head d_k; default d_model / heads"
         )
         value_dim: int | None = Field(
             None, ge=1, description="value width per head d_v; default d_model / heads"
         )
+        window: int | None = Field(
+            None, ge=1, description="sliding window: attend to keys at most window-1 positions away; default all"
+        )
+        qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
         bias: bool = Field(True, description="learn biases in the input and output projections")
 
         def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+            problems = []
             if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
                 unset = " and ".join(n for n in ("key_dim", "value_dim") if getattr(self, n) is None)
-                return [
-                    (
-                        "heads",
-                        f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set {unset}",
-                    )
-                ]
-            return []
+                problems.append(
+                    ("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set {unset}")
+                )
+            if self.kv_heads is not None and self.heads % self.kv_heads:
+                problems.append(("kv_heads", f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"))
+            return problems
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         d, h = ctx.d_model, params.heads
         self.heads = h
+        self.kv_heads = params.kv_heads or h
         self.key_dim = params.key_dim or d // h
         self.value_dim = params.value_dim or d // h
         self.dropout = params.dropout
         self.cross = ctx.cross
-        qk, v = h * self.key_dim, h * self.value_dim
+        self.causal = ctx.causal
+        self.window = params.window
+        # Hooks of a position that acts inside self-attention (bound methods: the position module stays
+        # owned by the embedding, not registered again under every layer).
+        position = None if ctx.cross else ctx.position
+        self.rotate = getattr(position, "rotate", None)
+        self.score_bias = getattr(position, "bias", None)
+        self.keep_weights = False  # set True to keep the last attention weights in `weights` (inspection)
+        self.weights: Tensor | None = None
+        q, k, v = h * self.key_dim, self.kv_heads * self.key_dim, self.kv_heads * self.value_dim
+        self.split = (q, k, v)
         if self.cross:
-            self.to_q = nn.Linear(d, qk, bias=params.bias)
-            self.to_kv = nn.Linear(d, qk + v, bias=params.bias)
+            self.to_q = nn.Linear(d, q, bias=params.bias)
+            self.to_kv = nn.Linear(d, k + v, bias=params.bias)
         else:
-            self.to_qkv = nn.Linear(d, 2 * qk + v, bias=params.bias)
-        self.to_out = nn.Linear(v, d, bias=params.bias)
+            self.to_qkv = nn.Linear(d, q + k + v, bias=params.bias)
+        self.to_out = nn.Linear(h * self.value_dim, d, bias=params.bias)
+        # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
+        self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -78,7 +103,8 @@ class MultiHeadAttention(nn.Module):
 
         ``cache`` (incremental decoding): self-attention appends this call's keys and values to it;
         cross-attention computes the context's keys and values once and reuses them."""
-        h = self.heads
+        q_width, k_width, v_width = self.split
+        offset = 0
         if self.cross:
             q = self.to_q(x)
             if cache is not None and "k" in cache:
@@ -86,27 +112,59 @@ class MultiHeadAttention(nn.Module):
             else:
                 if context is None:
                     raise ValueError("cross-attention needs a context")
-                k, v = self._heads_kv(self.to_kv(context).split([h * self.key_dim, h * self.value_dim], dim=-1))
+                k, v = self._heads_kv(self.to_kv(context).split([k_width, v_width], dim=-1))
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+            q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
         else:
-            q, k, v = self.to_qkv(x).split([h * self.key_dim, h * self.key_dim, h * self.value_dim], dim=-1)
+            q, k, v = self.to_qkv(x).split([q_width, k_width, v_width], dim=-1)
+            q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
             k, v = self._heads_kv((k, v))
+            if cache is not None and "k" in cache:
+                offset = cache["k"].shape[2]
+            if self.rotate is not None:
+                q, k = self.rotate(q, offset), self.rotate(k, offset)  # keys are cached rotated
             if cache is not None:
                 if "k" in cache:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        q = rearrange(q, "b i (h k) -> b h i k", h=h)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            scale=1.0 / math.sqrt(self.key_dim),
-        )
+        n_q, n_k = q.shape[2], k.shape[2]
+        if self.window is not None:
+            mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=x.device))
+        scores_bias = None
+        if self.score_bias is not None:
+            scores_bias = self.score_bias(n_q, n_k, offset, self.heads).to(device=q.device, dtype=q.dtype)
+            # The boolean mask joins the additive bias: -inf where a query may not attend.
+            scores_bias = scores_bias if mask is None else scores_bias.masked_fill(~mask, float("-inf"))
+        scale = 1.0 / math.sqrt(self.key_dim)
+        if self.qk_scale is not None:
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+            scale = self.qk_scale
+        if self.kv_heads != self.heads:  # grouped query: each key/value head serves heads/kv_heads queries
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        attn_mask = scores_bias if scores_bias is not None else mask
+        if self.keep_weights or isinstance(scale, Tensor):
+            out = self._explicit(q, k, v, attn_mask, scale)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, scale=scale
+            )
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
+
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, scale) -> Tensor:
+        """softmax(q k^T * scale + bias) v written out: the weights can be kept, and a learned scale
+        (qk_norm) gets its gradient. Equal to the fused kernel's output (tested)."""
+        scores = (q @ k.transpose(-2, -1)) * scale
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        weights = scores.softmax(dim=-1)
+        if self.keep_weights:
+            self.weights = weights.detach()
+        if self.training and self.dropout:
+            weights = F.dropout(weights, self.dropout)
+        return weights @ v
 
     def _heads_kv(self, kv: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         k, v = kv
-        return rearrange(k, "b j (h k) -> b h j k", h=self.heads), rearrange(v, "b j (h v) -> b h j v", h=self.heads)
+        return rearrange(k, "b j (h k) -> b h j k", h=self.kv_heads), rearrange(v, "b j (h v) -> b h j v", h=self.kv_heads)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
+import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
 from ..dropout import Dropout
-from ..registry import BuildContext, ComponentParams, register
+from ..registry import BuildContext, ComponentParams, ModelDims, register
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
 
 @register("ffn", "mlp")
@@ -20,9 +23,7 @@ class MLP(nn.Module):
     class Params(ComponentParams):
         type: Literal["mlp"] = "mlp"
         hidden: int | None = Field(None, ge=1, description="inner width d_ff; default 4 * d_model")
-        activation: Literal["relu", "gelu", "gelu_tanh", "silu"] = Field(
-            "relu", description="non-linearity between the two projections"
-        )
+        activation: Activation = Field("relu", description="non-linearity between the two projections")
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the hidden activations")
         bias: bool = Field(True, description="learn biases in both projections")
 
@@ -37,3 +38,121 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d)."""
         return self.ff_out(self.drop(self.act(self.ff_in(x))))
+
+
+class _GLUParams(ComponentParams):
+    hidden: int | None = Field(
+        None, ge=1, description="inner width; default 4 * d_model, or 2/3 of it with match_params"
+    )
+    match_params: bool = Field(
+        True, description="scale the default width by 2/3 (rounded up to a multiple of 8) to keep an MLP's parameter count"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the gated hidden activations")
+    bias: bool = Field(False, description="learn biases in the projections")
+
+
+def glu_hidden(params: _GLUParams, d_model: int) -> int:
+    if params.hidden is not None:
+        return params.hidden
+    if not params.match_params:
+        return 4 * d_model
+    return -(-(8 * d_model) // 3 // 8) * 8  # 2/3 * 4d, rounded up to a multiple of 8
+
+
+class GLU(nn.Module):
+    """FFN_GLU(x) = (act(x W) * x V) W2: a gated linear unit with an activation (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation: str = "silu"
+
+    def __init__(self, params: _GLUParams, ctx: BuildContext):
+        super().__init__()
+        hidden = glu_hidden(params, ctx.d_model)
+        self.ff_in = nn.Linear(ctx.d_model, 2 * hidden, bias=params.bias)  # gate and value, fused
+        self.act = ACTIVATIONS[self.activation]()
+        self.drop = Dropout(params.dropout)
+        self.ff_out = nn.Linear(hidden, ctx.d_model, bias=params.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d)."""
+        gate, value = self.ff_in(x).chunk(2, dim=-1)
+        return self.ff_out(self.drop(self.act(gate) * value))
+
+
+@register("ffn", "swiglu")
+class SwiGLU(GLU):
+    """GLU with a Swish (SiLU) gate (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation = "silu"
+
+    class Params(_GLUParams):
+        type: Literal["swiglu"] = "swiglu"
+
+
+@register("ffn", "geglu")
+class GEGLU(GLU):
+    """GLU with a GELU gate (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation = "gelu"
+
+    class Params(_GLUParams):
+        type: Literal["geglu"] = "geglu"
+
+
+@register("ffn", "reglu")
+class ReGLU(GLU):
+    """GLU with a ReLU gate (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation = "relu"
+
+    class Params(_GLUParams):
+        type: Literal["reglu"] = "reglu"
+
+
+@register("ffn", "moe")
+class MixtureOfExperts(nn.Module):
+    """Top-k routed mixture of MLP experts (Shazeer et al. 2017; Switch balancing loss, Fedus et al. 2021).
+
+    arXiv:1701.06538 and arXiv:2101.03961.
+
+    ``aux_loss`` holds this call's balancing loss; training adds ``aux_weight`` times it to the objective.
+    """
+
+    class Params(ComponentParams):
+        type: Literal["moe"] = "moe"
+        experts: int = Field(4, ge=1, le=256, description="number of expert MLPs")
+        top_k: int = Field(2, ge=1, description="experts each token is routed to")
+        hidden: int | None = Field(None, ge=1, description="inner width of each expert; default 4 * d_model")
+        activation: Activation = Field("relu", description="non-linearity inside each expert")
+        aux_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss in the objective")
+        bias: bool = Field(True, description="learn biases in the experts")
+
+        def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+            if self.top_k > self.experts:
+                return [("top_k", f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")]
+            return []
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.top_k = params.top_k
+        self.aux_weight = params.aux_weight
+        self.router = nn.Linear(ctx.d_model, params.experts, bias=False)
+        expert = MLP.Params(hidden=params.hidden, activation=params.activation, bias=params.bias)
+        self.experts = nn.ModuleList(MLP(expert, ctx) for _ in range(params.experts))
+        self.aux_loss: Tensor = torch.zeros(())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d); tokens go to their ``top_k`` experts, outputs weighted by the
+        renormalised router probabilities."""
+        flat = x.reshape(-1, x.shape[-1])
+        probs = self.router(flat).float().softmax(dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if token.numel():
+                out.index_add_(0, token, expert(flat[token]) * weights[token, slot, None])
+        # Switch loss: experts * sum_e (share of tokens routed to e) * (mean router probability of e).
+        share = F.one_hot(chosen[:, 0], len(self.experts)).float().mean(dim=0)
+        self.aux_loss = len(self.experts) * (share * probs.mean(dim=0)).sum()
+        return out.reshape(x.shape)

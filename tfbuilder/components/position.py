@@ -87,3 +87,117 @@ class NoPosition(nn.Module):
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """``x`` (b, n, d) unchanged."""
         return x
+
+
+class AttentionPosition(nn.Module):
+    """Base of positions that act inside attention: the embeddings pass through unchanged, and
+    self-attention calls :meth:`rotate` on queries and keys and/or adds :meth:`bias` to its scores."""
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """``x`` (b, n, d) unchanged."""
+        return x
+
+    rotate = None  # (x (b, h, n, k), offset) -> rotated x
+    bias = None  # (n_query, n_key, offset, heads) -> additive scores (1, h, i, j)
+
+
+@register("position", "rotary")
+class RotaryPosition(AttentionPosition):
+    """Rotary position embedding (Su et al. 2021, RoFormer, arXiv:2104.09864).
+
+    Queries and keys are rotated by their positions, so that scores depend on relative offsets only."""
+
+    class Params(ComponentParams):
+        type: Literal["rotary"] = "rotary"
+        base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotation frequencies")
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.base = params.base
+
+    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1) rotated by pos * base^(-2i/k)."""
+        n, k = x.shape[-2], x.shape[-1]
+        if k % 2:
+            raise ValueError(f"rotary positions need an even key width per head, got {k}")
+        inv_freq = self.base ** (-torch.arange(0, k, 2, device=x.device, dtype=torch.float32) / k)
+        angles = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+        return out.flatten(-2)
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """Per-head slopes: the geometric sequence 2^(-8/h), 2^(-16/h), ... for h a power of two; otherwise
+    those of the next lower power of two, then every other slope of the next higher (Press et al. 2021)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(heads).is_integer():
+        return torch.tensor(power_of_two(heads))
+    lower = 2 ** math.floor(math.log2(heads))
+    return torch.tensor(power_of_two(lower) + power_of_two(2 * lower)[0::2][: heads - lower])
+
+
+@register("position", "alibi")
+class ALiBiPosition(AttentionPosition):
+    """Attention with linear biases: scores minus slope_h * distance (Press et al. 2021, arXiv:2108.12409);
+    symmetric distances in encoders."""
+
+    class Params(ComponentParams):
+        type: Literal["alibi"] = "alibi"
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.causal = ctx.causal
+
+    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        i = torch.arange(offset, offset + n_query)[:, None]
+        j = torch.arange(n_key)[None, :]
+        distance = (i - j).clamp(min=0) if self.causal else (i - j).abs()
+        return -(alibi_slopes(heads)[:, None, None] * distance)[None]
+
+
+@register("position", "relative_bias")
+class RelativeBiasPosition(AttentionPosition):
+    """T5's learned relative position bias (Raffel et al. 2020, arXiv:1910.10683).
+
+    One scalar per head and log-spaced distance bucket, shared by a stack's layers."""
+
+    class Params(ComponentParams):
+        type: Literal["relative_bias"] = "relative_bias"
+        buckets: int = Field(32, ge=2, description="distance buckets (halved per direction in encoders)")
+        max_distance: int = Field(128, ge=2, description="distances beyond this share the last bucket")
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.causal = ctx.causal
+        self.buckets, self.max_distance, self.heads = params.buckets, params.max_distance, ctx.heads
+        self.table = nn.Embedding(params.buckets, ctx.heads)
+        nn.init.zeros_(self.table.weight)
+
+    def bucket(self, relative: Tensor) -> Tensor:
+        """Bucket of key position minus query position."""
+        buckets, n = self.buckets, -relative
+        out = torch.zeros_like(n)
+        if not self.causal:
+            buckets //= 2
+            out += (n < 0).long() * buckets
+            n = n.abs()
+        else:
+            n = n.clamp(min=0)
+        exact = buckets // 2
+        large = exact + (
+            torch.log(n.float().clamp(min=1) / exact) / math.log(self.max_distance / exact) * (buckets - exact)
+        ).long()
+        return out + torch.where(n < exact, n, large.clamp(max=buckets - 1))
+
+    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        if heads != self.heads:
+            raise ValueError(f"relative_bias was built for {self.heads} heads, attention has {heads}")
+        i = torch.arange(offset, offset + n_query, device=self.table.weight.device)[:, None]
+        j = torch.arange(n_key, device=self.table.weight.device)[None, :]
+        return self.table(self.bucket(j - i)).permute(2, 0, 1)[None]

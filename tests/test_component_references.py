@@ -1,0 +1,173 @@
+"""Reference checks for the component zoo: published formulas and equivalences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tfbuilder
+from conftest import tiny_model
+from tfbuilder import registry
+from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.components.ffn import MLP, MixtureOfExperts, SwiGLU, glu_hidden
+from tfbuilder.components.norm import RMSNorm, ScaleNorm
+from tfbuilder.components.position import ALiBiPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
+from tfbuilder.recipe import ModelSection
+from tfbuilder.registry import BuildContext
+
+D = 32
+
+
+def test_rmsnorm_equals_torch():
+    ours = RMSNorm(RMSNorm.Params(eps=1e-6), BuildContext(d_model=D))
+    ref = nn.RMSNorm(D, eps=1e-6)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ref.weight.copy_(ours.weight)
+    x = torch.randn(3, 5, D)
+    torch.testing.assert_close(ours(x), ref(x))
+    torch.testing.assert_close(ours(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * ours.weight)
+
+
+def test_scalenorm_is_g_times_unit_vector():
+    norm = ScaleNorm(ScaleNorm.Params(), BuildContext(d_model=D))
+    x = torch.randn(4, D)
+    torch.testing.assert_close(norm(x), D**0.5 * x / x.norm(dim=-1, keepdim=True))
+
+
+def test_rotary_scores_depend_only_on_the_relative_offset():
+    rotary = RotaryPosition(RotaryPosition.Params(), BuildContext(d_model=D))
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(m: int, n: int) -> float:
+        return float((rotary.rotate(q, m) * rotary.rotate(k, n)).sum())
+
+    for m, n, shift in [(0, 3, 5), (7, 2, 11), (4, 4, 100)]:
+        assert score(m, n) == pytest.approx(score(m + shift, n + shift), abs=1e-4)
+    assert score(0, 3) != pytest.approx(score(0, 4), abs=1e-4)  # ... and it does depend on the offset
+    torch.testing.assert_close(rotary.rotate(q, 0), q)  # position 0 is not rotated
+
+
+def test_alibi_slopes_are_the_papers_geometric_sequences():
+    torch.testing.assert_close(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    # Not a power of two: the 8-head slopes, then every other slope of the 16-head sequence.
+    expected = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -(0.5 * (2 * i + 1)) for i in range(4)]
+    torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected))
+    bias = ALiBiPosition(ALiBiPosition.Params(), BuildContext(d_model=D, causal=True)).bias(3, 3, 0, 8)
+    assert bias.shape == (1, 8, 3, 3)
+    assert bias[0, 0, 2, 0] == -0.5 * 2 and bias[0, 7, 2, 1] == -(2.0**-8)
+
+
+def test_relative_bias_buckets_are_exact_nearby_and_log_spaced_far_away():
+    causal = RelativeBiasPosition(RelativeBiasPosition.Params(buckets=32, max_distance=128), BuildContext(d_model=D, causal=True, heads=2))
+    both = RelativeBiasPosition(RelativeBiasPosition.Params(buckets=32, max_distance=128), BuildContext(d_model=D, heads=2))
+    rel = torch.arange(-200, 1)
+    buckets = causal.bucket(rel)
+    assert buckets[-16:].tolist() == list(range(15, -1, -1))  # distances 0..15 get their own bucket
+    assert buckets.max() == 31 and (buckets.diff() <= 0).all()  # monotone, capped
+    two_sided = both.bucket(torch.tensor([-3, 3]))
+    assert two_sided[0] != two_sided[1]  # before and after are told apart in encoders
+
+
+def test_moe_with_one_expert_and_top_1_is_the_plain_ffn():
+    ctx = BuildContext(d_model=D)
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=1, top_k=1, hidden=48), ctx)
+    mlp = MLP(MLP.Params(hidden=48), ctx)
+    mlp.load_state_dict(moe.experts[0].state_dict())
+    x = torch.randn(2, 5, D)
+    torch.testing.assert_close(moe(x), mlp(x))
+    assert moe.aux_loss.item() == pytest.approx(1.0)  # perfectly "balanced" over one expert
+
+
+def test_moe_balancing_loss_is_lowest_when_balanced():
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=1, hidden=16), BuildContext(d_model=D))
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 10.0  # everything to expert 0
+    x = torch.rand(64, D) + 0.1
+    moe(x)
+    skewed = moe.aux_loss.item()
+    with torch.no_grad():
+        moe.router.weight.zero_()
+    moe(x)
+    assert skewed > 3.5 and moe.aux_loss.item() == pytest.approx(1.0)
+
+
+def test_glu_matches_the_mlp_parameter_count():
+    swiglu = SwiGLU(SwiGLU.Params(), BuildContext(d_model=96))
+    mlp = MLP(MLP.Params(bias=False), BuildContext(d_model=96))
+    n_glu = sum(p.numel() for p in swiglu.parameters())
+    n_mlp = sum(p.numel() for p in mlp.parameters())
+    assert abs(n_glu - n_mlp) / n_mlp < 0.02
+    assert glu_hidden(SwiGLU.Params(), 96) == 256
+
+
+def attention(ctx=None, **params) -> MultiHeadAttention:
+    return MultiHeadAttention(MultiHeadAttention.Params(**params), ctx or BuildContext(d_model=D)).eval()
+
+
+def test_gqa_equals_multihead_with_shared_key_value_heads():
+    gqa = attention(heads=4, kv_heads=2)
+    mha = attention(heads=4)
+    dk = D // 4
+    with torch.no_grad():
+        wq, wk, wv = gqa.to_qkv.weight.split([4 * dk, 2 * dk, 2 * dk])
+        bq, bk, bv = gqa.to_qkv.bias.split([4 * dk, 2 * dk, 2 * dk])
+        repeat = lambda w: w.reshape(2, dk, *w.shape[1:]).repeat_interleave(2, dim=0).reshape(4 * dk, *w.shape[1:])  # noqa: E731
+        mha.to_qkv.weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
+        mha.to_qkv.bias.copy_(torch.cat([bq, repeat(bk), repeat(bv)]))
+        mha.to_out.load_state_dict(gqa.to_out.state_dict())
+    x = torch.randn(2, 7, D)
+    torch.testing.assert_close(gqa(x), mha(x))
+    assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
+
+
+def test_gqa_with_kv_heads_equal_heads_is_multihead():
+    a, b = attention(heads=4, kv_heads=4), attention(heads=4)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 7, D)
+    torch.testing.assert_close(a(x), b(x))
+
+
+@pytest.mark.parametrize("position", ["none", "rotary", "alibi", "relative_bias"])
+@pytest.mark.parametrize("extra", [{}, {"window": 3}, {"kv_heads": 2}])
+def test_kept_attention_weights_give_the_fast_paths_output(position, extra):
+    ctx = BuildContext(d_model=D, causal=True, heads=4)
+    pos = registry.build("position", registry.get("position", position).params(), ctx)
+    if isinstance(pos, RelativeBiasPosition):
+        nn.init.normal_(pos.table.weight)
+    attn = attention(BuildContext(d_model=D, causal=True, heads=4, position=pos), heads=4, **extra)
+    x = torch.randn(2, 6, D)
+    mask = tfbuilder.masks.causal_mask(6)
+    fast = attn(x, mask=mask)
+    attn.keep_weights = True
+    slow = attn(x, mask=mask)
+    torch.testing.assert_close(slow, fast, atol=1e-5, rtol=1e-5)
+    weights = attn.weights
+    assert weights.shape == (2, 4, 6, 6)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 6))
+    assert (weights.triu(1) == 0).all()  # nothing from the future
+
+
+def test_sliding_window_sees_only_nearby_keys():
+    attn = attention(BuildContext(d_model=D, causal=True), heads=4, window=3)
+    x = torch.randn(1, 10, D)
+    changed = x.clone()
+    changed[0, 2] += 5.0  # 7 positions before the last query: outside its window
+    mask = tfbuilder.masks.causal_mask(10)
+    torch.testing.assert_close(attn(x, mask=mask)[0, -1], attn(changed, mask=mask)[0, -1])
+    assert not torch.allclose(attn(x, mask=mask)[0, 3], attn(changed, mask=mask)[0, 3])
+
+
+def test_sandwich_placement_normalises_before_and_after():
+    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model(placement="sandwich")))
+    block = model.encoder.layers[0].self_attn
+    assert block.norm_out is not None and model.encoder.final_norm is not None
+
+
+def test_every_component_cites_its_source():
+    for family in registry.FAMILIES:
+        for entry in registry.entries(family):
+            cited = any(ch.isdigit() for ch in entry.doc) or "ablation" in entry.doc
+            assert cited, f"{family}/{entry.name}: the docstring's first line should cite the paper (author year)"

@@ -14,10 +14,11 @@ from torch import Tensor, nn
 from .data.tokenizers import BOS, EOS
 
 
-def reorder(cache: list[dict], rows: Tensor) -> None:
-    """Keep (and reorder) the batch rows ``rows`` of every cached tensor, in place."""
+def reorder(cache: list[dict], rows: Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:
+    """Keep (and reorder) the batch rows ``rows`` of the cached tensors of ``parts``, in place."""
     for layer in cache:
-        for part in layer.values():
+        for name in parts:
+            part = layer.get(name, {})
             for key in part:
                 part[key] = part[key].index_select(0, rows)
 
@@ -134,7 +135,10 @@ def beam_search(
             beams = (keep[:, None] * beam + torch.arange(beam, device=device)).reshape(-1)
             memory = memory[beams]
             memory_mask = memory_mask[beams] if memory_mask is not None else None
-        reorder(cache, select)
+            reorder(cache, beams, parts=("cross",))
+        # The beams of one input share its source, so cross-attention keys and values only follow
+        # the batch as it shrinks; self-attention keys and values follow each beam's history.
+        reorder(cache, select, parts=("self",))
     return [max(hyps)[1] if hyps else [] for hyps in finished]
 
 

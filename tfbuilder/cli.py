@@ -136,6 +136,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         recipe, _ = _check(args.recipe, args.overrides)
     from .training import fit
 
+    _quiet_lightning()
     summary = fit(recipe, resume=args.resume)
     if summary is not None and _is_rank_zero():
         print("\n".join(summary.lines()))
@@ -201,6 +202,16 @@ def cmd_test(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
     print(f"{'saved'.ljust(width)}  {out}")
     return 0
+
+
+def _quiet_lightning() -> None:
+    """Keep Lightning's start-up chatter (device lists, tips, a deprecation in its own code) off the
+    terminal: the summary says what happened. Warnings about the user's setup still show."""
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
 def _is_rank_zero() -> bool:

@@ -72,6 +72,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--alpha", type=float, default=0.6)
     e.set_defaults(run=cmd_test)
 
+    df = sub.add_parser("diff", help="the resolved differences between two recipes, key by key")
+    df.add_argument("a", metavar="A.yaml")
+    df.add_argument("b", metavar="B.yaml")
+    df.set_defaults(run=cmd_diff)
+
     c = sub.add_parser("components", help="registered components with their params")
     c.add_argument("family", nargs="?", choices=registry.FAMILIES)
     c.set_defaults(run=cmd_components)
@@ -201,6 +206,24 @@ def cmd_test(args: argparse.Namespace) -> int:
     out = run_dir / f"test-{scores.split}-{loaded.path.stem}-beam{args.beam}.json"
     out.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
     print(f"{'saved'.ljust(width)}  {out}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .diffing import differences, format_table
+    from .recipe import load_recipe
+
+    problems = []
+    recipes = []
+    for path in (args.a, args.b):
+        try:
+            recipes.append(load_recipe(path))
+        except RecipeError as exc:
+            problems += exc.problems
+    if problems:
+        raise RecipeError(problems)
+    rows = differences(*recipes)
+    print(format_table(rows, args.a, args.b) if rows else "no differences")
     return 0
 
 

@@ -177,6 +177,7 @@ class Summary:
     last_checkpoint: str
     tokens_per_s: float
     ranks_agree: bool | None
+    last_val_acc: float | None = None
 
     def lines(self) -> list[str]:
         best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f} (perplexity {self.best_val_ppl:.2f})"
@@ -185,6 +186,7 @@ class Summary:
             ("steps", f"{self.steps:,}"),
             ("wall time", f"{self.seconds:.1f} s"),
             ("best validation loss", best),
+            ("last validation accuracy", "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens"),
             ("tokens/s (training steps)", f"{self.tokens_per_s:,.0f}"),
             ("best checkpoint", self.best_checkpoint or "n/a"),
             ("last checkpoint", self.last_checkpoint),
@@ -316,6 +318,7 @@ def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
         last_checkpoint=str(last),
         tokens_per_s=task._tokens_per_s,
         ranks_agree=task.ranks_agree,
+        last_val_acc=float(trainer.callback_metrics["val_acc"]) if "val_acc" in trainer.callback_metrics else None,
     )
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2), encoding="utf-8")

@@ -19,7 +19,7 @@ from conftest import ROOT
 from tfbuilder.cli import main
 from tfbuilder.recipe import recipe_from_dict
 from tfbuilder.runs import CheckpointError, load_checkpoint, read_checkpoint
-from tfbuilder.training import NonFiniteLoss, fit
+from tfbuilder.training import fit
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 

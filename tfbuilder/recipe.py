@@ -11,17 +11,14 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     SerializeAsAny,
-    Strict,
     ValidationError,
     WrapValidator,
-    field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import PydanticCustomError
 
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean

@@ -173,4 +173,4 @@ class TrainerSection(Section):
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-__all__ = ["BaseModel", "DataSection", "OptimSection", "Section", "TrainerSection", "fail"]
+__all__ = ["DataSection", "OptimSection", "Section", "TrainerSection", "fail"]

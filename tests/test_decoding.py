@@ -11,6 +11,9 @@ import torch
 import tfbuilder
 from conftest import ROOT, tiny_model
 from tfbuilder import decoding, registry
+from tfbuilder.data.tokenizers import BOS, EOS
+from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.registry import BuildContext
 from tfbuilder.cli import main
 from tfbuilder.data.collate import pad
 from tfbuilder.recipe import ModelSection
@@ -50,6 +53,60 @@ def test_beam_of_one_is_greedy(seed):
     src = torch.randint(5, 53, (5, 8))
     src[2, 3:] = 0
     assert decoding.beam_search(model, src, beam=1, max_len_b=6) == decoding.greedy(model, src, max_len_b=6)
+
+
+def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float, limit: int) -> list[int]:
+    """Beam search written plainly: one input, no cache (the whole prefix re-run each step), every
+    candidate scored, stopping once ``beam`` hypotheses have ended or at the length limit."""
+    src = torch.tensor([src_row])
+    live = [(0.0, [BOS])]
+    ended: list[tuple[float, list[int]]] = []
+    for step in range(limit):
+        tgt = torch.tensor([h for _, h in live])
+        logp = model(src.expand(len(live), -1), tgt)[:, -1].log_softmax(-1)
+        if step + 1 >= limit:  # only </s> may follow
+            logp = torch.full_like(logp, float("-inf")).index_fill(1, torch.tensor([EOS]), 0) + logp
+        cands = sorted(
+            ((s + float(logp[b, w]), h + [w]) for b, (s, h) in enumerate(live) for w in range(logp.shape[1])),
+            key=lambda c: -c[0],
+        )[: 2 * beam]
+        for score, hyp in cands[:beam]:
+            if hyp[-1] == EOS and len(ended) < beam:
+                ended.append((score / ((5.0 + step + 1) / 6.0) ** alpha, hyp[1:-1]))
+        live = [c for c in cands if c[1][-1] != EOS][:beam]
+        if len(ended) >= beam or step + 1 >= limit:
+            break
+    return max(ended)[1]
+
+
+@pytest.mark.parametrize(
+    "attention", [{}, {"kv_heads": 2}, {"qk_norm": True}], ids=["multihead", "grouped-query", "qk-norm"]
+)
+@pytest.mark.parametrize("alpha", [0.6, 0.0, 2.0])
+def test_beam_search_equals_a_plain_reference(attention, alpha):
+    torch.manual_seed(5)
+    spec = tiny_model()
+    spec["attention"] = {"type": "multihead", "heads": 4, **attention}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    rows = [torch.randint(5, 53, (n,)).tolist() + [EOS] for n in (2, 6, 4, 7, 3, 5)]
+    with torch.no_grad():
+        got = decoding.beam_search(model, pad(rows), beam=3, alpha=alpha, max_len_a=0, max_len_b=8)
+        want = [reference_beam_search(model, r, beam=3, alpha=alpha, limit=8) for r in rows]
+    assert got == want
+
+
+def test_cross_attention_groups_beams_over_one_source():
+    """q rows (b*g) against b sources equals the same attention with each source copied g times."""
+    torch.manual_seed(0)
+    params = MultiHeadAttention.Params(heads=4, kv_heads=2)
+    attn = MultiHeadAttention(params, BuildContext(d_model=32, cross=True)).eval()
+    x, context = torch.randn(6, 1, 32), torch.randn(2, 5, 32)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    grouped = attn(x, context=context, mask=mask)
+    copied = attn(x, context=context.repeat_interleave(3, 0), mask=mask.repeat_interleave(3, 0))
+    torch.testing.assert_close(grouped, copied)
+    with pytest.raises(ValueError, match="do not group"):
+        attn(torch.randn(5, 1, 32), context=context, mask=mask)
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
@@ -107,14 +164,15 @@ def copy_checkpoint(tmp_path_factory):
     return tfbuilder.fit(recipe).run_dir
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_trained_model_reproduces_held_out_sequences(copy_checkpoint, beam):
+@pytest.mark.parametrize("beam, precision", [(1, "32"), (4, "32"), (4, "bf16")])
+def test_trained_model_reproduces_held_out_sequences(copy_checkpoint, beam, precision):
     from tfbuilder.data import synthetic
     from tfbuilder.evaluation import translate_lines
 
     loaded = tfbuilder.load_checkpoint(copy_checkpoint)
     held_out, _ = synthetic.generate("copy", n=200, symbols=10, lengths=(1, 10), seed=999)
-    outputs = list(translate_lines(loaded, held_out, beam=beam))
+    outputs = list(translate_lines(loaded, held_out, beam=beam, precision=precision))
+    assert next(loaded.model.parameters()).dtype == torch.float32  # decoding in bf16 used a copy
     exact = sum(o == s for o, s in zip(outputs, held_out)) / len(held_out)
     assert exact >= 0.98, [(s, o) for s, o in zip(held_out, outputs) if s != o][:5]
 

@@ -83,21 +83,25 @@ def beam_search(
     max_len_b: int = 50,
 ) -> list[list[int]]:
     """Beam search with the GNMT length penalty ((5 + |y|) / 6) ^ alpha (Wu et al. 2016), as in
-    Vaswani et al. 2017 (beam 4, alpha 0.6, max length = input length + 50, early stop when ``beam``
-    hypotheses have ended). Returns the best hypothesis per input, without <s> and </s>."""
+    Vaswani et al. 2017 (beam 4, alpha 0.6, max length = input length + 50). An input's search ends
+    when ``beam`` hypotheses have ended, or earlier when no live hypothesis can still beat the best
+    ended one (an exact bound: the result is the same). Returns the best hypothesis per input,
+    without <s> and </s>."""
     model.eval()
     b, device = src.shape[0], src.device
     limits = _max_lengths(src, model.pad_id, max_len_a, max_len_b)
+    # The beams of one input share its source: memory and cross-attention keys/values stay one row
+    # per input (cross-attention groups the beams' queries), and only follow the batch as it shrinks.
     memory, memory_mask = model.encode(src)
-    rows = torch.arange(b, device=device).repeat_interleave(beam)
-    memory = memory[rows]
-    memory_mask = memory_mask[rows] if memory_mask is not None else None
     cache = model.new_cache()
     alive = torch.arange(b, device=device)  # inputs still searching
     scores = torch.full((b, beam), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one
     tokens = torch.full((b * beam, 1), BOS, dtype=torch.long, device=device)
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
+    ended_count = [0] * b
+    best = torch.full((b,), float("-inf"), device=device)  # best ended score per input (normalised)
+    best_hyp: list[list[int]] = [[] for _ in range(b)]
+    first_beams = torch.arange(2 * beam, device=device) < beam
     for step in range(int(limits.max())):
         n = len(alive)
         logp = model.decode(tokens[:, -1:], memory, memory_mask, cache=cache, offset=step)[:, -1].float().log_softmax(-1)
@@ -113,17 +117,24 @@ def beam_search(
         is_eos = word == EOS
         penalty = ((5.0 + step + 1) / 6.0) ** alpha
         # Ended hypotheses among the best `beam` candidates are final (normalised by length).
-        ended = is_eos & (torch.arange(2 * beam, device=device) < beam)
-        for r, c in ended.nonzero().tolist():
+        for r, c in (is_eos & first_beams).nonzero().tolist():
             i = int(alive[r])
-            if len(finished[i]) < beam:
-                hyp = tokens[r * beam + origin[r, c], 1:].tolist()
-                finished[i].append((float(top_scores[r, c]) / penalty, hyp))
+            if ended_count[i] < beam:
+                ended_count[i] += 1
+                score = float(top_scores[r, c]) / penalty
+                if score > best[i]:
+                    best[i] = score
+                    best_hyp[i] = tokens[r * beam + origin[r, c], 1:].tolist()
         # The best `beam` candidates that did not end continue.
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         live_scores, pick = live_scores.topk(beam, dim=1)
         origin, word = origin.gather(1, pick), word.gather(1, pick)
-        done = torch.tensor([len(finished[int(i)]) >= beam for i in alive], device=device) | last
+        # A live hypothesis only loses log-probability; it ends with between step + 2 and limit
+        # tokens, so its normalised score is at most its score now over one of those penalties.
+        now = live_scores[:, 0]
+        bound = torch.maximum(now / ((5.0 + limits[alive]) / 6.0) ** alpha, now / ((5.0 + step + 2) / 6.0) ** alpha)
+        counts = torch.tensor([ended_count[i] for i in alive.tolist()], device=device)
+        done = last | (counts >= beam) | (best[alive] >= bound)
         keep = (~done).nonzero().squeeze(1)
         if len(keep) == 0:
             break
@@ -132,14 +143,11 @@ def beam_search(
         scores = live_scores[keep]
         alive = alive[keep]
         if len(keep) < n:
-            beams = (keep[:, None] * beam + torch.arange(beam, device=device)).reshape(-1)
-            memory = memory[beams]
-            memory_mask = memory_mask[beams] if memory_mask is not None else None
-            reorder(cache, beams, parts=("cross",))
-        # The beams of one input share its source, so cross-attention keys and values only follow
-        # the batch as it shrinks; self-attention keys and values follow each beam's history.
+            memory = memory[keep]
+            memory_mask = memory_mask[keep] if memory_mask is not None else None
+            reorder(cache, keep, parts=("cross",))
         reorder(cache, select, parts=("self",))
-    return [max(hyps)[1] if hyps else [] for hyps in finished]
+    return best_hyp
 
 
 @torch.no_grad()

@@ -40,7 +40,7 @@ class MultiHeadAttention(nn.Module):
             None, ge=1, description="value width per head d_v; default d_model / heads"
         )
         window: int | None = Field(
-            None, ge=1, description="sliding window: attend to keys at most window-1 positions away; default all"
+            None, ge=1, description="sliding-window self-attention: attend to keys at most window-1 positions away; default all"
         )
         qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
@@ -104,7 +104,7 @@ class MultiHeadAttention(nn.Module):
         ``cache`` (incremental decoding): self-attention appends this call's keys and values to it;
         cross-attention computes the context's keys and values once and reuses them."""
         q_width, k_width, v_width = self.split
-        offset = 0
+        offset, group = 0, 1
         if self.cross:
             q = self.to_q(x)
             if cache is not None and "k" in cache:
@@ -116,6 +116,12 @@ class MultiHeadAttention(nn.Module):
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
             q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
+            if q.shape[0] != k.shape[0]:
+                # `group` consecutive query rows share one source (the beams of beam search): their
+                # queries attend side by side, so the source's keys and values are neither copied
+                # per beam nor reordered as the beams move.
+                group = self._group(q.shape[0], k.shape[0], mask)
+                q = rearrange(q, "(b g) h i k -> b h (g i) k", g=group)
         else:
             q, k, v = self.to_qkv(x).split([q_width, k_width, v_width], dim=-1)
             q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
@@ -129,7 +135,7 @@ class MultiHeadAttention(nn.Module):
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         n_q, n_k = q.shape[2], k.shape[2]
-        if self.window is not None:
+        if self.window is not None and not self.cross:
             mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=x.device))
         scores_bias = None
         if self.score_bias is not None:
@@ -150,7 +156,16 @@ class MultiHeadAttention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, scale=scale
             )
+        if group > 1:
+            out = rearrange(out, "b h (g i) v -> (b g) h i v", g=group)
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
+
+    @staticmethod
+    def _group(queries: int, sources: int, mask: Tensor | None) -> int:
+        group, rest = divmod(queries, sources)
+        if rest or (mask is not None and (mask.shape[0] not in (1, sources) or mask.shape[-2] != 1)):
+            raise ValueError(f"cross-attention: {queries} query rows do not group over {sources} sources")
+        return group
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, scale) -> Tensor:
         """softmax(q k^T * scale + bias) v written out: the weights can be kept, and a learned scale

@@ -2,7 +2,8 @@
 
 1. Tokens/s generating 128 new tokens with and without the key/value cache (vanilla-small size,
    random weights, batch 1 and 8; the uncached path re-runs the decoder over the whole prefix each step).
-2. With --checkpoint: greedy and beam-4 translation of the 1,000 Multi30k test_2016_flickr sources.
+2. With --checkpoint: greedy and beam-4 translation of the 1,000 Multi30k test_2016_flickr sources,
+   in float32 and bfloat16, with the sacreBLEU of each.
 
     python benchmarks/decode_throughput.py [--checkpoint RUN_DIR_OR_CKPT] [--data ../shared/data/multi30k]
 """
@@ -68,14 +69,21 @@ def main() -> None:
         fast = timed(lambda: generate(model, src, cached=True))
         print(f"{batch:>5} {batch * NEW / slow:>15,.0f} {batch * NEW / fast:>13,.0f} {slow / fast:>8.1f}x")
     if args.checkpoint:
+        import sacrebleu
+
         loaded = tfbuilder.load_checkpoint(args.checkpoint)
         sources = text.read_lines(Path(args.data) / "test_2016_flickr.de.gz")
-        print(f"\n{'search':<8} {'sentences':>9} {'seconds':>8} {'sent/s':>7}")
-        for beam in (1, 4):
-            start = time.perf_counter()
-            out = list(translate_lines(loaded, sources, beam=beam))
-            seconds = time.perf_counter() - start
-            print(f"{'greedy' if beam == 1 else f'beam {beam}':<8} {len(out):>9,} {seconds:>8.1f} {len(out) / seconds:>7.0f}")
+        references = text.read_lines(Path(args.data) / "test_2016_flickr.en.gz")
+        print(f"\n{'search':<8} {'precision':>9} {'sentences':>9} {'seconds':>8} {'sent/s':>7} {'BLEU':>6}")
+        for precision in ("32", "bf16"):
+            for beam in (1, 4):
+                list(translate_lines(loaded, sources[:64], beam=beam, precision=precision))  # warm-up
+                start = time.perf_counter()
+                out = list(translate_lines(loaded, sources, beam=beam, precision=precision))
+                seconds = time.perf_counter() - start
+                bleu = sacrebleu.corpus_bleu(out, [references]).score
+                search = "greedy" if beam == 1 else f"beam {beam}"
+                print(f"{search:<8} {precision:>9} {len(out):>9,} {seconds:>8.1f} {len(out) / seconds:>7.0f} {bleu:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -246,3 +246,28 @@ def test_language_model_recipes_train_on_monolingual_text(tmp_path, recipe_name,
     else:
         assert main(["test", summary.run_dir, "--split", "val"]) == 0
         assert "perplexity" in capsys.readouterr().out
+
+
+def test_validation_bleu_is_logged_and_is_the_checkpoints_score(tmp_path):
+    import sacrebleu
+
+    from tfbuilder.evaluation import translate
+
+    words = ["haus", "baum", "hund", "katze", "auto", "buch"]
+    en = {"haus": "house", "baum": "tree", "hund": "dog", "katze": "cat", "auto": "car", "buch": "book"}
+    src = [f"ein {words[i % 6]} und ein {words[i // 6 % 6]}" for i in range(300)]
+    tgt = [f"a {en[words[i % 6]]} and a {en[words[i // 6 % 6]]}" for i in range(300)]
+    files = {"train.de": src, "train.en": tgt, "val.de": src[:40], "val.en": tgt[:40]}
+    tiny = ["model.d_model=64", "model.ffn.hidden=128", "model.attention.heads=4", "model.encoder.layers=1", "model.decoder.layers=1"]
+    schedule = ["optim.schedule.type=constant", "optim.schedule.warmup=20", "optim.lr=3e-3", "model.dropout=0.0"]
+    recipe = parallel_recipe(
+        tmp_path, files, *tiny, *schedule, "trainer.max_steps=150", "trainer.val_every=75",
+        "trainer.val_bleu=25", "trainer.progress=false",
+    )
+    summary = fit(recipe)
+    logged = [float(r["val_bleu"]) for r in val_metrics(summary.run_dir)]
+    assert len(logged) == 2 and summary.last_val_bleu == pytest.approx(logged[-1])
+    loaded = load_checkpoint(summary.last_checkpoint)  # the weights of the last validation
+    hypotheses = list(translate(loaded.model, loaded.vocab, src[:25], beam=1))
+    assert logged[-1] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [tgt[:25]]).score)
+    assert logged[-1] > 50, hypotheses[:5]  # learned: a score that can only come from real translations

@@ -51,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
     t.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, the paper's)")
     t.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, the paper's)")
+    t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
     t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
     t.set_defaults(run=cmd_translate)
@@ -70,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
     e.add_argument("--beam", type=int, default=4)
     e.add_argument("--alpha", type=float, default=0.6)
+    e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     e.set_defaults(run=cmd_test)
 
     df = sub.add_parser("diff", help="the resolved differences between two recipes, key by key")
@@ -163,7 +165,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     except FileExistsError:
         raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
     with source, sink:
-        for line in translate_lines(loaded, source, beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512):
+        for line in translate_lines(
+            loaded, source, beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision
+        ):
             sink.write(line + "\n")
             sink.flush()
     return 0
@@ -192,18 +196,19 @@ def cmd_test(args: argparse.Namespace) -> int:
 
     loaded = load_checkpoint(args.checkpoint)
     try:
-        scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha)
+        scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha, precision=args.precision)
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
     rows = [("checkpoint", str(loaded.path)), ("split", f"{scores.split} ({scores.examples:,} examples)")]
     rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
     if scores.bleu is not None:
-        rows += [(f"sacreBLEU (beam {scores.beam})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
+        search = f"beam {scores.beam}" + (", bf16" if args.precision == "bf16" else "")
+        rows += [(f"sacreBLEU ({search})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
         rows += [("signature", scores.bleu_signature), ("decoding time", f"{scores.seconds_decoding:.1f} s")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     run_dir = loaded.path.parent.parent if loaded.path.parent.name == "checkpoints" else loaded.path.parent
-    out = run_dir / f"test-{scores.split}-{loaded.path.stem}-beam{args.beam}.json"
+    out = run_dir / f"test-{scores.split}-{loaded.path.stem}-beam{args.beam}{'-bf16' if args.precision == 'bf16' else ''}.json"
     out.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
     print(f"{'saved'.ljust(width)}  {out}")
     return 0

@@ -221,6 +221,10 @@ class Recipe(Section):
                 )
             if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
                 problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
+        if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
+            problems.append(
+                (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)
+            )
         fail("Recipe", problems)
         return self
     _path: Path | None = PrivateAttr(None)

@@ -153,6 +153,9 @@ class TrainerSection(Section):
     max_minutes: float | None = Field(None, gt=0, description="stop after this much wall time, if sooner")
     val_every: int = Field(1000, ge=1, description="validate (and checkpoint) every this many steps")
     val_batches: int | None = Field(None, ge=1, description="validate on at most this many batches")
+    val_bleu: int = Field(
+        0, ge=0, description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off"
+    )
     log_every: int = Field(50, ge=1, description="log training metrics every this many steps")
     precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind (auto: a GPU when present)")

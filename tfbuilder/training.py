@@ -49,12 +49,22 @@ def batch_seed(seed: int, position: int, rank: int) -> int:
 class Task(L.LightningModule):
     """Optimises a tfbuilder model on the recipe's objective; logs loss, perplexity, accuracy, lr, tokens/s."""
 
-    def __init__(self, recipe: Recipe, model: nn.Module, vocab_json: str):
+    def __init__(
+        self, recipe: Recipe, model: nn.Module, vocab_json: str, *, vocab: Vocab | None = None, bleu_lines: tuple[list[str], list[str]] | None = None
+    ):
         super().__init__()
         self.model = model
         self.recipe = recipe
         self.vocab_json = vocab_json
+        self.vocab = vocab
+        self.bleu_lines = bleu_lines  # (sources, references) translated at each validation
         self.batches_seen = 0  # training batches consumed over the whole run (resume restarts here)
+        # Totals over the whole run, carried across resumes: target tokens and seconds of training
+        # steps (validation excluded), and wall time.
+        self.train_tokens = 0
+        self.train_seconds = 0.0
+        self.elapsed_before = 0.0
+        self.started = time.perf_counter()  # fit() sets this invocation's start (data preparation included)
         kind = recipe.model.kind
         eps = recipe.optim.label_smoothing
         if kind == "encoder_decoder":
@@ -94,9 +104,15 @@ class Task(L.LightningModule):
         self.log("train_acc", result.correct.float() / max(size, 1), batch_size=size)
         return result.loss
 
+    def elapsed(self) -> float:
+        """Wall seconds of the whole run so far, earlier invocations (before a resume) included."""
+        return self.elapsed_before + time.perf_counter() - self.started
+
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         self.batches_seen += 1
         elapsed = time.perf_counter() - self._clock
+        self.train_tokens += int(self._batch_tokens)
+        self.train_seconds += elapsed
         rate = self._batch_tokens / max(elapsed, 1e-9)
         self._tokens_per_s = rate if self._tokens_per_s == 0 else 0.9 * self._tokens_per_s + 0.1 * rate
         self.log("tokens_per_s", self._tokens_per_s, prog_bar=True)
@@ -116,6 +132,19 @@ class Task(L.LightningModule):
         self.log("val_loss", loss, prog_bar=True, sync_dist=False, rank_zero_only=False)
         self.log("val_ppl", math.exp(min(loss, 50)), sync_dist=False)
         self.log("val_acc", correct / max(tokens, 1), sync_dist=False)
+        if self.bleu_lines is not None:
+            self.log("val_bleu", self.validation_bleu(), sync_dist=False)
+
+    def validation_bleu(self) -> float:
+        """sacreBLEU of greedy translations of ``bleu_lines`` (every rank computes the same score)."""
+        import sacrebleu
+
+        from .evaluation import translate
+
+        sources, references = self.bleu_lines
+        hypotheses = list(translate(self.model, self.vocab, sources, beam=1))
+        self.model.train(self.training)
+        return sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
 
     # --- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -141,10 +170,17 @@ class Task(L.LightningModule):
             "recipe": self.recipe.to_dict(),
             "vocab": self.vocab_json,
             "batches_seen": self.batches_seen,
+            "train_tokens": self.train_tokens,
+            "train_seconds": self.train_seconds,
+            "elapsed": self.elapsed(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.batches_seen = int(checkpoint["tfbuilder"]["batches_seen"])
+        saved = checkpoint["tfbuilder"]
+        self.batches_seen = int(saved["batches_seen"])
+        self.train_tokens = int(saved.get("train_tokens", 0))
+        self.train_seconds = float(saved.get("train_seconds", 0.0))
+        self.elapsed_before = float(saved.get("elapsed", 0.0))
 
     def on_train_end(self) -> None:
         if self.trainer.world_size > 1:
@@ -178,6 +214,8 @@ class Summary:
     tokens_per_s: float
     ranks_agree: bool | None
     last_val_acc: float | None = None
+    train_tokens: int = 0
+    last_val_bleu: float | None = None
 
     def lines(self) -> list[str]:
         best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f} (perplexity {self.best_val_ppl:.2f})"
@@ -187,7 +225,11 @@ class Summary:
             ("wall time", f"{self.seconds:.1f} s"),
             ("best validation loss", best),
             ("last validation accuracy", "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens"),
-            ("tokens/s (training steps)", f"{self.tokens_per_s:,.0f}"),
+        ]
+        if self.last_val_bleu is not None:
+            rows.append(("last validation BLEU", f"{self.last_val_bleu:.2f} (greedy, subset)"))
+        rows += [
+            ("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)"),
             ("best checkpoint", self.best_checkpoint or "n/a"),
             ("last checkpoint", self.last_checkpoint),
         ]
@@ -286,7 +328,12 @@ def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
     model = build_model(recipe)
     if recipe.trainer.compile:
         model.features = torch.compile(model.features)
-    task = Task(recipe, model, vocab_json)
+    bleu_lines = None
+    if recipe.trainer.val_bleu:
+        sources, references = prepared.raw["val"]
+        bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
+    task = Task(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines)
+    task.started = start
     datamodule = DataModule(prepared, recipe.data, seed=recipe.trainer.seed)
     datamodule.position_source = lambda: task.batches_seen
 
@@ -311,18 +358,25 @@ def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
     summary = Summary(
         run_dir=str(run_dir),
         steps=trainer.global_step,
-        seconds=time.perf_counter() - start,
+        seconds=task.elapsed(),
         best_val_loss=best_loss,
         best_val_ppl=math.exp(min(best_loss, 50)) if best_loss is not None else None,
         best_checkpoint=best.best_model_path or None,
         last_checkpoint=str(last),
-        tokens_per_s=task._tokens_per_s,
+        tokens_per_s=task.train_tokens / max(task.train_seconds, 1e-9),
         ranks_agree=task.ranks_agree,
-        last_val_acc=float(trainer.callback_metrics["val_acc"]) if "val_acc" in trainer.callback_metrics else None,
+        last_val_acc=_metric(trainer, "val_acc"),
+        train_tokens=task.train_tokens,
+        last_val_bleu=_metric(trainer, "val_bleu"),
     )
     if trainer.is_global_zero:
         (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2), encoding="utf-8")
     return summary
+
+
+def _metric(trainer: L.Trainer, name: str) -> float | None:
+    value = trainer.callback_metrics.get(name)
+    return None if value is None else float(value)
 
 
 def _wait_for(path: Path, seconds: float = 600.0) -> None:

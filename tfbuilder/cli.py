@@ -83,6 +83,32 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("family", nargs="?", choices=registry.FAMILIES)
     c.set_defaults(run=cmd_components)
 
+    w = sub.add_parser("sweep", help="train recipes over seeds into one directory; write a comparison report")
+    w.add_argument("recipes", nargs="+", metavar="RECIPE")
+    w.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
+    w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
+    w.add_argument("--beam", type=int, default=4, help="beam of the validation BLEU after training (default 4)")
+    w.add_argument("--no-bleu", action="store_true", help="skip the validation BLEU")
+    w.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
+    w.add_argument("--dry-run", action="store_true", help="say what would run, and stop")
+    _add_set(w)
+    w.set_defaults(run=cmd_sweep)
+
+    cp = sub.add_parser("compare", help="the sweep report from existing runs (run, sweep or output directories)")
+    cp.add_argument("dirs", nargs="+", metavar="RUN_DIR")
+    cp.add_argument("--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)")
+    cp.add_argument("--beam", type=int, default=4, help="read the validation BLEU of this beam (default 4)")
+    cp.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
+    cp.set_defaults(run=cmd_compare)
+
+    at = sub.add_parser("attention", help="PNG heatmaps of a checkpoint's attention weights, per layer and head")
+    at.add_argument("checkpoint", metavar="CHECKPOINT")
+    at.add_argument("--src", required=True, metavar="TEXT", help="the source sentence (the text, for one-stack models)")
+    at.add_argument("--tgt", metavar="TEXT", help="the target sentence (default: the model's greedy translation)")
+    at.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these layers (0-based; default all)")
+    at.add_argument("--out", default="attention-maps", metavar="DIR", help="directory for the PNGs (default attention-maps)")
+    at.set_defaults(run=cmd_attention)
+
     j = sub.add_parser("schema", help="JSON Schema of recipes (for editors' YAML language servers)")
     j.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     j.set_defaults(run=cmd_schema)
@@ -189,9 +215,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from .evaluation import evaluate
+    from .evaluation import evaluate, save_scores
     from .runs import load_checkpoint
 
     loaded = load_checkpoint(args.checkpoint)
@@ -207,9 +231,7 @@ def cmd_test(args: argparse.Namespace) -> int:
         rows += [("signature", scores.bleu_signature), ("decoding time", f"{scores.seconds_decoding:.1f} s")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
-    run_dir = loaded.path.parent.parent if loaded.path.parent.name == "checkpoints" else loaded.path.parent
-    out = run_dir / f"test-{scores.split}-{loaded.path.stem}-beam{args.beam}{'-bf16' if args.precision == 'bf16' else ''}.json"
-    out.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
+    out = save_scores(loaded, scores)
     print(f"{'saved'.ljust(width)}  {out}")
     return 0
 
@@ -229,6 +251,106 @@ def cmd_diff(args: argparse.Namespace) -> int:
         raise RecipeError(problems)
     rows = differences(*recipes)
     print(format_table(rows, args.a, args.b) if rows else "no differences")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from . import reports, sweeps
+
+    problems = []
+    for path in dict.fromkeys(args.recipes):  # every recipe's problems, before anything runs
+        try:
+            _check(path, args.overrides)
+        except RecipeError as exc:
+            problems += exc.problems
+    if problems:
+        raise RecipeError(problems)
+    command = "tfbuilder " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("tfbuilder") else ""
+    sweep = sweeps.plan(
+        args.recipes,
+        seeds=args.seeds,
+        overrides=args.overrides,
+        out=args.out,
+        bleu_beam=None if args.no_bleu else args.beam,
+        command=command,
+    )
+    todo = [r for r in sweep.runs if r.status != "finished"]
+    counts = {s: sum(r.status == s for r in sweep.runs) for s in ("finished", "resume", "evaluate", "new")}
+    print(
+        f"sweep {sweep.dir}: {len(sweep.runs)} runs ({len(sweep.names)} recipes x {args.seeds} seeds); "
+        f"{counts['finished']} finished, {counts['resume']} to resume, {counts['evaluate']} to score, {counts['new']} to train",
+        file=sys.stderr,
+    )
+    if args.dry_run:
+        for run in sweep.runs:
+            print(f"{run.status:>9}  {run.dir}")
+        return 0
+    sweeps.write_plan(sweep)
+    _quiet_lightning()
+    _run_with_progress(todo, sweep)
+    finished, _ = reports.find_runs([sweep.dir])
+    rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
+    note = f"Made by `{command}`." if command else ""
+    paths = reports.write(rows, sweep.dir, title=f"sweep {sweep.dir.name}", note=note, beam=args.beam)
+    print(reports.markdown(rows, beam=args.beam))
+    print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def _run_with_progress(todo: list, sweep) -> None:
+    """Each run in turn under a rich progress display (plain lines when the output is not a terminal)."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .sweeps import execute
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        overall = progress.add_task("runs", total=len(todo))
+        for index, run in enumerate(todo, 1):
+            label = f"{run.recipe.name} seed {run.seed}"
+            current = progress.add_task(f"{label} ({run.status})", total=run.recipe.trainer.max_steps)
+            if not console.is_terminal:
+                print(f"[{index}/{len(todo)}] {label}: {run.status} -> {run.dir}", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            execute(run, bleu_beam=sweep.bleu_beam, on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total))
+            progress.remove_task(current)
+            progress.advance(overall)
+            progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s") if console.is_terminal else None
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import reports
+
+    finished, unfinished = reports.find_runs(args.dirs)
+    for run in unfinished:
+        print(f"skipping {run}: not finished (no summary.json)", file=sys.stderr)
+    rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
+    print(reports.markdown(rows, beam=args.beam))
+    if args.out:
+        out = Path(args.out)
+        taken = [n for n in ("report.md", "report.csv", "runs.csv", "curves.png") if (out / n).exists()]
+        if taken:
+            raise TfbuilderError(f"{out} already has {', '.join(taken)}: not overwriting; choose another --out")
+        paths = reports.write(rows, out, title="comparison of " + ", ".join(args.dirs), beam=args.beam)
+        print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .attention_maps import write_maps
+    from .runs import load_checkpoint
+
+    loaded = load_checkpoint(args.checkpoint)
+    for path in write_maps(loaded, args.src, tgt=args.tgt, out_dir=Path(args.out), layers=args.layers):
+        print(path)
     return 0
 
 

@@ -6,7 +6,9 @@ import copy
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -146,6 +148,21 @@ def evaluate(
         scores.beam = beam
         scores.precision = precision
     return scores
+
+
+def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32") -> Path:
+    """Where :func:`save_scores` writes: ``<run_dir>/test-<split>-<checkpoint>[-beam<N>][-bf16].json``
+    (the beam for sequence-to-sequence models)."""
+    run_dir = loaded.path.parent.parent if loaded.path.parent.name == "checkpoints" else loaded.path.parent
+    search = "" if beam is None else f"-beam{beam}" + ("-bf16" if precision == "bf16" else "")
+    return run_dir / f"test-{split}-{loaded.path.stem}{search}.json"
+
+
+def save_scores(loaded: Loaded, scores: Scores) -> Path:
+    """Write ``scores`` as JSON beside the checkpoint's run (``tfbuilder test`` and sweeps)."""
+    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32")
+    path.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
+    return path
 
 
 def generate(loaded: Loaded, prompt: str, **kwargs) -> str:

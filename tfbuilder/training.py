@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import partial
@@ -286,22 +287,42 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
         raise TfbuilderError(f"trainer: {exc}") from None
 
 
-def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
-    """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to)."""
+class StepHook(Callback):
+    """Calls ``hook(step, max_steps)`` after every optimizer step (progress displays)."""
+
+    def __init__(self, hook: Callable[[int, int], None]):
+        self.hook = hook
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args) -> None:
+        self.hook(trainer.global_step, trainer.max_steps)
+
+
+def fit(
+    recipe: Recipe,
+    *,
+    resume: str | Path | None = None,
+    run_dir: str | Path | None = None,
+    on_step: Callable[[int, int], None] | None = None,
+) -> Summary:
+    """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
+
+    ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
+    instead of a new ``<output>/<name>/version_<n>``; ``on_step(step, max_steps)`` is called after
+    every optimizer step."""
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     start = time.perf_counter()
-    ckpt_path = run_dir = None
+    ckpt_path = None
     if resume is not None:
         from .runs import find_checkpoint
 
         ckpt_path = find_checkpoint(resume)
         read_checkpoint(ckpt_path)  # a damaged checkpoint is reported before anything starts
         run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
-    elif os.environ.get(RUN_DIR_ENV):
+    elif run_dir is not None or os.environ.get(RUN_DIR_ENV):
         # One directory for every process of a job: set by rank 0 for the processes it launches,
         # or by the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once.
-        run_dir = Path(os.environ[RUN_DIR_ENV])
+        run_dir = Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV])
         if rank_zero_only.rank == 0:
             if (run_dir / "checkpoints").exists():
                 raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
@@ -344,7 +365,8 @@ def fit(recipe: Recipe, *, resume: str | Path | None = None) -> Summary:
         per_epoch = datamodule._sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
         max_steps = min(max_steps, math.ceil(recipe.trainer.max_epochs * per_epoch / recipe.optim.accumulate))
     last = ckpt_dir / "last.ckpt"
-    trainer = _trainer(recipe, run_dir, [best, SaveLast(last)], max_steps)
+    callbacks: list[Callback] = [best, SaveLast(last)] + ([StepHook(on_step)] if on_step else [])
+    trainer = _trainer(recipe, run_dir, callbacks, max_steps)
     ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
     try:

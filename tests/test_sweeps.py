@@ -1,0 +1,145 @@
+"""tfbuilder sweep and compare: runs over seeds, the report, skipping and resuming, refusing a changed recipe."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+import tfbuilder.training
+from conftest import ROOT
+from tfbuilder.cli import main
+
+TINY = [
+    "--set", "trainer.max_steps=12", "--set", "trainer.val_every=6", "--set", "trainer.log_every=3",
+    "--set", "data.train_size=300", "--set", "data.val_size=40", "--set", "data.lengths=[1, 6]",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("recipes")
+    quickstart = ROOT / "recipes" / "quickstart.yaml"
+    a = folder / "post.yaml"
+    a.write_text(f"name: tiny-post\nextends: {quickstart}\n")
+    b = folder / "pre.yaml"
+    b.write_text(f"name: tiny-pre\nextends: {quickstart}\nmodel: {{placement: pre, ffn: {{hidden: 64}}}}\n")
+    return [a, b]
+
+
+@pytest.fixture(scope="module")
+def swept(recipes, tmp_path_factory):
+    """A sweep of two tiny copy-task recipes over two seeds, run once for the module."""
+    out = tmp_path_factory.mktemp("sweep")
+    assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(out), *TINY]) == 0
+    return out
+
+
+def summaries(out: Path, name: str) -> list[dict]:
+    return [json.loads((out / "runs" / name / f"seed-{s}" / "summary.json").read_text()) for s in (0, 1)]
+
+
+def test_sweep_writes_the_report_with_a_row_per_recipe(swept):
+    with open(swept / "report.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["recipe"] for r in rows] == ["tiny-post", "tiny-pre"]
+    assert rows[0]["changes"] == "(baseline)" and "model.ffn.hidden" not in rows[1]["changes"]
+    assert "placement=pre" in rows[1]["changes"] and "ffn.hidden=64" in rows[1]["changes"]
+    for row in rows:
+        runs = summaries(swept, row["recipe"])
+        losses = [r["best_val_loss"] for r in runs]
+        assert int(row["seeds"]) == 2
+        assert float(row["val_loss_mean"]) == pytest.approx(statistics.fmean(losses))
+        assert float(row["val_loss_std"]) == pytest.approx(statistics.stdev(losses))
+        assert float(row["val_ppl_mean"]) == pytest.approx(statistics.fmean(math.exp(x) for x in losses))
+        assert float(row["tokens_per_s_mean"]) == pytest.approx(statistics.fmean(r["tokens_per_s"] for r in runs))
+        assert row["bleu_mean"] != ""  # scored on the validation split
+    assert losses[0] != losses[1]  # the seeds really differ
+    with open(swept / "runs.csv", newline="") as f:
+        runs = list(csv.DictReader(f))
+    assert [(r["recipe"], r["seed"]) for r in runs] == [("tiny-post", "0"), ("tiny-post", "1"), ("tiny-pre", "0"), ("tiny-pre", "1")]
+    report = (swept / "report.md").read_text()
+    assert "| tiny-pre | ffn.hidden=64, placement=pre |" in report and " ± " in report
+    assert (swept / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    recipes = json.loads((swept / "sweep.json").read_text())["recipes"]
+    assert recipes == ["tiny-post", "tiny-pre"]
+
+
+def test_runs_use_the_same_seeds_and_data(swept):
+    for seed in (0, 1):
+        a = (swept / "runs" / "tiny-post" / f"seed-{seed}" / "recipe.yaml").read_text()
+        b = (swept / "runs" / "tiny-pre" / f"seed-{seed}" / "recipe.yaml").read_text()
+        assert f"seed: {seed}" in a and f"seed: {seed}" in b
+        assert a.split("data:")[1].split("optim:")[0] == b.split("data:")[1].split("optim:")[0]
+
+
+def test_a_second_invocation_runs_nothing_new(swept, recipes, monkeypatch, capsys):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(tfbuilder.training, "fit", refuse)
+    stamp = {p: p.stat().st_mtime_ns for p in swept.rglob("*.ckpt")}
+    assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY]) == 0
+    assert "4 finished, 0 to resume, 0 to score, 0 to train" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in swept.rglob("*.ckpt")} == stamp
+
+
+def test_an_unfinished_run_resumes_and_only_it(swept, recipes, monkeypatch, capsys):
+    run = swept / "runs" / "tiny-pre" / "seed-1"
+    (run / "summary.json").unlink()
+    for scores in run.glob("test-val-*.json"):
+        scores.unlink()
+    calls = []
+    real = tfbuilder.training.fit
+
+    def counting(recipe, **kwargs):
+        calls.append((recipe.name, recipe.trainer.seed, kwargs.get("resume")))
+        return real(recipe, **kwargs)
+
+    monkeypatch.setattr(tfbuilder.training, "fit", counting)
+    assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY]) == 0
+    assert "3 finished, 1 to resume" in capsys.readouterr().err
+    assert calls == [("tiny-pre", 1, run)]
+    assert (run / "summary.json").exists() and list(run.glob("test-val-*.json"))
+
+
+def test_a_changed_recipe_is_refused_not_mixed_in(swept, recipes, capsys):
+    assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY, "--set", "optim.lr=1e-4"]) == 2
+    err = capsys.readouterr().err
+    assert "was trained from a different recipe" in err and "optim.lr (0.002 -> 0.0001)" in err
+    assert "Traceback" not in err
+
+
+def test_compare_gives_the_sweeps_table(swept, tmp_path, capsys):
+    assert main(["compare", str(swept)]) == 0
+    table = capsys.readouterr().out
+    report = (swept / "report.md").read_text()
+    assert table.strip() in report
+    # Single run directories work too, and --out never overwrites.
+    runs = [str(p) for p in sorted((swept / "runs").glob("*/seed-0"))]
+    assert main(["compare", *runs, "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").exists() and (tmp_path / "curves.png").exists()
+    assert main(["compare", *runs, "--out", str(tmp_path)]) == 2
+    assert "not overwriting" in capsys.readouterr().err
+
+
+def test_bad_sweeps_exit_2_without_traceback(recipes, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nextends: ../nowhere.yaml\n")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(f"name: y\nextends: {recipes[0]}\nmodel: {{d_modle: 3}}\n")
+    assert main(["sweep", str(bad), str(typo), "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:2" in err and "typo.yaml:3" in err and "did you mean 'd_model'" in err  # every recipe's problems
+    twin = tmp_path / "twin.yaml"
+    twin.write_text(f"name: tiny-post\nextends: {recipes[1]}\n")
+    assert main(["sweep", str(recipes[0]), str(twin), "--out", str(tmp_path / "s"), *TINY]) == 2
+    assert "recipes share a name (tiny-post)" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "nothing-here")]) == 2
+    assert main(["compare", str(tmp_path)]) == 2  # a directory without runs
+    assert "Traceback" not in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,271 @@
+"""Comparing finished runs: one row per recipe, mean ± std over its seeds (``sweep`` and ``compare``).
+
+Writes ``report.md`` (the table), ``report.csv`` (the same, numbers only), ``runs.csv`` (one row per
+run) and ``curves.png`` (validation and training loss against steps, mean over seeds, the band
+spanning the seeds).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .diffing import MISSING, differences
+from .errors import TfbuilderError
+from .recipe import Recipe, recipe_from_dict
+
+# Keys that differ between the runs of one comparison without being what is compared.
+_IGNORED = ("trainer.seed", "trainer.output", "trainer.progress")
+
+
+class ReportError(TfbuilderError):
+    """Nothing to compare, or not a run directory."""
+
+
+@dataclass
+class RunResult:
+    """What one finished run directory says about itself."""
+
+    dir: Path
+    recipe: Recipe
+    parameters: int
+    steps: int
+    best_val_loss: float | None
+    bleu: float | None
+    tokens_per_s: float
+    seconds: float
+    val_curve: list[tuple[int, float]] = field(default_factory=list)
+    train_curve: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def seed(self) -> int:
+        return self.recipe.trainer.seed
+
+
+@dataclass
+class Row:
+    """One recipe's runs, summarised."""
+
+    name: str
+    runs: list[RunResult]
+    changes: str
+
+    def values(self, attribute: str) -> list[float]:
+        out = [getattr(r, attribute) for r in self.runs]
+        return [float(v) for v in out if v is not None]
+
+    def perplexities(self) -> list[float]:
+        return [math.exp(min(v, 50)) for v in self.values("best_val_loss")]
+
+
+def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
+    """Run directories under ``paths`` (a run, a sweep directory, or any directory holding runs), in
+    order: (finished runs, unfinished ones)."""
+    finished: list[Path] = []
+    unfinished: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if not path.is_dir():
+            raise ReportError(f"{path}: not a directory")
+        if (path / "sweep.json").exists():
+            candidates = [path / r for r in json.loads((path / "sweep.json").read_text(encoding="utf-8"))["runs"]]
+        elif (path / "recipe.yaml").exists():
+            candidates = [path]
+        else:
+            candidates = sorted(p.parent for p in path.rglob("recipe.yaml"))
+        for run in candidates:
+            if run in finished or run in unfinished:
+                continue
+            (finished if (run / "summary.json").exists() else unfinished).append(run)
+    return finished, unfinished
+
+
+def read_run(run_dir: Path, *, beam: int = 4) -> RunResult:
+    """The summary, validation scores and curves of a finished run."""
+    import torch
+
+    from .builder import build_model, count_parameters
+
+    recipe = recipe_from_dict(yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8")))
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    with torch.device("meta"):
+        parameters = count_parameters(build_model(recipe))
+    bleu = None
+    for stem in ("best", "last"):
+        scores = run_dir / f"test-val-{stem}-beam{beam}.json"
+        if scores.exists():
+            bleu = json.loads(scores.read_text(encoding="utf-8")).get("bleu")
+            break
+    val_curve, train_curve = _curves(run_dir / "metrics.csv")
+    return RunResult(
+        dir=run_dir,
+        recipe=recipe,
+        parameters=parameters,
+        steps=int(summary["steps"]),
+        best_val_loss=summary.get("best_val_loss"),
+        bleu=bleu,
+        tokens_per_s=float(summary.get("tokens_per_s") or 0.0),
+        seconds=float(summary["seconds"]),
+        val_curve=val_curve,
+        train_curve=train_curve,
+    )
+
+
+def _curves(metrics: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    val: list[tuple[int, float]] = []
+    train: list[tuple[int, float]] = []
+    if not metrics.exists():
+        return val, train
+    with metrics.open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            step = int(float(row["step"])) + 1  # Lightning logs the step about to be taken
+            if row.get("val_loss"):
+                val.append((step, float(row["val_loss"])))
+            if row.get("train_loss"):
+                train.append((step, float(row["train_loss"])))
+    return val, train
+
+
+def group(results: Sequence[RunResult], *, baseline: str | None = None) -> list[Row]:
+    """One row per recipe name, in first-seen order; ``changes`` lists the keys that differ from
+    the baseline recipe (default: the first)."""
+    by_name: dict[str, list[RunResult]] = {}
+    for result in results:
+        by_name.setdefault(result.name, []).append(result)
+    if not by_name:
+        raise ReportError("no finished runs to compare")
+    if baseline is not None and baseline not in by_name:
+        raise ReportError(f"baseline '{baseline}' is not among the runs ({', '.join(by_name)})")
+    reference = by_name[baseline or next(iter(by_name))][0].recipe
+    rows = []
+    for name, runs in by_name.items():
+        diffs = [(k, a, b) for k, a, b in differences(reference, runs[0].recipe) if k not in _IGNORED]
+        changes = ", ".join(f"{k.removeprefix('model.')}={'-' if b is MISSING else b}" for k, _, b in diffs)
+        rows.append(Row(name, sorted(runs, key=lambda r: r.seed), changes if name != reference.name else "(baseline)"))
+    return rows
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None with fewer than two values)."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def _cell(values: list[float], digits: int) -> str:
+    mean, std = mean_std(values)
+    if mean is None:
+        return "n/a"
+    return f"{mean:,.{digits}f}" + ("" if std is None else f" ± {std:,.{digits}f}")
+
+
+COLUMNS = (  # (header, how to get the values, digits)
+    ("val loss", lambda row: row.values("best_val_loss"), 3),
+    ("val PPL", lambda row: row.perplexities(), 2),
+    ("BLEU", lambda row: row.values("bleu"), 2),
+    ("tokens/s", lambda row: row.values("tokens_per_s"), 0),
+    ("wall s", lambda row: row.values("seconds"), 1),
+)
+
+
+def markdown(rows: list[Row], *, beam: int = 4) -> str:
+    """The report table in Markdown."""
+    has_bleu = any(row.values("bleu") for row in rows)
+    columns = [c for c in COLUMNS if has_bleu or c[0] != "BLEU"]
+    headers = ["recipe", "changes", "params", "steps", "seeds"] + [
+        f"BLEU (val, beam {beam})" if c[0] == "BLEU" else c[0] for c in columns
+    ]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    for row in rows:
+        seeds = ",".join(str(r.seed) for r in row.runs)
+        steps = sorted({r.steps for r in row.runs})
+        cells = [row.name, row.changes or "-", f"{row.runs[0].parameters / 1e6:.2f}M", "/".join(map(str, steps)), seeds]
+        cells += [_cell(get(row), digits) for _, get, digits in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: int = 4) -> dict[str, Path]:
+    """report.md, report.csv, runs.csv and curves.png in ``out_dir``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {name: out_dir / name for name in ("report.md", "report.csv", "runs.csv", "curves.png")}
+    text = [f"# {title}", ""]
+    if note:
+        text += [note, ""]
+    text += [markdown(rows, beam=beam), "", _legend(beam), "", "![validation and training loss](curves.png)", ""]
+    paths["report.md"].write_text("\n".join(text), encoding="utf-8")
+    with paths["report.csv"].open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        keys = ["val_loss", "val_ppl", "bleu", "tokens_per_s", "wall_s"]
+        writer.writerow(["recipe", "changes", "parameters", "seeds"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")])
+        for row in rows:
+            cells: list = [row.name, row.changes, row.runs[0].parameters, len(row.runs)]
+            for _, get, _ in COLUMNS:
+                cells += ["" if v is None else v for v in mean_std(get(row))]
+            writer.writerow(cells)
+    with paths["runs.csv"].open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "tokens_per_s", "wall_s"])
+        for row in rows:
+            for r in row.runs:
+                writer.writerow([r.name, r.seed, r.dir, r.parameters, r.steps, r.best_val_loss, r.bleu, r.tokens_per_s, r.seconds])
+    plot_curves(rows, paths["curves.png"], title=title)
+    return paths
+
+
+def _legend(beam: int) -> str:
+    return (
+        "Each cell is the mean ± sample standard deviation over the seeds. *val loss*: the best validation "
+        "loss (per-token NLL, no label smoothing) and *val PPL* its perplexity; *BLEU*: sacreBLEU of the best "
+        f"checkpoint's beam-{beam} translations of the validation split; *tokens/s*: target tokens per second "
+        "of training steps; *wall s*: the whole run, data preparation and validation included."
+    )
+
+
+def plot_curves(rows: list[Row], path: Path, *, title: str) -> None:
+    """Validation (left) and training (right) loss against steps: mean over seeds, band = min..max."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
+    colours = plt.get_cmap("tab20" if len(rows) > 10 else "tab10")
+    for index, row in enumerate(rows):
+        colour = colours(index % colours.N)
+        for ax, attribute in zip(axes, ("val_curve", "train_curve")):
+            steps, mean, low, high = _band([getattr(r, attribute) for r in row.runs])
+            if not steps:
+                continue
+            ax.plot(steps, mean, color=colour, label=row.name, linewidth=1.4)
+            if len(row.runs) > 1:
+                ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
+    for ax, label in zip(axes, ("validation loss (per-token NLL)", "training loss (smoothed objective)")):
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(title, loc="left", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, fontsize=7, loc="outside right upper")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps every seed logged, with the mean, min and max of the values there."""
+    common = sorted(set.intersection(*(set(s for s, _ in c) for c in curves))) if curves else []
+    tables = [dict(c) for c in curves]
+    values = [[t[s] for t in tables] for s in common]
+    return common, [statistics.fmean(v) for v in values], [min(v) for v in values], [max(v) for v in values]

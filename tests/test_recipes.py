@@ -182,6 +182,45 @@ def test_table3_row_changes_exactly_what_the_paper_says(row):
     assert changed == TABLE3[row]
 
 
+# The CPU-scaled study (recipes/multi30k/table3/): every row changes its base in the keys the paper's row
+# changes, at the base's scale (a quarter of the width, half the depth).
+TABLE3_CPU = {
+    "A1": {"model.attention.heads": 1, "model.attention.key_dim": 128, "model.attention.value_dim": 128},
+    "A2": {"model.attention.heads": 4, "model.attention.key_dim": 32, "model.attention.value_dim": 32},
+    "A3": {"model.attention.heads": 16, "model.attention.key_dim": 8, "model.attention.value_dim": 8},
+    "A4": {"model.attention.heads": 32, "model.attention.key_dim": 4, "model.attention.value_dim": 4},
+    "B1": {"model.attention.key_dim": 4},
+    "B2": {"model.attention.key_dim": 8},
+    "C1": {"model.encoder.layers": 1, "model.decoder.layers": 1},
+    "C2": {"model.encoder.layers": 2, "model.decoder.layers": 2},
+    "C3": {"model.encoder.layers": 4, "model.decoder.layers": 4},
+    "C4": {"model.d_model": 64, "model.attention.key_dim": 8, "model.attention.value_dim": 8},
+    "C5": {"model.d_model": 256, "model.attention.key_dim": 32, "model.attention.value_dim": 32},
+    "C6": {"model.ffn.hidden": 256},
+    "C7": {"model.ffn.hidden": 1024},
+    "D1": {"model.dropout": 0.0},
+    "D2": {"model.dropout": 0.2},
+    "D3": {"optim.label_smoothing": 0.0},
+    "D4": {"optim.label_smoothing": 0.2},
+    "E": {"model.position.type": "learned", "model.position.base": None},
+}
+
+
+@pytest.mark.parametrize("row", sorted(TABLE3))
+def test_cpu_table3_row_is_the_papers_row_at_the_bases_scale(row):
+    folder = ROOT / "recipes" / "multi30k" / "table3"
+    assert sorted(p.stem for p in folder.glob("*.yaml")) == sorted([*TABLE3, "base"])
+    base = flat(tfbuilder.load_recipe(folder / "base.yaml").to_dict())
+    mine = flat(tfbuilder.load_recipe(folder / f"{row}.yaml").to_dict())
+    changed = {k: mine.get(k) for k in set(base) | set(mine) if k != "name" and base.get(k) != mine.get(k)}
+    assert changed == TABLE3_CPU[row]
+    assert changed.keys() == TABLE3[row].keys()  # the same knobs as the paper's row
+    paper = flat(tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml").to_dict())
+    for key, value in changed.items():  # ... moved in the same direction
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "model.dropout" and "smoothing" not in key:
+            assert (value > base[key]) == (TABLE3[row][key] > paper[key]), key
+
+
 def test_vanilla_big_is_the_papers_big_model():
     big = tfbuilder.load_recipe(ROOT / "recipes" / "vanilla-big.yaml")
     m = big.model

@@ -143,3 +143,24 @@ def test_bad_sweeps_exit_2_without_traceback(recipes, tmp_path, capsys):
     assert main(["compare", str(tmp_path)]) == 2  # a directory without runs
     assert "Traceback" not in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_progress_shows_the_run_and_its_steps(recipes, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from tfbuilder import sweeps
+    from tfbuilder.cli import _run_with_progress
+
+    overrides = [o for o in TINY if o != "--set"]
+    sweep = sweeps.plan([recipes[0]], seeds=1, overrides=overrides, out=tmp_path, bleu_beam=None)
+    steps: list[tuple[int, int]] = []
+    sweeps.execute(sweep.runs[0], bleu_beam=None, on_step=lambda step, total: steps.append((step, total)))
+    assert steps == [(s, 12) for s in range(1, 13)]  # every optimizer step, out of max_steps
+
+    sweep = sweeps.plan([recipes[1]], seeds=1, overrides=overrides, out=tmp_path, bleu_beam=None)
+    screen = io.StringIO()
+    _run_with_progress(sweep.runs, sweep, console=Console(file=screen, force_terminal=True, color_system=None, width=120))
+    shown = screen.getvalue()
+    assert "tiny-pre seed 0 (new)" in shown and "12/12" in shown and "done tiny-pre seed 0" in shown

@@ -297,7 +297,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(todo: list, sweep) -> None:
+def _run_with_progress(todo: list, sweep, console=None) -> None:
     """Each run in turn under a rich progress display (plain lines when the output is not a terminal)."""
     import time
 
@@ -306,7 +306,7 @@ def _run_with_progress(todo: list, sweep) -> None:
 
     from .sweeps import execute
 
-    console = Console(stderr=True)
+    console = console or Console(stderr=True)
     columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         overall = progress.add_task("runs", total=len(todo))
@@ -319,7 +319,8 @@ def _run_with_progress(todo: list, sweep) -> None:
             execute(run, bleu_beam=sweep.bleu_beam, on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total))
             progress.remove_task(current)
             progress.advance(overall)
-            progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s") if console.is_terminal else None
+            if console.is_terminal:
+                progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

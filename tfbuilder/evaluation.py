@@ -24,21 +24,10 @@ from .runs import Loaded
 Precision = Literal["32", "bf16"]
 
 
-def translate_lines(
-    loaded: Loaded,
-    lines: Iterable[str],
-    *,
-    beam: int = 4,
-    alpha: float = 0.6,
-    max_tokens: int = 6000,
-    chunk: int = 512,
-    precision: Precision = "32",
-) -> Iterator[str]:
-    """Translate ``lines`` in order, ``chunk`` lines at a time (so output streams while input is read),
-    each chunk sorted by length into batches of at most ``max_tokens`` source tokens.
-    ``precision="bf16"`` decodes with a bfloat16 copy of the model (faster on CPUs with bf16 matrix
-    instructions; scores are computed in float32 either way)."""
-    return translate(loaded.model, loaded.vocab, lines, beam=beam, alpha=alpha, max_tokens=max_tokens, chunk=chunk, precision=precision)
+def translate_lines(loaded: Loaded, lines: Iterable[str], **options) -> Iterator[str]:
+    """:func:`translate` with a checkpoint's model and tokenizers (``options``: beam, alpha,
+    max_tokens, chunk, precision)."""
+    return translate(loaded.model, loaded.vocab, lines, **options)
 
 
 def translate(
@@ -52,7 +41,10 @@ def translate(
     chunk: int = 512,
     precision: Precision = "32",
 ) -> Iterator[str]:
-    """:func:`translate_lines` with a model and its tokenizers (no checkpoint needed)."""
+    """Translate ``lines`` in order, ``chunk`` lines at a time (so output streams while input is read),
+    each chunk sorted by length into batches of at most ``max_tokens`` source tokens; beam 1 is greedy.
+    ``precision="bf16"`` decodes with a bfloat16 copy of the model (faster on CPUs with bf16 matrix
+    instructions; log-probabilities are computed in float32 either way)."""
     model = decoding_model(model, precision)
     buffer: list[str] = []
     for line in lines:

@@ -13,11 +13,12 @@ from .registry import BuildContext, ComponentParams, ModelDims, register
 from .runs import load_checkpoint
 
 
-def fit(recipe: Recipe, *, resume=None):
-    """Train a recipe through Lightning (see :func:`tfbuilder.training.fit`); returns a summary."""
+def fit(recipe: Recipe, **options):
+    """Train a recipe through Lightning; returns a summary. ``options``: ``resume``, ``run_dir``,
+    ``on_step`` (see :func:`tfbuilder.training.fit`)."""
     from .training import fit as _fit  # Lightning is imported only when training
 
-    return _fit(recipe, resume=resume)
+    return _fit(recipe, **options)
 
 
 __all__ = [

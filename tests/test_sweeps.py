@@ -164,3 +164,13 @@ def test_progress_shows_the_run_and_its_steps(recipes, tmp_path):
     _run_with_progress(sweep.runs, sweep, console=Console(file=screen, force_terminal=True, color_system=None, width=120))
     shown = screen.getvalue()
     assert "tiny-pre seed 0 (new)" in shown and "12/12" in shown and "done tiny-pre seed 0" in shown
+
+
+def test_a_diverging_run_does_not_stop_the_others(recipes, tmp_path, capsys):
+    wild = tmp_path / "wild.yaml"
+    wild.write_text(f"name: tiny-wild\nextends: {recipes[0]}\noptim: {{lr: 1.0e+30}}\n")
+    assert main(["sweep", str(wild), str(recipes[1]), "--out", str(tmp_path / "s"), "--no-bleu", *TINY]) == 1
+    captured = capsys.readouterr()
+    assert "diverged: tiny-wild seed 0 (the loss became" in captured.err and "Traceback" not in captured.err
+    assert "| tiny-pre |" in captured.out and "| tiny-wild |" not in captured.out
+    assert "Not in the table (diverged): tiny-wild seed 0" in (tmp_path / "s" / "report.md").read_text()

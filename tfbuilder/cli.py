@@ -287,26 +287,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     sweeps.write_plan(sweep)
     _quiet_lightning()
-    _run_with_progress(todo, sweep)
+    failed = _run_with_progress(todo, sweep)
     finished, _ = reports.find_runs([sweep.dir])
     rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
     note = f"Made by `{command}`." if command else ""
-    paths = reports.write(rows, sweep.dir, title=f"sweep {sweep.dir.name}", note=note, beam=args.beam)
+    if failed:
+        note += "\n\nNot in the table (diverged): " + "; ".join(failed)
+    paths = reports.write(rows, sweep.dir, title=f"sweep {sweep.dir.name}", note=note.strip(), beam=args.beam)
     print(reports.markdown(rows, beam=args.beam))
     print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
-    return 0
+    for line in failed:
+        print(f"diverged: {line}", file=sys.stderr)
+    return 1 if failed else 0
 
 
-def _run_with_progress(todo: list, sweep, console=None) -> None:
-    """Each run in turn under a rich progress display (plain lines when the output is not a terminal)."""
+def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
+    """Each run in turn under a rich progress display (plain lines when the output is not a terminal).
+    A run that diverges does not stop the others; returns what diverged."""
     import time
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from .sweeps import execute
+    from .training import NonFiniteLoss
 
     console = console or Console(stderr=True)
+    failed: list[str] = []
     columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         overall = progress.add_task("runs", total=len(todo))
@@ -316,11 +323,15 @@ def _run_with_progress(todo: list, sweep, console=None) -> None:
             if not console.is_terminal:
                 print(f"[{index}/{len(todo)}] {label}: {run.status} -> {run.dir}", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            execute(run, bleu_beam=sweep.bleu_beam, on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total))
+            try:
+                execute(run, bleu_beam=sweep.bleu_beam, on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total))
+            except NonFiniteLoss as exc:
+                failed.append(f"{label} ({exc})")
             progress.remove_task(current)
             progress.advance(overall)
             if console.is_terminal:
                 progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s")
+    return failed
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -320,6 +320,7 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
         for index, run in enumerate(todo, 1):
             label = f"{run.recipe.name} seed {run.seed}"
             current = progress.add_task(f"{label} ({run.status})", total=run.recipe.trainer.max_steps)
+            progress.refresh()  # show the run now, not at the next tick
             if not console.is_terminal:
                 print(f"[{index}/{len(todo)}] {label}: {run.status} -> {run.dir}", file=sys.stderr, flush=True)
             start = time.perf_counter()
@@ -327,6 +328,7 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
                 execute(run, bleu_beam=sweep.bleu_beam, on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total))
             except NonFiniteLoss as exc:
                 failed.append(f"{label} ({exc})")
+            progress.refresh()  # the run's last state (a short run can end between ticks)
             progress.remove_task(current)
             progress.advance(overall)
             if console.is_terminal:

@@ -84,7 +84,7 @@ def test_a_png_per_requested_layer_holds_the_weights_the_model_computes(checkpoi
     assert "not overwriting" in capsys.readouterr().err
 
 
-def test_the_picture_draws_the_weights(checkpoint):
+def test_the_picture_draws_the_weights():
     weights = torch.softmax(torch.randn(4, 3, 5), dim=-1)
     fig = plot(weights, ["q0", "q1", "q2"], list("abcde"), title="t")
     panels = [ax for ax in fig.axes if ax.get_visible()]

@@ -74,17 +74,16 @@ def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def plot(weights: Tensor, queries: list[str], keys: list[str], *, title: str):
-    """A figure with one heatmap per head of ``weights`` (heads, queries, keys)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """A figure with one heatmap per head of ``weights`` (heads, queries, keys). A bare
+    ``matplotlib.figure.Figure``: no pyplot state, no change to the caller's backend."""
+    from matplotlib.figure import Figure
 
     heads = weights.shape[0]
     cols = min(heads, 4)
     rows = math.ceil(heads / cols)
     size = max(2.4, 0.22 * max(len(queries), len(keys)) + 1.0)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * size, rows * size + 0.6), squeeze=False, constrained_layout=True)
+    fig = Figure(figsize=(cols * size, rows * size + 0.6), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
     for h, ax in enumerate(axes.flat):
         if h >= heads:
             ax.set_visible(False)
@@ -138,8 +137,5 @@ def write_maps(
         fig = plot(w, queries, keys, title=f"{part} layer {layer[1:]}: {title}")
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=120, metadata={METADATA_KEY: json.dumps(w.tolist())})
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
         written.append(path)
     return written

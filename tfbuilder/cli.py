@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -265,7 +266,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             problems += exc.problems
     if problems:
         raise RecipeError(problems)
-    command = "tfbuilder " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("tfbuilder") else ""
+    command = "tfbuilder " + shlex.join(args.argv)
     sweep = sweeps.plan(
         args.recipes,
         seeds=args.seeds,
@@ -417,7 +418,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    args.argv = argv  # the command as typed (a sweep's report quotes it)
     try:
         return args.run(args)
     except RecipeError as exc:

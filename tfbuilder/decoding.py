@@ -98,7 +98,7 @@ def beam_search(
     scores = torch.full((b, beam), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one
     tokens = torch.full((b * beam, 1), BOS, dtype=torch.long, device=device)
-    ended_count = [0] * b
+    ended_count = torch.zeros(b, dtype=torch.long, device=device)  # ended hypotheses kept per input
     best = torch.full((b,), float("-inf"), device=device)  # best ended score per input (normalised)
     best_hyp: list[list[int]] = [[] for _ in range(b)]
     first_beams = torch.arange(2 * beam, device=device) < beam
@@ -133,8 +133,7 @@ def beam_search(
         # tokens, so its normalised score is at most its score now over one of those penalties.
         now = live_scores[:, 0]
         bound = torch.maximum(now / ((5.0 + limits[alive]) / 6.0) ** alpha, now / ((5.0 + step + 2) / 6.0) ** alpha)
-        counts = torch.tensor([ended_count[i] for i in alive.tolist()], device=device)
-        done = last | (counts >= beam) | (best[alive] >= bound)
+        done = last | (ended_count[alive] >= beam) | (best[alive] >= bound)
         keep = (~done).nonzero().squeeze(1)
         if len(keep) == 0:
             break

@@ -170,12 +170,12 @@ def _cell(values: list[float], digits: int) -> str:
     return f"{mean:,.{digits}f}" + ("" if std is None else f" ± {std:,.{digits}f}")
 
 
-COLUMNS = (  # (header, how to get the values, digits)
-    ("val loss", lambda row: row.values("best_val_loss"), 3),
-    ("val PPL", lambda row: row.perplexities(), 2),
-    ("BLEU", lambda row: row.values("bleu"), 2),
-    ("tokens/s", lambda row: row.values("tokens_per_s"), 0),
-    ("wall s", lambda row: row.values("seconds"), 1),
+COLUMNS = (  # (header, CSV name, how to get the values, digits)
+    ("val loss", "val_loss", lambda row: row.values("best_val_loss"), 3),
+    ("val PPL", "val_ppl", lambda row: row.perplexities(), 2),
+    ("BLEU", "bleu", lambda row: row.values("bleu"), 2),
+    ("tokens/s", "tokens_per_s", lambda row: row.values("tokens_per_s"), 0),
+    ("wall s", "wall_s", lambda row: row.values("seconds"), 1),
 )
 
 
@@ -191,7 +191,7 @@ def markdown(rows: list[Row], *, beam: int = 4) -> str:
         seeds = ",".join(str(r.seed) for r in row.runs)
         steps = sorted({r.steps for r in row.runs})
         cells = [row.name, row.changes or "-", f"{row.runs[0].parameters / 1e6:.2f}M", "/".join(map(str, steps)), seeds]
-        cells += [_cell(get(row), digits) for _, get, digits in columns]
+        cells += [_cell(get(row), digits) for _, _, get, digits in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -207,11 +207,11 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
     paths["report.md"].write_text("\n".join(text), encoding="utf-8")
     with paths["report.csv"].open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        keys = ["val_loss", "val_ppl", "bleu", "tokens_per_s", "wall_s"]
-        writer.writerow(["recipe", "changes", "parameters", "seeds"] + [f"{k}_{s}" for k in keys for s in ("mean", "std")])
+        stats = [f"{key}_{s}" for _, key, _, _ in COLUMNS for s in ("mean", "std")]
+        writer.writerow(["recipe", "changes", "parameters", "seeds", *stats])
         for row in rows:
             cells: list = [row.name, row.changes, row.runs[0].parameters, len(row.runs)]
-            for _, get, _ in COLUMNS:
+            for _, _, get, _ in COLUMNS:
                 cells += ["" if v is None else v for v in mean_std(get(row))]
             writer.writerow(cells)
     with paths["runs.csv"].open("w", newline="", encoding="utf-8") as f:
@@ -235,13 +235,12 @@ def _legend(beam: int) -> str:
 
 def plot_curves(rows: list[Row], path: Path, *, title: str) -> None:
     """Validation (left) and training (right) loss against steps: mean over seeds, band = min..max."""
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure  # no pyplot: no global state, the caller's backend untouched
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), constrained_layout=True)
-    colours = plt.get_cmap("tab20" if len(rows) > 10 else "tab10")
+    fig = Figure(figsize=(13, 5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    colours = colormaps["tab20" if len(rows) > 10 else "tab10"]
     for index, row in enumerate(rows):
         colour = colours(index % colours.N)
         for ax, attribute in zip(axes, ("val_curve", "train_curve")):
@@ -260,7 +259,6 @@ def plot_curves(rows: list[Row], path: Path, *, title: str) -> None:
     if handles:
         fig.legend(handles, labels, fontsize=7, loc="outside right upper")
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:

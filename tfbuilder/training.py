@@ -51,7 +51,14 @@ class Task(L.LightningModule):
     """Optimises a tfbuilder model on the recipe's objective; logs loss, perplexity, accuracy, lr, tokens/s."""
 
     def __init__(
-        self, recipe: Recipe, model: nn.Module, vocab_json: str, *, vocab: Vocab | None = None, bleu_lines: tuple[list[str], list[str]] | None = None
+        self,
+        recipe: Recipe,
+        model: nn.Module,
+        vocab_json: str,
+        *,
+        vocab: Vocab | None = None,
+        bleu_lines: tuple[list[str], list[str]] | None = None,
+        started: float | None = None,
     ):
         super().__init__()
         self.model = model
@@ -65,7 +72,8 @@ class Task(L.LightningModule):
         self.train_tokens = 0
         self.train_seconds = 0.0
         self.elapsed_before = 0.0
-        self.started = time.perf_counter()  # fit() sets this invocation's start (data preparation included)
+        # When this invocation started (fit() passes its own start: data preparation is included).
+        self.started = time.perf_counter() if started is None else started
         kind = recipe.model.kind
         eps = recipe.optim.label_smoothing
         if kind == "encoder_decoder":
@@ -353,8 +361,7 @@ def fit(
     if recipe.trainer.val_bleu:
         sources, references = prepared.raw["val"]
         bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
-    task = Task(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines)
-    task.started = start
+    task = Task(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start)
     datamodule = DataModule(prepared, recipe.data, seed=recipe.trainer.seed)
     datamodule.position_source = lambda: task.batches_seen
 

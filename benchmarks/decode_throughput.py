@@ -5,7 +5,7 @@
 2. With --checkpoint: greedy and beam-4 translation of the 1,000 Multi30k test_2016_flickr sources,
    in float32 and bfloat16, with the sacreBLEU of each.
 
-    python benchmarks/decode_throughput.py [--checkpoint RUN_DIR_OR_CKPT] [--data ../shared/data/multi30k]
+    python benchmarks/decode_throughput.py [--checkpoint RUN_DIR_OR_CKPT] [--data ../shared/data/multi30k] [--device cuda]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ NEW = 128
 def generate(model, src, *, cached: bool) -> None:
     """NEW greedy steps, never stopping early (the same work for both paths)."""
     memory, memory_mask = model.encode(src)
-    tgt = torch.ones(src.shape[0], 1, dtype=torch.long)
+    tgt = torch.ones(src.shape[0], 1, dtype=torch.long, device=src.device)
     cache = model.new_cache() if cached else None
     for step in range(NEW):
         if cached:
@@ -42,44 +42,56 @@ def generate(model, src, *, cached: bool) -> None:
         tgt = torch.cat([tgt, logits[:, -1].argmax(-1, keepdim=True).clamp(min=5)], dim=1)
 
 
-def timed(fn, repeats: int = 3) -> float:
+def timed(fn, device: torch.device, repeats: int = 3) -> float:
     fn()
     times = []
     for _ in range(repeats):
+        sync(device)
         start = time.perf_counter()
         fn()
+        sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a Multi30k de-en run for part 2")
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     args = parser.parse_args()
+    device = torch.device(args.device)
     print(f"# {' '.join(sys.argv)}")
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"# torch {torch.__version__}, {where}")
     recipe = tfbuilder.load_recipe(ROOT / "recipes" / "multi30k" / "vanilla-small.yaml")
     torch.manual_seed(0)
-    model = tfbuilder.build_model(recipe).eval()
+    model = tfbuilder.build_model(recipe).to(device).eval()
     print(f"{'batch':>5} {'uncached tok/s':>15} {'cached tok/s':>13} {'speed-up':>9}")
     for batch in (1, 8):
-        src = torch.randint(5, recipe.model.vocab_size, (batch, 20))
-        slow = timed(lambda: generate(model, src, cached=False))
-        fast = timed(lambda: generate(model, src, cached=True))
+        src = torch.randint(5, recipe.model.vocab_size, (batch, 20), device=device)
+        slow = timed(lambda: generate(model, src, cached=False), device)
+        fast = timed(lambda: generate(model, src, cached=True), device)
         print(f"{batch:>5} {batch * NEW / slow:>15,.0f} {batch * NEW / fast:>13,.0f} {slow / fast:>8.1f}x")
     if args.checkpoint:
         import sacrebleu
 
-        loaded = tfbuilder.load_checkpoint(args.checkpoint)
+        loaded = tfbuilder.load_checkpoint(args.checkpoint, device=device)
         sources = text.read_lines(Path(args.data) / "test_2016_flickr.de.gz")
         references = text.read_lines(Path(args.data) / "test_2016_flickr.en.gz")
         print(f"\n{'search':<8} {'precision':>9} {'sentences':>9} {'seconds':>8} {'sent/s':>7} {'BLEU':>6}")
         for precision in ("32", "bf16"):
             for beam in (1, 4):
                 list(translate_lines(loaded, sources[:64], beam=beam, precision=precision))  # warm-up
+                sync(device)
                 start = time.perf_counter()
                 out = list(translate_lines(loaded, sources, beam=beam, precision=precision))
+                sync(device)
                 seconds = time.perf_counter() - start
                 bleu = sacrebleu.corpus_bleu(out, [references]).score
                 search = "greedy" if beam == 1 else f"beam {beam}"

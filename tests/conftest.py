@@ -42,3 +42,13 @@ def tiny_model(**changes) -> dict:
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` run wherever CUDA is present; elsewhere they are reported as skipped."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

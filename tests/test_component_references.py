@@ -54,7 +54,7 @@ def test_alibi_slopes_are_the_papers_geometric_sequences():
     # Not a power of two: the 8-head slopes, then every other slope of the 16-head sequence.
     expected = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -(0.5 * (2 * i + 1)) for i in range(4)]
     torch.testing.assert_close(alibi_slopes(12), torch.tensor(expected))
-    bias = ALiBiPosition(ALiBiPosition.Params(), BuildContext(d_model=D, causal=True)).bias(3, 3, 0, 8)
+    bias = ALiBiPosition(ALiBiPosition.Params(), BuildContext(d_model=D, causal=True, heads=8)).bias(3, 3, 0, 8)
     assert bias.shape == (1, 8, 3, 3)
     assert bias[0, 0, 2, 0] == -0.5 * 2 and bias[0, 7, 2, 1] == -(2.0**-8)
 

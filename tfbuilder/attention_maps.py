@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .data.tokenizers import BOS, EOS, Tokenizer
+from .devices import model_device
 from .errors import TfbuilderError
 from .runs import Loaded
 
@@ -57,7 +58,7 @@ def attention_weights(model: nn.Module, tokens: Tensor, tgt: Tensor | None = Non
         module.keep_weights, module.weights = True, None
     try:
         model(tokens, tgt) if tgt is not None else model(tokens)
-        return {name: m.weights[0].float() for name, m in modules.items() if m.weights is not None}
+        return {name: m.weights[0].float().cpu() for name, m in modules.items() if m.weights is not None}
     finally:
         for module in modules.values():
             module.keep_weights, module.weights = False, None
@@ -104,18 +105,19 @@ def write_maps(
     from .decoding import greedy
 
     model, vocab, kind = loaded.model.eval(), loaded.vocab, loaded.recipe.model.kind
+    device = model_device(model)
     if kind == "encoder_decoder":
         source = vocab.src.encode(src) + [EOS]
-        src_ids = torch.tensor([source])
+        src_ids = torch.tensor([source], device=device)
         target = vocab.tgt.encode(tgt) if tgt is not None else greedy(model, src_ids)[0]
-        tgt_ids = torch.tensor([[BOS] + target])
+        tgt_ids = torch.tensor([[BOS] + target], device=device)
         weights = attention_weights(model, src_ids, tgt_ids)
         labels = {"encoder": token_labels(vocab.src, source), "decoder": token_labels(vocab.tgt, [BOS] + target)}
     else:
         if tgt is not None:
             raise AttentionMapError(f"--tgt is for translation models; this one is '{kind}'")
         ids = ([BOS] if kind == "decoder" else []) + vocab.tgt.encode(src)
-        weights = attention_weights(model, torch.tensor([ids]))
+        weights = attention_weights(model, torch.tensor([ids], device=device))
         labels = {"encoder": token_labels(vocab.tgt, ids), "decoder": token_labels(vocab.tgt, ids)}
     available = sorted({int(name.rsplit("-L", 1)[1]) for name in weights})
     wanted = list(available) if layers is None else list(dict.fromkeys(layers))

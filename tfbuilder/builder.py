@@ -87,10 +87,14 @@ class _Builder:
         final = self.norm(section, part) if spec.uses_final_norm else None
         return Stack(layers, final)
 
-    def embedding(self, tokens: nn.Embedding, *, causal: bool) -> Embedding:
-        """Token embedding plus this side's position module (``causal`` for decoder sides)."""
-        heads = getattr(self.spec.attention, "heads", 1)
-        ctx = BuildContext(d_model=self.spec.d_model, causal=causal, heads=heads)
+    def embedding(self, tokens: nn.Embedding, *, part: str) -> Embedding:
+        """Token embedding plus the position module of the side that feeds the ``part`` stack
+        (positions acting inside attention take that stack's heads and key width)."""
+        section = getattr(self.spec, part, None)
+        attention = (section.attention if section is not None else None) or self.spec.attention
+        heads = getattr(attention, "heads", 1)
+        head_dim = getattr(attention, "key_dim", None) or self.spec.d_model // heads
+        ctx = BuildContext(d_model=self.spec.d_model, causal=part == "decoder", heads=heads, head_dim=head_dim)
         position = self.component("position", self.spec.position, ctx, ("position",))
         return Embedding(tokens, position, dropout=self.spec.dropout)
 
@@ -110,7 +114,7 @@ class _Builder:
                 src_tokens = tgt_tokens
             else:
                 src_tokens = token_embedding(spec.src_vocab_size or spec.vocab_size, spec.d_model)
-            src_embed, tgt_embed = self.embedding(src_tokens, causal=False), self.embedding(tgt_tokens, causal=True)
+            src_embed, tgt_embed = self.embedding(src_tokens, part="encoder"), self.embedding(tgt_tokens, part="decoder")
             return EncoderDecoder(
                 src_embed=src_embed,
                 tgt_embed=tgt_embed,
@@ -120,11 +124,11 @@ class _Builder:
                 pad_id=spec.pad_id,
             )
         if spec.kind == "decoder":
-            embed = self.embedding(tgt_tokens, causal=True)
+            embed = self.embedding(tgt_tokens, part="decoder")
             return DecoderOnly(
                 embed=embed, decoder=self.stack("decoder", embed.position), head=self.output(tgt_tokens), pad_id=spec.pad_id
             )
-        embed = self.embedding(tgt_tokens, causal=False)
+        embed = self.embedding(tgt_tokens, part="encoder")
         head = MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))
         return EncoderOnly(embed=embed, encoder=self.stack("encoder", embed.position), head=head, pad_id=spec.pad_id)
 

@@ -27,6 +27,14 @@ def _add_set(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where the model runs: cpu, cuda, cuda:N or mps (default: a GPU when present, else the CPU)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tfbuilder", description="Declarative transformers from YAML recipes.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -55,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
     t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
+    _add_device(t)
     t.set_defaults(run=cmd_translate)
 
     g = sub.add_parser("generate", help="continue a prompt with a decoder-only checkpoint")
@@ -65,6 +74,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int)
     g.add_argument("--top-p", type=float)
     g.add_argument("--seed", type=int, default=0)
+    _add_device(g)
     g.set_defaults(run=cmd_generate)
 
     e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
@@ -73,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--beam", type=int, default=4)
     e.add_argument("--alpha", type=float, default=0.6)
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
+    _add_device(e)
     e.set_defaults(run=cmd_test)
 
     df = sub.add_parser("diff", help="the resolved differences between two recipes, key by key")
@@ -108,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     at.add_argument("--tgt", metavar="TEXT", help="the target sentence (default: the model's greedy translation)")
     at.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these layers (0-based; default all)")
     at.add_argument("--out", default="attention-maps", metavar="DIR", help="directory for the PNGs (default attention-maps)")
+    _add_device(at)
     at.set_defaults(run=cmd_attention)
 
     j = sub.add_parser("schema", help="JSON Schema of recipes (for editors' YAML language servers)")
@@ -183,7 +195,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise TfbuilderError("--beam must be at least 1")
-    loaded = load_checkpoint(args.checkpoint)
+    loaded = load_checkpoint(args.checkpoint, device=args.device)
     if loaded.recipe.model.kind != "encoder_decoder":
         raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
     source = open(args.input, encoding="utf-8") if args.input else sys.stdin
@@ -206,7 +218,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .evaluation import generate
     from .runs import load_checkpoint
 
-    loaded = load_checkpoint(args.checkpoint)
+    loaded = load_checkpoint(args.checkpoint, device=args.device)
     if loaded.recipe.model.kind != "decoder":
         raise TfbuilderError(f"generate needs a decoder-only checkpoint; this one is '{loaded.recipe.model.kind}'")
     rng = torch.Generator().manual_seed(args.seed)
@@ -219,7 +231,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     from .evaluation import evaluate, save_scores
     from .runs import load_checkpoint
 
-    loaded = load_checkpoint(args.checkpoint)
+    loaded = load_checkpoint(args.checkpoint, device=args.device)
     try:
         scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha, precision=args.precision)
     except ValueError as exc:
@@ -363,7 +375,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from .attention_maps import write_maps
     from .runs import load_checkpoint
 
-    loaded = load_checkpoint(args.checkpoint)
+    loaded = load_checkpoint(args.checkpoint, device=args.device)
     for path in write_maps(loaded, args.src, tgt=args.tgt, out_dir=Path(args.out), layers=args.layers):
         print(path)
     return 0

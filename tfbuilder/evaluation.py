@@ -19,6 +19,7 @@ from .data.batching import pack
 from .data.collate import Collate, pad
 from .data.prepare import Vocab, prepare
 from .data.tokenizers import EOS
+from .devices import model_device
 from .runs import Loaded
 
 Precision = Literal["32", "bf16"]
@@ -71,8 +72,9 @@ def _translate_chunk(model, vocab, lines: list[str], *, beam: int, alpha: float,
     order = sorted(range(len(ids)), key=lambda i: sizes[i])
     out = [""] * len(lines)
     # Beams multiply the decoder's batch: keep the budget about the same whatever the beam.
+    device = model_device(model)
     for batch in pack(sizes, sizes, order, max_tokens=max(max_tokens // max(beam, 1), max(sizes)), batch_size=None):
-        src = pad([ids[i] for i in batch], eos=True)
+        src = pad([ids[i] for i in batch], eos=True).to(device, non_blocking=True)
         hyps = decoding.greedy(model, src) if beam == 1 else decoding.beam_search(model, src, beam=beam, alpha=alpha)
         for i, hyp in zip(batch, hyps):
             out[i] = vocab.tgt.decode(hyp)
@@ -109,21 +111,18 @@ def evaluate(
         raise ValueError(f"no '{split}' split in {data.path or 'the data'} (have: {', '.join(prepared.splits)})")
     examples = prepared.splits[split]
     model = loaded.model.eval()
+    device = model_device(model)
     kind = recipe.model.kind
+    objective = objectives.objective(recipe, epsilon=0.0)
     collate = Collate(examples)
     sizes = [len(s) + 2 for s in examples.src]
     nll = tokens = 0.0
     torch.manual_seed(0)  # the masked-LM objective draws its masks
     for batch_ids in pack(sizes, sizes, sorted(range(len(sizes)), key=sizes.__getitem__), max_tokens=max_tokens, batch_size=None):
-        batch = collate(batch_ids)
-        if kind == "encoder_decoder":
-            result = objectives.seq2seq(model, batch, 0.0)
-        elif kind == "decoder":
-            result = objectives.causal_lm(model, batch, 0.0)
-        else:
-            result = objectives.masked_lm(model, batch, 0.0, probability=data.mlm_probability, vocab_size=recipe.model.vocab_size)
+        batch = {k: v.to(device, non_blocking=True) for k, v in collate(batch_ids).items()}
+        result = objective(model, batch)
         nll += float(result.nll)
-        tokens += result.tokens
+        tokens += int(result.tokens)
     loss = nll / max(tokens, 1)
     scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)))
     if kind == "encoder_decoder":
@@ -161,6 +160,6 @@ def generate(loaded: Loaded, prompt: str, **kwargs) -> str:
     """Continue ``prompt`` with a decoder-only checkpoint (see :func:`tfbuilder.decoding.sample`)."""
     from .data.tokenizers import BOS
 
-    ids = torch.tensor([[BOS] + loaded.vocab.tgt.encode(prompt)])
+    ids = torch.tensor([[BOS] + loaded.vocab.tgt.encode(prompt)], device=model_device(loaded.model))
     new = decoding.sample(loaded.model, ids, **kwargs)[0]
     return loaded.vocab.tgt.decode([i for i in new if i != EOS])

@@ -2,6 +2,12 @@
 
 Convention: a mask is a boolean tensor broadcastable to (b, h, i, j), True where query i may attend
 to key j; ``None`` means "attend everywhere". Padding is on the right.
+
+Masks are made on the device of the ids and never inspected on the host: deciding "is there any
+padding?" would wait for the accelerator (a host-device sync) and break compiled graphs, so a key
+mask is always a tensor. Causal self-attention needs no padding mask at all: with right padding,
+a real query only ever sees earlier positions, which are real; the outputs at padded positions are
+unspecified and never used (the losses ignore them).
 """
 
 from __future__ import annotations
@@ -10,12 +16,9 @@ import torch
 from torch import Tensor
 
 
-def padding_mask(ids: Tensor, pad_id: int) -> Tensor | None:
-    """Keys that are real tokens: ``ids`` (b, j) -> (b, 1, 1, j), or None when nothing is padding."""
-    real = ids != pad_id
-    if bool(real.all()):
-        return None
-    return real[:, None, None, :]
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """Keys that are real tokens: ``ids`` (b, j) -> (b, 1, 1, j)."""
+    return (ids != pad_id)[:, None, None, :]
 
 
 def causal_mask(n_query: int, n_key: int | None = None, *, offset: int = 0, device=None) -> Tensor:

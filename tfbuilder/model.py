@@ -55,22 +55,13 @@ class MLMHead(nn.Module):
         self.norm = norm
         self.out = out
 
+    def transform(self, x: Tensor) -> Tensor:
+        """What comes before the vocabulary projection: (b, n, d) -> (b, n, d)."""
+        return self.norm(self.act(self.dense(x)))
+
     def forward(self, x: Tensor) -> Tensor:
         """``x`` (b, n, d) -> logits (b, n, vocab)."""
-        return self.out(self.norm(self.act(self.dense(x))))
-
-
-def decoder_mask(tokens: Tensor, pad_id: int, *, offset: int = 0) -> Tensor | None:
-    """Self-attention mask of decoder tokens (b, i) that follow ``offset`` cached ones: look-ahead,
-    plus padding among the new tokens (tokens fed earlier were real)."""
-    n = tokens.shape[1]
-    if offset and n == 1:
-        return None  # one new query may see every key so far
-    causal = masks.causal_mask(n, n + offset, offset=offset, device=tokens.device)
-    pad = masks.padding_mask(tokens, pad_id)
-    if pad is not None and offset:
-        pad = torch.cat([pad.new_ones(pad.shape[:-1] + (offset,)), pad], dim=-1)
-    return masks.combine(causal, pad)
+        return self.out(self.transform(x))
 
 
 class EncoderDecoder(nn.Module):
@@ -89,8 +80,8 @@ class EncoderDecoder(nn.Module):
         self.head = head
         self.pad_id = pad_id
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
-        """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j) or None."""
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j)."""
         src_mask = masks.padding_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
@@ -98,10 +89,10 @@ class EncoderDecoder(nn.Module):
         self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
-        With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before."""
-        mask = decoder_mask(tgt, self.pad_id, offset=offset)
+        With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
+        Self-attention is causal by construction: right padding needs no mask (see :mod:`masks`)."""
         x = self.tgt_embed(tgt, offset=offset)
-        return self.decoder(x, mask=mask, memory=memory, memory_mask=memory_mask, cache=cache)
+        return self.decoder(x, memory=memory, memory_mask=memory_mask, cache=cache)
 
     def decode(
         self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
@@ -137,9 +128,9 @@ class DecoderOnly(nn.Module):
 
     def features(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
         """``tokens`` (b, n) -> hidden states before the output head (b, n, d); with ``cache``,
-        ``tokens`` continue the ``offset`` tokens fed before."""
-        mask = decoder_mask(tokens, self.pad_id, offset=offset)
-        return self.decoder(self.embed(tokens, offset=offset), mask=mask, cache=cache)
+        ``tokens`` continue the ``offset`` tokens fed before. Self-attention is causal by
+        construction: right padding needs no mask (see :mod:`masks`)."""
+        return self.decoder(self.embed(tokens, offset=offset), cache=cache)
 
     def forward(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""

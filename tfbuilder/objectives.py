@@ -1,53 +1,144 @@
-"""Training objectives: label-smoothed cross-entropy on the positions that count (no Lightning here)."""
+"""Training objectives: label-smoothed cross-entropy on the positions that count (no Lightning here).
+
+The losses have no data-dependent shapes and read nothing back to the host: positions that do not
+count carry ``ignore`` as their target, so a step runs on an accelerator without waiting for it, and
+compiles to one graph. The vocabulary projection and the loss are fused and chunked
+(:class:`LinearCrossEntropy`): the logits of the whole batch never exist at once.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
 
-from .data.tokenizers import MASK, PAD
+from .data.tokenizers import MASK
 from .sections import SPECIAL_TOKENS
+
+# Rows of logits computed at once: about 2^26 values (256 MB in float32) per chunk.
+CHUNK_ELEMENTS = 1 << 26
 
 
 @dataclass
 class Result:
-    """Sums over the target tokens of a batch, so that averages are exact across batches and ranks."""
+    """Sums over the target tokens of a batch, so that averages are exact across batches and ranks.
+    All are tensors on the model's device: reading them is left to the caller (a host sync)."""
 
     loss: Tensor  # mean smoothed loss per target token (what is optimised)
     nll: Tensor  # summed negative log-likelihood (for perplexity)
     correct: Tensor  # argmax hits
-    tokens: int
+    tokens: Tensor  # target tokens that count
 
 
-def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float) -> Result:
-    """Label smoothing (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4): (1-eps) NLL + eps * uniform CE.
-    ``logits`` (t, vocab) and ``target`` (t,) hold real target tokens only."""
+class LinearCrossEntropy(torch.autograd.Function):
+    """Sum over rows of label-smoothed cross-entropy of ``x @ weight.T + bias``, computed in ``pieces``
+    chunks of rows (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4: (1-eps) NLL + eps * uniform CE).
+
+    Each chunk's logits live only while its loss and its gradients are computed (in the forward
+    pass: softmax minus the smoothed target is the gradient of the logits), so memory holds one
+    chunk of logits instead of the batch's, in float32 for the softmax whatever the input dtype."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float, ignore: int, pieces: int, grad: bool):
+        vocab = weight.shape[0]
+        chunk = -(-x.shape[0] // pieces)  # a fixed number of pieces: compiled graphs stay shape-generic
+        loss = x.new_zeros((), dtype=torch.float32)
+        nll = x.new_zeros((), dtype=torch.float32)
+        correct = x.new_zeros((), dtype=torch.long)
+        grad_x = torch.empty_like(x) if grad else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if grad else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if grad and bias is not None else None
+        for piece in range(pieces):
+            start = piece * chunk
+            rows, t = x[start : start + chunk], target[start : start + chunk]
+            logits = rows @ weight.t().to(rows.dtype)
+            if bias is not None:
+                logits = logits + bias.to(logits.dtype)
+            valid = t != ignore
+            safe = t.masked_fill(~valid, 0)
+            z = logits.float()
+            lse = z.logsumexp(dim=-1)
+            row_nll = lse - z.gather(1, safe[:, None]).squeeze(1)
+            row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll + epsilon * (lse - z.mean(dim=-1))
+            loss = loss + row_loss.masked_fill(~valid, 0.0).sum()
+            nll = nll + row_nll.masked_fill(~valid, 0.0).sum()
+            correct = correct + ((z.argmax(dim=-1) == t) & valid).sum()
+            if grad:
+                g = (z - lse[:, None]).exp_()  # softmax
+                g.scatter_add_(1, safe[:, None], torch.full_like(g[:, :1], -(1.0 - epsilon)))
+                if epsilon:
+                    g.sub_(epsilon / vocab)
+                g.mul_(valid[:, None])
+                g = g.to(rows.dtype)
+                grad_x[start : start + chunk] = (g @ weight.to(g.dtype)).to(x.dtype)
+                grad_w.add_(g.t() @ rows)
+                if grad_b is not None:
+                    grad_b.add_(g.sum(dim=0))
+        if grad:
+            ctx.save_for_backward(grad_x, grad_w, grad_b if grad_b is not None else None)
+        ctx.mark_non_differentiable(nll, correct)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return loss, nll, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _nll, _correct):
+        grad_x, grad_w, grad_b = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        gx = grad_x * grad_loss.to(grad_x.dtype)
+        gw = (grad_w * grad_loss).to(w_dtype)
+        gb = None if grad_b is None else (grad_b * grad_loss).to(b_dtype)
+        return gx, gw, gb, None, None, None, None, None
+
+
+def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear]:
+    """Split an output head into what comes before its vocabulary projection, and that projection."""
+    if isinstance(head, nn.Linear):
+        return (lambda x: x), head
+    return head.transform, head.out
+
+
+def head_loss(head: nn.Module, hidden: Tensor, target: Tensor, *, epsilon: float, ignore: int) -> Result:
+    """Label-smoothed cross-entropy of ``head(hidden)`` (..., d) against ``target`` (...), where
+    targets equal to ``ignore`` do not count."""
+    transform, linear = output_layer(head)
+    x = transform(hidden).reshape(-1, hidden.shape[-1])
+    target = target.reshape(-1)
+    pieces = 1  # a power of two: batches of varying size cross few thresholds (few recompilations)
+    while pieces * CHUNK_ELEMENTS < x.shape[0] * linear.out_features and pieces < 1024:
+        pieces *= 2
+    grad = torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad)
+    loss, nll, correct = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, epsilon, ignore, pieces, grad)
+    tokens = (target != ignore).sum()
+    return Result(loss / tokens.clamp(min=1), nll.detach(), correct, tokens)
+
+
+def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float, *, ignore: int = -100) -> Result:
+    """The same loss from logits already computed (``logits`` (t, vocab), ``target`` (t,)): the
+    reference :class:`LinearCrossEntropy` is tested against, written plainly."""
     logp = logits.float().log_softmax(dim=-1)
-    nll = -logp.gather(1, target[:, None]).squeeze(1)
+    valid = target != ignore
+    safe = target.masked_fill(~valid, 0)
+    nll = -logp.gather(1, safe[:, None]).squeeze(1)
     loss = nll if epsilon == 0 else (1 - epsilon) * nll - epsilon * logp.mean(dim=-1)
-    with torch.no_grad():
-        correct = (logits.argmax(dim=-1) == target).sum()
-    return Result(loss.mean(), nll.detach().sum(), correct, int(target.numel()))
+    tokens = valid.sum()
+    correct = ((logits.argmax(dim=-1) == target) & valid).sum()
+    return Result((loss * valid).sum() / tokens.clamp(min=1), (nll * valid).sum().detach(), correct, tokens)
 
 
 def seq2seq(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Result:
     """Teacher-forced translation: predict ``tgt_out`` from ``src`` and ``tgt_in``."""
     hidden = model.features(batch["src"], batch["tgt_in"])
-    target = batch["tgt_out"]
-    real = target != PAD
-    # The vocabulary projection is the costliest matmul: apply it to real tokens only, not padding.
-    return smoothed_cross_entropy(model.head(hidden[real]), target[real], epsilon)
+    return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=model.pad_id)
 
 
 def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Result:
     """Next-token prediction on ``tokens`` (<s> x </s>)."""
     tokens = batch["tokens"]
     hidden = model.features(tokens[:, :-1])
-    target = tokens[:, 1:]
-    real = target != PAD
-    return smoothed_cross_entropy(model.head(hidden[real]), target[real], epsilon)
+    return head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=model.pad_id)
 
 
 def masked_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, probability: float, vocab_size: int) -> Result:
@@ -56,12 +147,25 @@ def masked_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, pro
     tokens = batch["tokens"]
     candidates = tokens >= len(SPECIAL_TOKENS)
     chosen = candidates & (torch.rand(tokens.shape, device=tokens.device) < probability)
-    if not chosen.any():  # always predict at least one token
-        first = candidates.float().argmax(dim=1)
-        chosen[torch.arange(len(tokens)), first] = candidates[torch.arange(len(tokens)), first]
+    # Always predict at least one token: when a batch drew none, each row's first candidate (decided
+    # on the device, without reading the draw back).
+    first = torch.zeros_like(candidates).scatter_(1, candidates.long().argmax(dim=1, keepdim=True), True) & candidates
+    chosen = chosen | (first & ~chosen.any())
     roll = torch.rand(tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll < 0.8), torch.full_like(tokens, MASK), tokens)
     random_ids = torch.randint(len(SPECIAL_TOKENS), vocab_size, tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, inputs)
     hidden = model.features(inputs)
-    return smoothed_cross_entropy(model.head(hidden[chosen]), tokens[chosen], epsilon)
+    return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100)
+
+
+def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tensor]], Result]:
+    """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``."""
+    kind = recipe.model.kind
+    if kind == "encoder_decoder":
+        return partial(seq2seq, epsilon=epsilon)
+    if kind == "decoder":
+        return partial(causal_lm, epsilon=epsilon)
+    data = recipe.data
+    probability = data.mlm_probability if data is not None else 0.15
+    return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size)

@@ -55,7 +55,8 @@ class BuildContext:
     cross: bool = False
     layer: int = 0
     num_layers: int = 1
-    heads: int = 1  # the model's attention heads (positions that bias attention need it)
+    heads: int = 1  # the stack's attention heads (positions that bias attention need it)
+    head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
     position: Any = None  # the stack's position module: attention asks it to rotate or bias scores
 
 

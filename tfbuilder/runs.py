@@ -92,8 +92,10 @@ class Loaded:
     step: int
 
 
-def load_checkpoint(path: str | Path) -> Loaded:
-    """Rebuild a ready model from a checkpoint alone (its recipe and tokenizer travel inside it)."""
+def load_checkpoint(path: str | Path, *, device: str | torch.device | None = None) -> Loaded:
+    """Rebuild a ready model from a checkpoint alone (its recipe and tokenizer travel inside it), on
+    ``device`` (``None``: a GPU when present, see :func:`tfbuilder.devices.default_device`)."""
+    from .devices import resolve
     from .builder import build_model
     from .data.prepare import Vocab
     from .recipe import Recipe
@@ -108,7 +110,8 @@ def load_checkpoint(path: str | Path) -> Loaded:
         model.load_state_dict(state)
     except RuntimeError as exc:
         raise CheckpointError(f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}") from None
-    return Loaded(model.eval(), recipe, Vocab.from_json(meta["vocab"]), ckpt_path, int(data.get("global_step", 0)))
+    model = model.to(resolve(device)).eval()
+    return Loaded(model, recipe, Vocab.from_json(meta["vocab"]), ckpt_path, int(data.get("global_step", 0)))
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:

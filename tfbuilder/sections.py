@@ -77,6 +77,11 @@ class DataSection(Section):
         None, ge=1, description="token budget per batch, padding included, for source and target each"
     )
     batch_size: int | None = Field(None, ge=1, description="sentences per batch (when max_tokens is not set)")
+    workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="processes that build batches beside training; auto: none when training on the CPU (the step "
+        "uses every core), else up to 4",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "DataSection":

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -74,16 +73,7 @@ class Task(L.LightningModule):
         self.elapsed_before = 0.0
         # When this invocation started (fit() passes its own start: data preparation is included).
         self.started = time.perf_counter() if started is None else started
-        kind = recipe.model.kind
-        eps = recipe.optim.label_smoothing
-        if kind == "encoder_decoder":
-            self.objective = partial(objectives.seq2seq, epsilon=eps)
-        elif kind == "decoder":
-            self.objective = partial(objectives.causal_lm, epsilon=eps)
-        else:
-            self.objective = partial(
-                objectives.masked_lm, epsilon=eps, probability=recipe.data.mlm_probability, vocab_size=recipe.model.vocab_size
-            )
+        self.objective = objectives.objective(recipe, epsilon=recipe.optim.label_smoothing)
         self._val = torch.zeros(3, dtype=torch.float64)
         self._clock = 0.0
         self._tokens_per_s = 0.0
@@ -99,15 +89,15 @@ class Task(L.LightningModule):
         result = self.objective(self.model, batch)
         if self._routed:  # mixture-of-experts layers add their load-balancing losses
             aux = sum(m.aux_weight * m.aux_loss for m in self._routed)
-            self.log("moe_aux_loss", aux, batch_size=result.tokens)
+            self.log("moe_aux_loss", aux)
             result.loss = result.loss + aux
         if not torch.isfinite(result.loss):
             raise NonFiniteLoss(
                 f"the loss became {result.loss.item()} at step {self.global_step + 1}; training stopped "
                 "(the last good checkpoint is kept). Lower the learning rate or set optim.grad_clip."
             )
-        self._batch_tokens = result.tokens
-        size = result.tokens
+        size = int(result.tokens)
+        self._batch_tokens = size
         self.log("train_loss", result.loss, prog_bar=True, batch_size=size)
         self.log("train_ppl", torch.exp(result.nll / max(size, 1)), batch_size=size)
         self.log("train_acc", result.correct.float() / max(size, 1), batch_size=size)
@@ -133,7 +123,7 @@ class Task(L.LightningModule):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         result = self.objective(self.model, batch)
-        self._val += torch.tensor([result.nll.item(), result.correct.item(), result.tokens], dtype=torch.float64)
+        self._val += torch.tensor([result.nll.item(), result.correct.item(), result.tokens.item()], dtype=torch.float64)
 
     def on_validation_epoch_end(self) -> None:
         nll, correct, tokens = self.trainer.strategy.reduce(self._val.to(self.device), reduce_op="sum").tolist()

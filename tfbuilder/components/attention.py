@@ -99,66 +99,93 @@ class MultiHeadAttention(nn.Module):
         self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: dict | None = None
     ) -> Tensor:
         """``x`` (b, i, d), ``context`` (b, j, d) for cross-attention, ``mask`` bool broadcastable
-        to (b, h, i, j) with True where a query may attend; returns (b, i, d).
+        to (b, h, i, j) with True where a query may attend; returns (b, i, d). Causal self-attention
+        (``ctx.causal``) applies its own look-ahead: callers pass key masks only.
 
         ``cache`` (incremental decoding): self-attention appends this call's keys and values to it;
         cross-attention computes the context's keys and values once and reuses them."""
-        q_width, k_width, v_width = self.split
-        offset, group = 0, 1
         if self.cross:
-            q = self.to_q(x)
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                if context is None:
-                    raise ValueError("cross-attention needs a context")
-                k, v = self._heads_kv(self.to_kv(context).split([k_width, v_width], dim=-1))
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
-            q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
-            if q.shape[0] != k.shape[0]:
-                # `group` consecutive query rows share one source (the beams of beam search): their
-                # queries attend side by side, so the source's keys and values are neither copied
-                # per beam nor reordered as the beams move.
-                group = self._group(q.shape[0], k.shape[0], mask)
-                q = rearrange(q, "(b g) h i k -> b h (g i) k", g=group)
+            q, k, v, group = self._cross_qkv(x, context, mask, cache)
+            out = self._attend(q, k, v, mask, offset=0)
+            if group > 1:
+                out = rearrange(out, "b h (g i) v -> (b g) h i v", g=group)
         else:
-            q, k, v = self.to_qkv(x).split([q_width, k_width, v_width], dim=-1)
-            q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
-            k, v = self._heads_kv((k, v))
-            if cache is not None and "k" in cache:
-                offset = cache["k"].shape[2]
-            if self.rotate is not None:
-                q, k = self.rotate(q, offset), self.rotate(k, offset)  # keys are cached rotated
+            q, k, v, offset = self._self_qkv(x, cache)
+            out = self._attend(q, k, v, mask, offset=offset)
+        return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
+
+    def _self_qkv(self, x: Tensor, cache: dict | None) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Queries, keys and values of self-attention (b, h, n, k), with the cached keys and values
+        before this call's; and ``offset``, the position of this call's first token."""
+        q, k, v = self.to_qkv(x).split(list(self.split), dim=-1)
+        q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
+        k, v = self._heads_kv((k, v))
+        offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0
+        if self.rotate is not None:
+            q, k = self.rotate(q, offset), self.rotate(k, offset)  # keys are cached rotated
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        return q, k, v, offset
+
+    def _cross_qkv(
+        self, x: Tensor, context: Tensor | None, mask: Tensor | None, cache: dict | None
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Queries from ``x``, keys and values from ``context`` (computed once per source when
+        caching); and the number of consecutive query rows that share one source."""
+        _, k_width, v_width = self.split
+        if cache is not None and "k" in cache:
+            k, v = cache["k"], cache["v"]
+        else:
+            if context is None:
+                raise ValueError("cross-attention needs a context")
+            k, v = self._heads_kv(self.to_kv(context).split([k_width, v_width], dim=-1))
             if cache is not None:
-                if "k" in cache:
-                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
+        q = rearrange(self.to_q(x), "b i (h k) -> b h i k", h=self.heads)
+        group = 1
+        if q.shape[0] != k.shape[0]:
+            # `group` consecutive query rows share one source (the beams of beam search): their
+            # queries attend side by side, so the source's keys and values are neither copied
+            # per beam nor reordered as the beams move.
+            group = self._group(q.shape[0], k.shape[0], mask)
+            q = rearrange(q, "(b g) h i k -> b h (g i) k", g=group)
+        return q, k, v, group
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, offset: int) -> Tensor:
+        """softmax(q k^T / sqrt(d_k) + bias, masked) v for (b, h, i, k) queries and (b, h_kv, j, k)
+        keys and values -> (b, h, i, v). The plain causal case uses the kernel's own look-ahead
+        (``is_causal``), which needs no mask tensor and lets GPUs pick their fastest kernel."""
         n_q, n_k = q.shape[2], k.shape[2]
+        is_causal = False
+        if self.causal and not self.cross and n_q > 1:  # one new query may see every key so far
+            plain = mask is None and offset == 0 and n_q == n_k
+            if plain and self.window is None and self.score_bias is None and not self.keep_weights:
+                is_causal = True
+            else:
+                mask = masks.combine(mask, masks.causal_mask(n_q, n_k, offset=offset, device=q.device))
         if self.window is not None and not self.cross:
-            mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=x.device))
-        scores_bias = None
+            mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=q.device))
+        attn_mask = mask
         if self.score_bias is not None:
-            scores_bias = self.score_bias(n_q, n_k, offset, self.heads).to(device=q.device, dtype=q.dtype)
+            attn_mask = self.score_bias(n_q, n_k, offset, self.heads).to(q.dtype)
             # The boolean mask joins the additive bias: -inf where a query may not attend.
-            scores_bias = scores_bias if mask is None else scores_bias.masked_fill(~mask, float("-inf"))
+            attn_mask = attn_mask if mask is None else attn_mask.masked_fill(~mask, float("-inf"))
         scale = 1.0 / math.sqrt(self.key_dim)
         if self.qk_scale is not None:
-            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-            scale = self.qk_scale
+            # Cosine similarity times the learned temperature, folded into the queries so that
+            # the fused kernel still runs (and the temperature gets its gradient through q).
+            q, k = F.normalize(q, dim=-1) * self.qk_scale.to(q.dtype), F.normalize(k, dim=-1)
+            scale = 1.0
         if self.kv_heads != self.heads:  # grouped query: each key/value head serves heads/kv_heads queries
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        attn_mask = scores_bias if scores_bias is not None else mask
-        if self.keep_weights or isinstance(scale, Tensor):
-            out = self._explicit(q, k, v, attn_mask, scale)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, scale=scale
-            )
-        if group > 1:
-            out = rearrange(out, "b h (g i) v -> (b g) h i v", g=group)
-        return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
+        if self.keep_weights:
+            return self._explicit(q, k, v, attn_mask, scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal, scale=scale
+        )
 
     @staticmethod
     def _group(queries: int, sources: int, mask: Tensor | None) -> int:
@@ -167,9 +194,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"cross-attention: {queries} query rows do not group over {sources} sources")
         return group
 
-    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, scale) -> Tensor:
-        """softmax(q k^T * scale + bias) v written out: the weights can be kept, and a learned scale
-        (qk_norm) gets its gradient. Equal to the fused kernel's output (tested)."""
+    def _explicit(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, scale: float) -> Tensor:
+        """softmax(q k^T * scale + bias) v written out, so that the weights can be kept. Equal to the
+        fused kernel's output (tested)."""
         scores = (q @ k.transpose(-2, -1)) * scale
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask

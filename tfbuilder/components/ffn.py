@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Literal
 
 import torch
@@ -125,6 +127,13 @@ class MixtureOfExperts(nn.Module):
         activation: Activation = Field("relu", description="non-linearity inside each expert")
         aux_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss in the objective")
         bias: bool = Field(True, description="learn biases in the experts")
+        capacity_factor: float | None = Field(
+            None,
+            gt=0.0,
+            le=64.0,
+            description="expert capacity = factor * tokens * top_k / experts; routed tokens past it are dropped "
+            "(Switch Transformer); default none dropped",
+        )
 
         def check(self, dims: ModelDims) -> list[tuple[str, str]]:
             if self.top_k > self.experts:
@@ -138,6 +147,7 @@ class MixtureOfExperts(nn.Module):
         self.router = nn.Linear(ctx.d_model, params.experts, bias=False)
         expert = MLP.Params(hidden=params.hidden, activation=params.activation, bias=params.bias)
         self.experts = nn.ModuleList(MLP(expert, ctx) for _ in range(params.experts))
+        self.capacity_factor = params.capacity_factor
         self.aux_loss: Tensor = torch.zeros(())
 
     def forward(self, x: Tensor) -> Tensor:
@@ -147,12 +157,37 @@ class MixtureOfExperts(nn.Module):
         probs = self.router(flat).float().softmax(dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
-        out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            token, slot = (chosen == e).nonzero(as_tuple=True)
-            if token.numel():
-                out.index_add_(0, token, expert(flat[token]) * weights[token, slot, None])
+        # gates (t, experts): a token's weight for each expert it is routed to, 0 elsewhere.
+        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        static = self.capacity_factor is not None or x.device.type != "cpu" or torch.compiler.is_compiling()
+        out = self._dispatch_static(flat, gates) if static else self._dispatch_gather(flat, gates)
         # Switch loss: experts * sum_e (share of tokens routed to e) * (mean router probability of e).
         share = F.one_hot(chosen[:, 0], len(self.experts)).float().mean(dim=0)
         self.aux_loss = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return out.reshape(x.shape)
+
+    def capacity(self, tokens: int) -> int:
+        """Token slots per expert: all tokens without a capacity factor, else the Switch capacity."""
+        if self.capacity_factor is None:
+            return tokens
+        return max(1, min(tokens, math.ceil(self.capacity_factor * tokens * self.top_k / len(self.experts))))
+
+    def _dispatch_static(self, flat: Tensor, gates: Tensor) -> Tensor:
+        """Shapes fixed by the batch, nothing read back to the host (accelerators, torch.compile):
+        each expert takes its ``capacity`` highest-gated tokens; a slot whose token is not routed
+        to it has gate 0 and adds nothing."""
+        out = torch.zeros_like(flat)
+        slots = self.capacity(flat.shape[0])
+        for e, expert in enumerate(self.experts):
+            gate, token = gates[:, e].topk(slots)
+            out = out.index_add(0, token, expert(flat[token]) * gate[:, None])
+        return out
+
+    def _dispatch_gather(self, flat: Tensor, gates: Tensor) -> Tensor:
+        """Each expert runs on exactly the tokens routed to it (CPU, where reading the routing back
+        costs nothing). Equal to :meth:`_dispatch_static` without a capacity factor (tested)."""
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token = gates[:, e].nonzero().squeeze(1)
+            out.index_add_(0, token, expert(flat[token]) * gates[token, e, None])
+        return out

@@ -12,11 +12,12 @@ from torch import Tensor, nn
 from ..registry import BuildContext, ComponentParams, register
 
 
-def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0) -> Tensor:
-    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)); shape (n, d)."""
-    pos = torch.arange(offset, offset + n, dtype=torch.float64).unsqueeze(1)
-    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64) * (-math.log(base) / d))
-    pe = torch.zeros(n, d, dtype=torch.float64)
+def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)); shape (n, d),
+    computed in float64 on ``device``."""
+    pos = torch.arange(offset, offset + n, dtype=torch.float64, device=device).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=device) * (-math.log(base) / d))
+    pe = torch.zeros(n, d, dtype=torch.float64, device=device)
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq[: d // 2])
     return pe.to(torch.get_default_dtype())
@@ -46,7 +47,7 @@ class SinusoidalPosition(nn.Module):
         if offset + n <= self.table.shape[0]:
             pe = self.table[offset : offset + n]
         else:
-            pe = sinusoids(n, self.d_model, base=self.base, offset=offset).to(x.device)
+            pe = sinusoids(n, self.d_model, base=self.base, offset=offset, device=x.device)
         return x + pe.to(x.dtype)
 
 
@@ -101,28 +102,46 @@ class AttentionPosition(nn.Module):
     bias = None  # (n_query, n_key, offset, heads) -> additive scores (1, h, i, j)
 
 
+def rotary_angles(n: int, k: int, *, base: float, offset: int = 0, device=None) -> Tensor:
+    """Angles pos * base^(-2i/k) of positions offset..offset+n-1 and pairs i < k/2: (n, k/2), float32."""
+    inv_freq = base ** (-torch.arange(0, k, 2, device=device, dtype=torch.float32) / k)
+    return torch.arange(offset, offset + n, device=device, dtype=torch.float32)[:, None] * inv_freq
+
+
 @register("position", "rotary")
 class RotaryPosition(AttentionPosition):
     """Rotary position embedding (Su et al. 2021, RoFormer, arXiv:2104.09864).
 
-    Queries and keys are rotated by their positions, so that scores depend on relative offsets only."""
+    Queries and keys are rotated by their positions, so that scores depend on relative offsets only.
+    The cos/sin tables of the first ``max_len`` positions are buffers on the model's device."""
 
     class Params(ComponentParams):
         type: Literal["rotary"] = "rotary"
         base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotation frequencies")
+        max_len: int = Field(
+            4096, ge=1, le=1_000_000, description="positions whose cos/sin tables are precomputed; longer ones are computed on the fly"
+        )
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base = params.base
+        k = ctx.head_dim or ctx.d_model // max(ctx.heads, 1)
+        angles = rotary_angles(params.max_len, k - k % 2, base=params.base)
+        # Not persistent: functions of the params, so they stay out of checkpoints.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1) rotated by pos * base^(-2i/k)."""
         n, k = x.shape[-2], x.shape[-1]
         if k % 2:
             raise ValueError(f"rotary positions need an even key width per head, got {k}")
-        inv_freq = self.base ** (-torch.arange(0, k, 2, device=x.device, dtype=torch.float32) / k)
-        angles = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)[:, None] * inv_freq
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == k:
+            cos, sin = self.cos[offset : offset + n], self.sin[offset : offset + n]
+        else:
+            angles = rotary_angles(n, k, base=self.base, offset=offset, device=x.device)
+            cos, sin = angles.cos(), angles.sin()
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]
         out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
         return out.flatten(-2)
@@ -153,12 +172,17 @@ class ALiBiPosition(AttentionPosition):
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.causal = ctx.causal
+        self.register_buffer("slopes", alibi_slopes(ctx.heads), persistent=False)
 
     def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
-        i = torch.arange(offset, offset + n_query)[:, None]
-        j = torch.arange(n_key)[None, :]
+        """Additive scores (1, h, i, j): minus slope_h times the distance between query and key."""
+        if heads != self.slopes.shape[0]:
+            raise ValueError(f"alibi was built for {self.slopes.shape[0]} heads, attention has {heads}")
+        device = self.slopes.device
+        i = torch.arange(offset, offset + n_query, device=device)[:, None]
+        j = torch.arange(n_key, device=device)[None, :]
         distance = (i - j).clamp(min=0) if self.causal else (i - j).abs()
-        return -(alibi_slopes(heads)[:, None, None] * distance)[None]
+        return -(self.slopes[:, None, None] * distance)[None]
 
 
 @register("position", "relative_bias")
@@ -196,6 +220,7 @@ class RelativeBiasPosition(AttentionPosition):
         return out + torch.where(n < exact, n, large.clamp(max=buckets - 1))
 
     def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        """Additive scores (1, h, i, j): the learned scalar of each head and distance bucket."""
         if heads != self.heads:
             raise ValueError(f"relative_bias was built for {self.heads} heads, attention has {heads}")
         i = torch.arange(offset, offset + n_query, device=self.table.weight.device)[:, None]

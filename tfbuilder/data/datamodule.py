@@ -16,8 +16,12 @@ from .prepare import Prepared
 class DataModule(L.LightningDataModule):
     """Serves prepared splits; the training sampler is infinite and resumable (``position``)."""
 
-    def __init__(self, prepared: Prepared, data: DataSection, *, seed: int, batch_size_default: int = 32):
+    def __init__(
+        self, prepared: Prepared, data: DataSection, *, seed: int, batch_size_default: int = 32, workers: int = 0, pin_memory: bool = False
+    ):
         super().__init__()
+        self.workers = workers  # batches are built in worker processes, off the training step's path
+        self.pin_memory = pin_memory  # page-locked batches: copies to a GPU overlap the step
         self.prepared = prepared
         self.data = data
         self.seed = seed
@@ -50,7 +54,15 @@ class DataModule(L.LightningDataModule):
             self.train_sampler = sampler
         data = self.prepared.splits[split]
         # The dataset yields indices; Collate looks the examples up, so a batch is built in one go.
-        return DataLoader(range(len(data)), batch_sampler=sampler, collate_fn=Collate(data))
+        return DataLoader(
+            range(len(data)),
+            batch_sampler=sampler,
+            collate_fn=Collate(data),
+            num_workers=self.workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.workers > 0,
+            prefetch_factor=4 if self.workers else None,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self.loader("train", train=True)

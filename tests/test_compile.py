@@ -1,0 +1,84 @@
+"""Generated over the registry: the training computation (features and loss) compiles as one graph,
+and batches of varying shape cause a small, bounded number of recompilations.
+
+Run with dynamo's ``eager`` backend: graph capture is what is tested (on any machine), not code
+generation. A graph break would make ``fullgraph=True`` raise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.testing import CompileCounter
+
+import tfbuilder
+from conftest import tiny_model
+from test_components import KINDS
+from tfbuilder import registry
+from tfbuilder.objectives import objective
+from tfbuilder.recipe import Recipe
+
+VOCAB = tiny_model()["vocab_size"]
+
+
+def _cases() -> list:
+    cases = [
+        pytest.param({family: {"type": name}}, "encoder_decoder", id=f"{family}-{name}")
+        for family in registry.FAMILIES
+        for name in registry.types(family)
+    ]
+    cases += [pytest.param({}, kind, id=f"kind-{kind}") for kind in KINDS if kind != "encoder_decoder"]
+    cases += [pytest.param({"placement": p}, "encoder_decoder", id=f"placement-{p}") for p in ("pre", "sandwich")]
+    variants = {"gqa": {"kv_heads": 2}, "window": {"window": 3}, "qk_norm": {"qk_norm": True}, "dropout": {"dropout": 0.1}}
+    cases += [
+        pytest.param({"attention": {"type": "multihead", "heads": 4, **v}}, "decoder", id=f"attention-{name}")
+        for name, v in variants.items()
+    ]
+    cases.append(pytest.param({"ffn": {"type": "moe", "capacity_factor": 1.5}}, "decoder", id="moe-capacity"))
+    cases.append(pytest.param({"dropout": 0.1, "position": {"type": "rotary"}}, "decoder", id="dropout-rotary"))
+    return cases
+
+
+def _setup(changes: dict, kind: str):
+    spec = tiny_model(kind=kind, **KINDS[kind])
+    for part in ("encoder", "decoder"):  # one layer of each is every code path, traced faster
+        if spec.get(part):
+            spec[part] = {"layers": 1}
+    spec.update(changes)
+    recipe = Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1}})
+    model = tfbuilder.build_model(recipe).train()
+    return model, objective(recipe, epsilon=0.1)
+
+
+def _batch(kind: str, b: int, n: int) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, VOCAB, (b, n))
+    ids[0, n // 2 :] = 0  # padding
+    if kind == "encoder_decoder":
+        return {"src": torch.randint(5, VOCAB, (b, n + 1)), "tgt_in": ids, "tgt_out": ids}
+    return {"tokens": ids}
+
+
+@pytest.mark.parametrize("changes, kind", _cases())
+def test_features_and_loss_compile_without_graph_breaks(changes, kind):
+    model, fn = _setup(changes, kind)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda m, b: fn(m, b).loss, backend="eager", fullgraph=True)
+    loss = compiled(model, _batch(kind, 4, 6))
+    loss.backward()  # the fused loss's backward runs through the captured graph too
+    assert torch.isfinite(loss)
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_varying_batch_shapes_recompile_a_bounded_number_of_times():
+    kind = "encoder_decoder"  # both stacks, cross-attention and the fused loss
+    model, fn = _setup({}, kind)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda m, b: fn(m, b).loss, backend=counter, fullgraph=True)
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(int(b), int(n)) for b, n in torch.randint(2, 12, (10, 2), generator=generator)]
+    for b, n in shapes:
+        compiled(model, _batch(kind, b, n)).backward()
+    assert len(set(shapes)) >= 8
+    assert counter.frame_count <= 3, f"{counter.frame_count} compilations for {len(set(shapes))} shapes"

@@ -1,0 +1,151 @@
+"""Every tensor the model, the losses and decoding make is made on the model's device.
+
+Without a GPU this is checked by watching tensor factories: inside tfbuilder's model, objective and
+decoding code, a factory (``torch.arange``, ``torch.zeros``, ``torch.tensor`` ...) called without
+``device=`` would make a CPU tensor next to a GPU model. Tests marked ``gpu`` run the same paths on
+CUDA wherever it is present.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import tfbuilder
+from conftest import tiny_model
+from test_components import KINDS
+from tfbuilder import decoding, devices
+from tfbuilder.errors import TfbuilderError
+from tfbuilder.objectives import objective
+from tfbuilder.recipe import Recipe
+
+PACKAGE = Path(tfbuilder.__file__).parent
+FACTORIES = {
+    torch.arange, torch.zeros, torch.ones, torch.full, torch.empty, torch.tensor, torch.as_tensor,
+    torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace,
+}  # fmt: skip
+
+
+class FactoryWatch(TorchFunctionMode):
+    """Records tfbuilder lines (outside data/, which builds host-side batches) that call a tensor
+    factory without ``device=``."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in FACTORIES and "device" not in kwargs:
+            frame = sys._getframe(1)
+            while frame is not None:
+                path = Path(frame.f_code.co_filename)
+                if PACKAGE in path.parents:
+                    if "data" not in path.relative_to(PACKAGE).parts:
+                        self.found.append(f"{path.relative_to(PACKAGE)}:{frame.f_lineno} {func.__name__}")
+                    break
+                frame = frame.f_back
+        return func(*args, **kwargs)
+
+
+def _model(kind: str, **changes):
+    spec = tiny_model(kind=kind, **KINDS[kind])
+    spec.update(changes)
+    recipe = Recipe.model_validate({"model": spec})
+    return recipe, tfbuilder.build_model(recipe)
+
+
+COMPONENTS = [
+    {},
+    {"position": {"type": "rotary", "max_len": 4}},  # also past the cached table
+    {"position": {"type": "alibi"}},
+    {"position": {"type": "relative_bias"}},
+    {"position": {"type": "sinusoidal", "max_len": 4}},
+    {"attention": {"type": "multihead", "heads": 4, "window": 3, "qk_norm": True}},
+    {"ffn": {"type": "moe"}},
+    {"ffn": {"type": "moe", "capacity_factor": 1.0}},
+]
+
+
+@pytest.mark.parametrize("changes", COMPONENTS, ids=lambda c: "-".join(v["type"] for v in c.values()) or "default")
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_training_objective_makes_no_tensor_off_the_models_device(kind, changes):
+    recipe, model = _model(kind, **changes)
+    ids = torch.randint(5, 53, (3, 8))
+    ids[0, 5:] = 0
+    batch = {"src": ids, "tgt_in": ids, "tgt_out": ids, "tokens": ids}
+    with FactoryWatch() as watch:
+        objective(recipe, epsilon=0.1)(model.train(), batch).loss.backward()
+    assert not watch.found, watch.found
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_translation_search_makes_no_tensor_off_the_models_device(search):
+    _, model = _model("encoder_decoder", position={"type": "rotary", "max_len": 4})
+    src = torch.randint(5, 53, (3, 6))
+    src[1, 3:] = 0
+    with FactoryWatch() as watch:
+        if search == "greedy":
+            decoding.greedy(model, src, max_len_b=6)
+        else:
+            decoding.beam_search(model, src, beam=3, max_len_b=6)
+    assert not watch.found, watch.found
+
+
+def test_sampling_makes_no_tensor_off_the_models_device():
+    _, model = _model("decoder")
+    with FactoryWatch() as watch:
+        decoding.sample(model, torch.randint(5, 53, (2, 3)), max_new=5, top_k=5, top_p=0.9)
+    assert not watch.found, watch.found
+
+
+def test_the_watch_sees_a_factory_without_device():
+    """The check above can fail: a factory without device= in tfbuilder code is reported."""
+    from tfbuilder.components import position
+
+    with FactoryWatch() as watch:
+        position.alibi_slopes(4)
+    assert watch.found and "components/position.py" in watch.found[0]
+
+
+def test_devices_that_are_not_there_are_clear_errors():
+    assert devices.resolve("cpu") == torch.device("cpu")
+    assert devices.resolve(None) == devices.default_device()
+    for bad in ("gpu0", "tpu"):
+        with pytest.raises(TfbuilderError, match="--device"):
+            devices.resolve(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(TfbuilderError, match="no CUDA GPU"):
+            devices.resolve("cuda:1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_training_step_on_cuda_matches_the_cpu(kind):
+    recipe, model = _model(kind)
+    ids = torch.randint(5, 53, (3, 8))
+    ids[0, 5:] = 0
+    batch = {"src": ids, "tgt_in": ids, "tgt_out": ids, "tokens": ids}
+    fn = objective(recipe, epsilon=0.1)
+    torch.manual_seed(0)
+    cpu = fn(model.eval(), batch)
+    gpu_model = model.to("cuda")
+    torch.manual_seed(0)
+    gpu = fn(gpu_model, {k: v.cuda() for k, v in batch.items()})
+    if kind != "encoder":  # the masked LM draws its masks on each device's generator
+        torch.testing.assert_close(gpu.loss.cpu(), cpu.loss, rtol=1e-4, atol=1e-4)
+    gpu.loss.backward()
+
+
+@pytest.mark.gpu
+def test_decoding_on_cuda_matches_the_cpu():
+    _, model = _model("encoder_decoder")
+    src = torch.randint(5, 53, (4, 6))
+    src[1, 3:] = 0
+    on_cpu = decoding.beam_search(model.eval(), src, beam=3, max_len_b=6)
+    on_gpu = decoding.beam_search(model.to("cuda"), src.cuda(), beam=3, max_len_b=6)
+    assert on_gpu == on_cpu

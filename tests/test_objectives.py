@@ -1,0 +1,89 @@
+"""The fused, chunked loss equals label-smoothed cross-entropy written plainly, and torch's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tfbuilder
+from conftest import tiny_model
+from tfbuilder.objectives import LinearCrossEntropy, head_loss, smoothed_cross_entropy
+
+IGNORE = 0
+
+
+def _inputs(rows: int = 13, d: int = 6, vocab: int = 11, *, bias: bool = True):
+    x = torch.randn(rows, d, dtype=torch.float64, requires_grad=True)
+    linear = nn.Linear(d, vocab, bias=bias).double()
+    target = torch.randint(1, vocab, (rows,))
+    target[[2, 7, 8]] = IGNORE  # positions that do not count
+    return x, linear, target
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("pieces", [1, 4, 13, 16])
+def test_chunked_loss_and_gradients_equal_the_plain_loss(epsilon, bias, pieces):
+    x, linear, target = _inputs(bias=bias)
+    loss, nll, correct = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, epsilon, IGNORE, pieces, True)
+    grads = torch.autograd.grad(loss * 0.37, [x, linear.weight] + ([linear.bias] if bias else []))
+
+    ref = smoothed_cross_entropy(linear(x), target, epsilon, ignore=IGNORE)
+    tokens = int((target != IGNORE).sum())
+    ref_sum = ref.loss * tokens
+    ref_grads = torch.autograd.grad(ref_sum * 0.37, [x, linear.weight] + ([linear.bias] if bias else []))
+    # Both take the softmax in float32 (whatever the input's dtype).
+    torch.testing.assert_close(loss, ref_sum.detach().float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref.nll.float(), rtol=1e-5, atol=1e-5)
+    assert int(correct) == int(ref.correct)
+    for ours, theirs in zip(grads, ref_grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    # Ignored positions get no gradient.
+    assert grads[0][target == IGNORE].abs().max() == 0
+    assert grads[0][target != IGNORE].abs().max() > 0
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_plain_loss_is_torchs_label_smoothed_cross_entropy(epsilon):
+    x, linear, target = _inputs()
+    logits = linear(x)
+    ours = smoothed_cross_entropy(logits, target, epsilon, ignore=IGNORE)
+    theirs = F.cross_entropy(logits, target, ignore_index=IGNORE, label_smoothing=epsilon)
+    torch.testing.assert_close(ours.loss, theirs.float())
+    nll = F.cross_entropy(logits, target, ignore_index=IGNORE).detach().float()
+    torch.testing.assert_close(ours.nll / ours.tokens, nll)
+
+
+def test_chunked_loss_in_bfloat16_is_close_to_float32():
+    torch.manual_seed(0)
+    x = torch.randn(64, 32)
+    linear = nn.Linear(32, 50)
+    target = torch.randint(1, 50, (64,))
+    full = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, 0.1, IGNORE, 4, False)[0]
+    half = LinearCrossEntropy.apply(x.bfloat16(), linear.weight, linear.bias, target, 0.1, IGNORE, 4, False)[0]
+    assert half.dtype == torch.float32  # the softmax is taken in float32 whatever the input
+    torch.testing.assert_close(half, full, rtol=2e-2, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "decoder", "encoder"])
+def test_every_objective_counts_only_real_targets_and_trains(kind):
+    spec = tiny_model(kind=kind, **({"encoder": None} if kind == "decoder" else {}), **({"decoder": None} if kind == "encoder" else {}))
+    recipe = tfbuilder.Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1}})
+    model = tfbuilder.build_model(recipe)
+    objective = tfbuilder.objectives.objective(recipe, epsilon=0.1)
+    ids = torch.randint(5, 53, (3, 7))
+    ids[1, 4:] = 0  # padding
+    batch = {"src": ids, "tgt_in": ids, "tgt_out": ids, "tokens": ids}
+    result = objective(model, batch)
+    if kind == "encoder_decoder":
+        assert int(result.tokens) == int((ids != 0).sum())
+    elif kind == "decoder":
+        assert int(result.tokens) == int((ids[:, 1:] != 0).sum())
+    else:
+        assert 1 <= int(result.tokens) <= int((ids != 0).sum())
+    result.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert torch.isfinite(result.loss) and result.loss > 0

@@ -171,3 +171,28 @@ def test_every_component_cites_its_source():
         for entry in registry.entries(family):
             cited = any(ch.isdigit() for ch in entry.doc) or "ablation" in entry.doc
             assert cited, f"{family}/{entry.name}: the docstring's first line should cite the paper (author year)"
+
+
+def test_moe_static_dispatch_equals_routing_each_token_to_its_experts():
+    """The sync-free dispatch (accelerators, torch.compile) computes what per-expert gathering does;
+    with a capacity, each expert keeps its highest-gated tokens and drops the rest (Switch)."""
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=2, hidden=16), BuildContext(d_model=D))
+    x = torch.randn(3, 5, D)
+    flat = x.reshape(-1, D)
+    probs = moe.router(flat).softmax(-1)
+    weights, chosen = probs.topk(2, dim=-1)
+    gates = torch.zeros_like(probs).scatter_(1, chosen, weights / weights.sum(-1, keepdim=True))
+    # Written out: each token's output is the gate-weighted sum of its experts' outputs.
+    expected = torch.stack([sum(gates[t, e] * moe.experts[e](flat[t]) for e in range(4)) for t in range(len(flat))])
+    torch.testing.assert_close(moe._dispatch_gather(flat, gates), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(moe._dispatch_static(flat, gates), expected, atol=1e-5, rtol=1e-5)
+    moe.capacity_factor = 0.5  # 15 tokens * 2 / 4 experts * 0.5 -> 4 slots per expert
+    assert moe.capacity(15) == 4
+    capped = moe._dispatch_static(flat, gates)
+    kept = torch.zeros_like(gates)
+    for e in range(4):
+        top = gates[:, e].topk(4).indices
+        kept[top, e] = gates[top, e]
+    expected = torch.stack([sum(kept[t, e] * moe.experts[e](flat[t]) for e in range(4)) for t in range(len(flat))])
+    torch.testing.assert_close(capped, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(capped, moe._dispatch_gather(flat, gates), atol=1e-4)

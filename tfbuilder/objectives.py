@@ -59,22 +59,24 @@ class LinearCrossEntropy(torch.autograd.Function):
                 logits = logits + bias.to(logits.dtype)
             valid = t != ignore
             safe = t.masked_fill(~valid, 0)
-            z = logits.float()
-            lse = z.logsumexp(dim=-1)
-            row_nll = lse - z.gather(1, safe[:, None]).squeeze(1)
-            row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll + epsilon * (lse - z.mean(dim=-1))
+            logp = logits.float().log_softmax(dim=-1)
+            row_nll = -logp.gather(1, safe[:, None]).squeeze(1)
+            row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)
             loss = loss + row_loss.masked_fill(~valid, 0.0).sum()
             nll = nll + row_nll.masked_fill(~valid, 0.0).sum()
-            correct = correct + ((z.argmax(dim=-1) == t) & valid).sum()
+            correct = correct + ((logp.argmax(dim=-1) == t) & valid).sum()
             if grad:
-                g = (z - lse[:, None]).exp_()  # softmax
+                g = logp.exp_()  # softmax, in place: the log-probabilities are not needed any more
                 g.scatter_add_(1, safe[:, None], torch.full_like(g[:, :1], -(1.0 - epsilon)))
                 if epsilon:
                     g.sub_(epsilon / vocab)
                 g.mul_(valid[:, None])
                 g = g.to(rows.dtype)
                 grad_x[start : start + chunk] = (g @ weight.to(g.dtype)).to(x.dtype)
-                grad_w.add_(g.t() @ rows)
+                if rows.dtype == grad_w.dtype:
+                    grad_w.addmm_(g.t(), rows)  # no (vocab, d) temporary
+                else:
+                    grad_w.add_(g.t() @ rows)
                 if grad_b is not None:
                     grad_b.add_(g.sum(dim=0))
         if grad:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from . import atomic
 from .runs import CheckpointError, read_checkpoint, step_checkpoints
+
 
 def kept(run_dir: Path) -> list[tuple[int, Path]]:
     """A run's ``checkpoints/step-<n>.ckpt`` files, oldest first."""

@@ -32,14 +32,6 @@ class NonFiniteLoss(TfbuilderError):
     exit_code = 1
 
 
-class Interrupted(TfbuilderError):
-    """Ctrl-C (exit 130) or SIGTERM (exit 143): training stopped; the message says what was kept."""
-
-    def __init__(self, message: str, signum: int):
-        super().__init__(message)
-        self.exit_code = 128 + signum
-
-
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
     """Names of floating-point tensors holding a NaN or an infinity."""
     floats = {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
@@ -87,6 +79,7 @@ class RunGuard(Callback):
         self.record: dict = {}  # this invocation's history entry (saved in checkpoints): says why it stopped
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._checked = -1
 
     # --- state carried in every checkpoint ----------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -128,10 +121,12 @@ class RunGuard(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         step = trainer.global_step
         distributed = trainer.world_size > 1
-        if step % self.log_every == 0:
+        due = step % self.log_every == 0 and step != self._checked  # once per step, not per accumulated batch
+        if due:
+            self._checked = step
             self.check_finite(trainer, pl_module)
         stop = self.signum is not None
-        if distributed and step % self.log_every == 0:
+        if distributed and due:
             stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         elif distributed:
             stop = False  # every rank must stop at the same step: decided at log_every steps only

@@ -468,7 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
         return EXIT_USAGE
     except TfbuilderError as exc:
-        if type(exc).__name__ == "Interrupted":  # not an error: what was kept, and how to go on
+        from .runs import Interrupted
+
+        if isinstance(exc, Interrupted):  # not an error: what was kept, and how to go on
             print(str(exc), file=sys.stderr)
             return exc.exit_code
         print(f"error: {exc}", file=sys.stderr)

@@ -36,6 +36,14 @@ class CheckpointError(TfbuilderError):
     """A checkpoint is missing, damaged, or not a tfbuilder checkpoint."""
 
 
+class Interrupted(TfbuilderError):
+    """Ctrl-C (exit 130) or SIGTERM (exit 143) stopped a fit; the message says what was kept. Not an error."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
 class RunDirError(TfbuilderError):
     """A run directory cannot be created or written."""
 

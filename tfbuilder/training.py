@@ -26,7 +26,7 @@ from torch import nn
 
 from . import __version__, atomic, objectives
 from .builder import build_model
-from .callbacks import AtomicCheckpointIO, Interrupted, NonFiniteLoss, RunGuard
+from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
 from .data.prepare import Vocab, prepare
 from .errors import TfbuilderError
@@ -35,6 +35,7 @@ from .recipe import Recipe
 from .runs import (
     RUN_DIR_ENV,
     CheckpointError,
+    Interrupted,
     RunDirError,
     RunLock,
     find_checkpoint,

@@ -200,10 +200,10 @@ def test_test_command_scores_and_saves_json(copy_checkpoint, capsys):
     import json
     from pathlib import Path
 
-    assert main(["test", copy_checkpoint, "--split", "val", "--beam", "2"]) == 0
+    assert main(["test", copy_checkpoint, "--split", "val", "--beam", "2"]) == 0  # a run directory: its best.ckpt
     out = capsys.readouterr().out
     assert "sacreBLEU (beam 2)" in out and "chrF" in out and "perplexity" in out
-    saved = json.loads(next(Path(copy_checkpoint).glob("test-val-last-beam2.json")).read_text())
+    saved = json.loads(next(Path(copy_checkpoint).glob("test-val-best-beam2.json")).read_text())
     assert saved["chrf"] > 95  # a copy model: near-perfect output (BLEU is 0 on one-word lines: no 4-grams)
     assert saved["bleu_signature"].startswith("nrefs:1")
     assert saved["perplexity"] < 1.5

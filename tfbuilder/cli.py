@@ -35,6 +35,24 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_checkpoint(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--checkpoint",
+        dest="which",
+        metavar="last|best|averaged|PATH",
+        help="which checkpoint of a run directory (default best), or a checkpoint file",
+    )
+
+
+def _load(args: argparse.Namespace):
+    """The checkpoint a scoring command uses, named on standard error (the output says what it scored)."""
+    from .runs import choose_checkpoint, load_checkpoint
+
+    loaded = load_checkpoint(choose_checkpoint(args.checkpoint, args.which), device=getattr(args, "device", None))
+    print(f"checkpoint: {loaded.path} (step {loaded.step:,})", file=sys.stderr)
+    return loaded
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tfbuilder", description="Declarative transformers from YAML recipes.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -53,11 +71,20 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", help="train a recipe (or resume a run) through Lightning")
     f.add_argument("recipe", nargs="?", metavar="RECIPE")
     f.add_argument("--resume", metavar="RUN_OR_CKPT", help="continue a run directory or checkpoint")
+    f.add_argument("--init-from", metavar="CHECKPOINT", help="start a new run from these weights (fresh optimizer and schedule)")
+    f.add_argument("--force", action="store_true", help="resume a run directory that was copied or moved")
     _add_set(f)
     f.set_defaults(run=cmd_fit)
 
+    av = sub.add_parser("average", help="average the weights of a run's last N kept checkpoints (Vaswani et al. sec. 6.1)")
+    av.add_argument("run_dir", metavar="RUN_DIR")
+    av.add_argument("--last", type=int, default=5, metavar="N", help="how many of the kept checkpoints (default 5)")
+    av.add_argument("--out", metavar="FILE", help="where to write (default RUN_DIR/checkpoints/averaged.ckpt; never overwritten)")
+    av.set_defaults(run=cmd_average)
+
     t = sub.add_parser("translate", help="translate lines with a checkpoint (stdin to stdout by default)")
-    t.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
+    t.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoint(t)
     t.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, the paper's)")
     t.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, the paper's)")
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
@@ -67,7 +94,8 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(run=cmd_translate)
 
     g = sub.add_parser("generate", help="continue a prompt with a decoder-only checkpoint")
-    g.add_argument("checkpoint", metavar="CHECKPOINT")
+    g.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoint(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-new", type=int, default=100)
     g.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
@@ -78,7 +106,8 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(run=cmd_generate)
 
     e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
-    e.add_argument("checkpoint", metavar="CHECKPOINT")
+    e.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoint(e)
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
     e.add_argument("--beam", type=int, default=4)
     e.add_argument("--alpha", type=float, default=0.6)
@@ -114,7 +143,8 @@ def parser() -> argparse.ArgumentParser:
     cp.set_defaults(run=cmd_compare)
 
     at = sub.add_parser("attention", help="PNG heatmaps of a checkpoint's attention weights, per layer and head")
-    at.add_argument("checkpoint", metavar="CHECKPOINT")
+    at.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoint(at)
     at.add_argument("--src", required=True, metavar="TEXT", help="the source sentence (the text, for one-stack models)")
     at.add_argument("--tgt", metavar="TEXT", help="the target sentence (default: the model's greedy translation)")
     at.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these layers (0-based; default all)")
@@ -173,6 +203,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if (args.recipe is None) == (args.resume is None):
         print("fit: give a RECIPE, or --resume RUN_DIR_OR_CHECKPOINT", file=sys.stderr)
         return EXIT_USAGE
+    if args.init_from and args.resume:
+        print("fit: --init-from starts a new run from a RECIPE; --resume continues a run: give one", file=sys.stderr)
+        return EXIT_USAGE
+    if args.force and not args.resume:
+        print("fit: --force applies to --resume", file=sys.stderr)
+        return EXIT_USAGE
     if args.resume:
         from .recipe import recipe_from_dict
         from .runs import read_checkpoint
@@ -183,19 +219,27 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from .training import fit
 
     _quiet_lightning()
-    summary = fit(recipe, resume=args.resume)
+    summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
     if summary is not None and _is_rank_zero():
         print("\n".join(summary.lines()))
     return 0
 
 
+def cmd_average(args: argparse.Namespace) -> int:
+    from .averaging import write_average
+
+    out, paths = write_average(args.run_dir, last=args.last, out=args.out)
+    print("averaged " + ", ".join(p.name for p in paths))
+    print(f"wrote {out}")
+    return 0
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from .evaluation import translate_lines
-    from .runs import load_checkpoint
 
     if args.beam < 1:
         raise TfbuilderError("--beam must be at least 1")
-    loaded = load_checkpoint(args.checkpoint, device=args.device)
+    loaded = _load(args)
     if loaded.recipe.model.kind != "encoder_decoder":
         raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
     source = open(args.input, encoding="utf-8") if args.input else sys.stdin
@@ -216,9 +260,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from .evaluation import generate
-    from .runs import load_checkpoint
 
-    loaded = load_checkpoint(args.checkpoint, device=args.device)
+    loaded = _load(args)
     if loaded.recipe.model.kind != "decoder":
         raise TfbuilderError(f"generate needs a decoder-only checkpoint; this one is '{loaded.recipe.model.kind}'")
     rng = torch.Generator().manual_seed(args.seed)
@@ -229,14 +272,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     from .evaluation import evaluate, save_scores
-    from .runs import load_checkpoint
 
-    loaded = load_checkpoint(args.checkpoint, device=args.device)
+    loaded = _load(args)
     try:
         scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha, precision=args.precision)
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
-    rows = [("checkpoint", str(loaded.path)), ("split", f"{scores.split} ({scores.examples:,} examples)")]
+    rows = [("checkpoint", f"{loaded.path} (step {loaded.step:,})"), ("split", f"{scores.split} ({scores.examples:,} examples)")]
     rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
     if scores.bleu is not None:
         search = f"beam {scores.beam}" + (", bf16" if args.precision == "bf16" else "")
@@ -373,9 +415,8 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .attention_maps import write_maps
-    from .runs import load_checkpoint
 
-    loaded = load_checkpoint(args.checkpoint, device=args.device)
+    loaded = _load(args)
     for path in write_maps(loaded, args.src, tgt=args.tgt, out_dir=Path(args.out), layers=args.layers):
         print(path)
     return 0
@@ -439,6 +480,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
         return EXIT_USAGE
     except TfbuilderError as exc:
+        from .runs import Interrupted
+
+        if isinstance(exc, Interrupted):  # not an error: what was kept, and how to go on
+            print(str(exc), file=sys.stderr)
+            return exc.exit_code
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

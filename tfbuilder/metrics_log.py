@@ -1,16 +1,21 @@
 """A CSV metrics logger for Lightning that never drops rows: a resumed run appends to the same file.
 
-(Lightning's CSVLogger deletes an existing metrics.csv when its directory is not empty.)
+(Lightning's CSVLogger deletes an existing metrics.csv when its directory is not empty.) Every save
+rewrites the file atomically (temporary file, fsync, rename): a full disk or a kill leaves the
+previous file whole, never a torn row.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.utilities import rank_zero_only
+
+from .atomic import write_text
 
 
 class MetricsCSV(Logger):
@@ -22,9 +27,12 @@ class MetricsCSV(Logger):
         self.path = self.run_dir / "metrics.csv"
         self._pending: list[dict[str, Any]] = []
         self._columns: list[str] = []
+        self._rows: list[dict[str, str]] = []  # what the file holds
         if self.path.exists():
             with self.path.open(newline="") as f:
-                self._columns = next(csv.reader(f), [])
+                reader = csv.DictReader(f)
+                self._columns = list(reader.fieldnames or [])
+                self._rows = [r for r in reader if None not in r and None not in r.values()]  # a row torn by an older version is dropped
 
     @property
     def name(self) -> str:
@@ -55,19 +63,16 @@ class MetricsCSV(Logger):
     def save(self) -> None:
         if not self._pending:
             return
-        new = sorted({k for row in self._pending for k in row} - set(self._columns))
+        new = {k for row in self._pending for k in row} - set(self._columns)
         if new:
-            old_rows: list[dict[str, str]] = []
-            if self.path.exists():
-                with self.path.open(newline="") as f:
-                    old_rows = list(csv.DictReader(f))
-            self._columns = ["step"] + sorted((set(self._columns) | set(new)) - {"step"})
-            with self.path.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=self._columns)
-                writer.writeheader()
-                writer.writerows(old_rows)
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self._columns).writerows(self._pending)
+            self._columns = ["step"] + sorted((set(self._columns) | new) - {"step"})
+        rows = self._rows + self._pending
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=self._columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text(self.path, text.getvalue(), what="metrics")
+        self._rows = rows
         self._pending = []
 
     @rank_zero_only

@@ -161,6 +161,13 @@ def masked_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, pro
     return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100)
 
 
+def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> int:
+    """Target tokens of a batch of a ``kind`` model as its objective counts them (the masked LM: every
+    real token), from host-side ids: counting on an accelerator would make the host wait for it."""
+    ids = {"encoder_decoder": lambda: batch["tgt_out"], "decoder": lambda: batch["tokens"][:, 1:]}.get(kind, lambda: batch["tokens"])()
+    return int(ids.numel() if pad_id is None else (ids != pad_id).sum())
+
+
 def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tensor]], Result]:
     """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``."""
     kind = recipe.model.kind

@@ -4,14 +4,21 @@
         recipe.yaml        the resolved recipe
         tokenizer.json     the vocabulary
         metrics.csv        (or TensorBoard event files)
-        checkpoints/last.ckpt, checkpoints/best.ckpt
-        summary.json       written when training ends
+        checkpoints/last.ckpt   the latest validated state (written at every validation)
+        checkpoints/best.ckpt   the best by trainer.monitor
+        checkpoints/step-<n>.ckpt  the trainer.keep_last most recent validations (for averaging)
+        checkpoints/averaged.ckpt  written by ``tfbuilder average``
+        summary.json       written when training ends (with the run's history across resumes)
+        fit.lock           who is training here (held with flock while a fit runs)
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
+import socket
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +34,14 @@ RUN_DIR_ENV = "TFBUILDER_RUN_DIR"  # set by rank 0 so that the other ranks of a 
 
 class CheckpointError(TfbuilderError):
     """A checkpoint is missing, damaged, or not a tfbuilder checkpoint."""
+
+
+class Interrupted(TfbuilderError):
+    """Ctrl-C (exit 130) or SIGTERM (exit 143) stopped a fit; the message says what was kept. Not an error."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 class RunDirError(TfbuilderError):
@@ -115,4 +130,99 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device | None = Non
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:
-    (run_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe_dict, sort_keys=False), encoding="utf-8")
+    from .atomic import write_text
+
+    write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe_dict, sort_keys=False), what="recipe")
+
+
+def run_dir_of(ckpt_path: Path) -> Path | None:
+    """The run directory a checkpoint lies in (``<run>/checkpoints/x.ckpt``), or None for a loose file."""
+    return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
+
+
+CHOICES = ("best", "last", "averaged")
+STEP_PREFIX = "step-"
+
+
+def step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """The kept ``step-<n>.ckpt`` files of a checkpoints folder, oldest first."""
+    found = []
+    for p in Path(ckpt_dir).glob(f"{STEP_PREFIX}*.ckpt"):
+        number = p.stem[len(STEP_PREFIX):]
+        if number.isdigit():
+            found.append((int(number), p))
+    return sorted(found)
+
+
+def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
+    """The checkpoint a scoring command uses: for a run directory ``checkpoints/<which>.ckpt``
+    (``best`` by default, ``last`` when the run never kept a best); ``which`` may also be a file."""
+    path = Path(path)
+    if which is not None and which not in CHOICES:
+        return find_checkpoint(which)  # --checkpoint PATH
+    if not path.is_dir():
+        if which is not None:
+            raise CheckpointError(f"--checkpoint {which} names a file of a run directory, but {path} is a file")
+        return find_checkpoint(path)
+    folder = path / "checkpoints"
+    if which is None:
+        best = folder / "best.ckpt"
+        return best if best.is_file() else find_checkpoint(path)
+    chosen = folder / f"{which}.ckpt"
+    if not chosen.is_file():
+        hint = " (make it with: tfbuilder average RUN_DIR)" if which == "averaged" else ""
+        raise CheckpointError(f"{path} has no checkpoints/{which}.ckpt{hint}")
+    return chosen
+
+
+def fits(model: nn.Module, state: dict[str, torch.Tensor], *, source: str | Path) -> None:
+    """Refuse (exit 2, naming the parameters) weights that do not fit ``model``: missing, unexpected,
+    or of another shape. Checked before anything is created or trained."""
+    own = model.state_dict()
+    problems = [
+        f"{k}: checkpoint {tuple(state[k].shape)}, recipe {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    problems += [f"{k}: missing from the checkpoint" for k in own if k not in state]
+    problems += [f"{k}: in the checkpoint, not in the recipe's model" for k in state if k not in own]
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; ... ({len(problems) - 6} more)" if len(problems) > 6 else "")
+        raise CheckpointError(f"the weights of {source} do not fit the recipe's model: {shown}")
+
+
+def model_state(data: dict) -> dict[str, torch.Tensor]:
+    """The model's weights in a checkpoint's ``state_dict`` (Lightning prefixes them with ``model.``)."""
+    return {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/fit.lock`` for as long as a fit trains there; the file
+    says who holds it (pid, host, since). The kernel drops the lock when the process dies, kill -9 included."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "fit.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(f"cannot lock {self.path.parent}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise RunDirError(f"{self.path.parent} is in use: a fit is training there ({holder}); wait for it, or choose another directory") from None
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None

@@ -161,7 +161,16 @@ class TrainerSection(Section):
     val_bleu: int = Field(
         0, ge=0, description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off"
     )
-    log_every: int = Field(50, ge=1, description="log training metrics every this many steps")
+    monitor: Literal["val_loss", "val_bleu"] = Field(
+        "val_loss", description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better) or val_bleu (higher; needs val_bleu)"
+    )
+    patience: int | None = Field(
+        None, ge=1, le=1_000_000, description="stop after this many validations without improvement of monitor; unset: never"
+    )
+    keep_last: int = Field(
+        0, ge=0, le=1000, description="also keep the N most recent validated checkpoints as checkpoints/step-<n>.ckpt (for tfbuilder average)"
+    )
+    log_every: int = Field(50, ge=1, description="log training metrics (and check the loss is finite) every this many steps")
     precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind (auto: a GPU when present)")
     devices: int | Literal["auto"] = Field("auto", description="devices (or CPU processes) per node")
@@ -179,6 +188,12 @@ class TrainerSection(Section):
     def _precision_number(cls, value: Any) -> Any:
         # `precision: 32` is what people write (and what Lightning accepts).
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainerSection":
+        if self.monitor == "val_bleu" and not self.val_bleu:
+            fail("TrainerSection", [(("monitor",), "monitor: val_bleu needs trainer.val_bleu: N (sentences translated at each validation)", self.monitor)])
+        return self
 
 
 __all__ = ["DataSection", "OptimSection", "Section", "TrainerSection", "fail"]

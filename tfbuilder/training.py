@@ -1,6 +1,7 @@
 """Training through Lightning: the LightningModule, the Trainer it is given, and :func:`fit`.
 
-The model stays a plain ``nn.Module``; this module is the only one (with the CLI) that imports Lightning.
+The model stays a plain ``nn.Module``; this module and callbacks.py are the only ones (with the CLI)
+that import Lightning.
 """
 
 from __future__ import annotations
@@ -10,34 +11,48 @@ import logging
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from torch import nn
 
-from . import __version__, objectives
+from . import __version__, atomic, objectives
 from .builder import build_model
+from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
 from .data.prepare import Vocab, prepare
 from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .recipe import Recipe
-from .runs import RUN_DIR_ENV, RunDirError, new_run_dir, read_checkpoint, write_recipe
+from .runs import (
+    RUN_DIR_ENV,
+    CheckpointError,
+    Interrupted,
+    RunDirError,
+    RunLock,
+    find_checkpoint,
+    fits,
+    model_state,
+    new_run_dir,
+    read_checkpoint,
+    run_dir_of,
+    step_checkpoints,
+    write_recipe,
+)
 from .schedules import learning_rate
 
 log = logging.getLogger("tfbuilder")
-
-
-class NonFiniteLoss(TfbuilderError):
-    """Training produced a NaN or infinite loss (exit 1: the input was fine, the run diverged)."""
-
-    exit_code = 1
+# The Task's own hook is the one meant (it counts target tokens on the host); Lightning warns that a
+# DataModule is also given.
+warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer`", category=UserWarning)
 
 
 def batch_seed(seed: int, position: int, rank: int) -> int:
@@ -79,8 +94,18 @@ class Task(L.LightningModule):
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
         self._routed = [m for m in model.modules() if hasattr(m, "aux_loss") and hasattr(m, "aux_weight")]
+        self.bad_step: torch.Tensor | None = None  # first step with a non-finite loss (0: none)
+        self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
+        self.history: list[dict] = []  # earlier invocations (from the resumed checkpoint)
+        self.invocation: dict = {}  # this invocation's record; its to_step follows the checkpoints
 
     # --- training -----------------------------------------------------------------------------
+    def on_before_batch_transfer(self, batch, dataloader_idx: int):
+        # Counted on the host before the batch moves: reading the count back from an accelerator
+        # every step would wait for it (a host-device sync).
+        self._host_tokens = objectives.target_tokens(batch, self.model.pad_id, self.recipe.model.kind)
+        return batch
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         torch.manual_seed(batch_seed(self.recipe.trainer.seed, self.batches_seen, self.global_rank))
         self._clock = time.perf_counter()
@@ -91,17 +116,22 @@ class Task(L.LightningModule):
             aux = sum(m.aux_weight * m.aux_loss for m in self._routed)
             self.log("moe_aux_loss", aux)
             result.loss = result.loss + aux
-        if not torch.isfinite(result.loss):
-            raise NonFiniteLoss(
-                f"the loss became {result.loss.item()} at step {self.global_step + 1}; training stopped "
-                "(the last good checkpoint is kept). Lower the learning rate or set optim.grad_clip."
-            )
-        size = int(result.tokens)
+        self.note_finite(result.loss)
+        size = self._host_tokens
         self._batch_tokens = size
         self.log("train_loss", result.loss, prog_bar=True, batch_size=size)
         self.log("train_ppl", torch.exp(result.nll / max(size, 1)), batch_size=size)
         self.log("train_acc", result.correct.float() / max(size, 1), batch_size=size)
         return result.loss
+
+    def note_finite(self, loss: torch.Tensor) -> None:
+        """Remember the first step whose loss is not finite, on the device and without a host sync
+        (RunGuard reads it every ``log_every`` steps and before every checkpoint)."""
+        if self.bad_step is None or self.bad_step.device != loss.device:
+            self.bad_step = torch.zeros((), dtype=torch.int64, device=loss.device)
+        step = torch.full_like(self.bad_step, self.global_step + 1)
+        first = (self.bad_step == 0) & ~torch.isfinite(loss.detach())
+        self.bad_step = torch.where(first, step, self.bad_step)
 
     def elapsed(self) -> float:
         """Wall seconds of the whole run so far, earlier invocations (before a resume) included."""
@@ -119,14 +149,15 @@ class Task(L.LightningModule):
 
     # --- validation ---------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self._val = torch.zeros(3, dtype=torch.float64)
+        self._val = torch.zeros(3, dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         result = self.objective(self.model, batch)
-        self._val += torch.tensor([result.nll.item(), result.correct.item(), result.tokens.item()], dtype=torch.float64)
+        # Summed on the device; read once, when the validation ends.
+        self._val += torch.stack([result.nll.double(), result.correct.double(), result.tokens.double()])
 
     def on_validation_epoch_end(self) -> None:
-        nll, correct, tokens = self.trainer.strategy.reduce(self._val.to(self.device), reduce_op="sum").tolist()
+        nll, correct, tokens = self.trainer.strategy.reduce(self._val, reduce_op="sum").tolist()
         loss = nll / max(tokens, 1)
         self.log("val_loss", loss, prog_bar=True, sync_dist=False, rank_zero_only=False)
         self.log("val_ppl", math.exp(min(loss, 50)), sync_dist=False)
@@ -172,6 +203,8 @@ class Task(L.LightningModule):
             "train_tokens": self.train_tokens,
             "train_seconds": self.train_seconds,
             "elapsed": self.elapsed(),
+            "run_dir": self.run_dir,
+            "history": self.history + [{**self.invocation, "to_step": self.global_step}],
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -180,6 +213,7 @@ class Task(L.LightningModule):
         self.train_tokens = int(saved.get("train_tokens", 0))
         self.train_seconds = float(saved.get("train_seconds", 0.0))
         self.elapsed_before = float(saved.get("elapsed", 0.0))
+        self.history = list(saved.get("history") or [])
 
     def on_train_end(self) -> None:
         if self.trainer.world_size > 1:
@@ -189,19 +223,9 @@ class Task(L.LightningModule):
             self.ranks_agree = bool(torch.all(gathered == gathered[0]))
 
 
-class SaveLast(Callback):
-    """Writes ``last.ckpt`` when training ends normally (max_steps, max_epochs, max_minutes)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        trainer.save_checkpoint(self.path, weights_only=False)
-
-
 @dataclass
 class Summary:
-    """What ``fit`` reports when it ends."""
+    """What ``fit`` reports when it ends (also ``summary.json``)."""
 
     run_dir: str
     steps: int
@@ -215,27 +239,44 @@ class Summary:
     last_val_acc: float | None = None
     train_tokens: int = 0
     last_val_bleu: float | None = None
+    monitor: str = "val_loss"
+    best_score: float | None = None  # of the monitor, at best_step (= best.ckpt)
+    best_step: int | None = None
+    last_val_step: int | None = None  # = last.ckpt
+    stopped: str = "max_steps"
+    history: list[dict] = field(default_factory=list)  # every invocation: new, resumes, with what changed
 
     def lines(self) -> list[str]:
         best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f} (perplexity {self.best_val_ppl:.2f})"
         rows = [
             ("run directory", self.run_dir),
-            ("steps", f"{self.steps:,}"),
+            ("steps", f"{self.steps:,} ({self.stopped})"),
             ("wall time", f"{self.seconds:.1f} s"),
             ("best validation loss", best),
             ("last validation accuracy", "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens"),
         ]
         if self.last_val_bleu is not None:
             rows.append(("last validation BLEU", f"{self.last_val_bleu:.2f} (greedy, subset)"))
-        rows += [
-            ("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)"),
-            ("best checkpoint", self.best_checkpoint or "n/a"),
-            ("last checkpoint", self.last_checkpoint),
-        ]
+        rows += [("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)")]
+        if self.best_checkpoint:
+            rows.append(("best checkpoint", f"{self.best_checkpoint} (step {self.best_step}, {self.monitor} {self.best_score:.4f})"))
+        else:
+            rows.append(("best checkpoint", "n/a"))
+        rows.append(("last checkpoint", f"{self.last_checkpoint} (step {self.last_val_step})"))
         if self.ranks_agree is not None:
             rows.append(("ranks agree", "yes" if self.ranks_agree else "NO"))
         width = max(len(k) for k, _ in rows)
         return [f"{k.ljust(width)}  {v}" for k, v in rows]
+
+
+def _accelerated(recipe: Recipe) -> bool:
+    """Whether training runs on a GPU (batches are then built in worker processes, pinned)."""
+    accelerator = recipe.trainer.accelerator
+    if accelerator == "cpu":
+        return False
+    if accelerator == "mps":
+        return True
+    return torch.cuda.is_available()
 
 
 def _world(recipe: Recipe) -> int:
@@ -274,14 +315,17 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
             accumulate_grad_batches=optim.accumulate,
             gradient_clip_val=optim.grad_clip,
             enable_progress_bar=t.progress,
+            # On a GPU the bar reads the metrics back (a sync) only every log_every steps.
+            callbacks=callbacks + ([TQDMProgressBar(refresh_rate=t.log_every if _accelerated(recipe) else 1)] if t.progress else []),
             enable_model_summary=False,
             num_sanity_val_steps=0,
             use_distributed_sampler=False,  # the bucketing sampler splits batches across ranks itself
             logger=logger,
-            callbacks=callbacks,
+            enable_checkpointing=False,  # RunGuard writes every checkpoint
+            plugins=[AtomicCheckpointIO()],
             default_root_dir=str(run_dir),
         )
-    except (ValueError, RuntimeError) as exc:  # e.g. a precision or accelerator this machine lacks
+    except (ValueError, RuntimeError, MisconfigurationException) as exc:  # e.g. a precision or accelerator this machine lacks
         raise TfbuilderError(f"trainer: {exc}") from None
 
 
@@ -295,107 +339,220 @@ class StepHook(Callback):
         self.hook(trainer.global_step, trainer.max_steps)
 
 
+def _probe(recipe: Recipe) -> None:
+    """Fail on an accelerator, precision or strategy this machine lacks before any run directory exists."""
+    t = recipe.trainer
+    try:
+        L.Trainer(
+            accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, precision=t.precision,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )
+    except (ValueError, RuntimeError, MisconfigurationException) as exc:
+        raise TfbuilderError(f"trainer: {exc}") from None
+
+
+def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
+    """The run directory a resume continues in: where the checkpoint lies, never anywhere else."""
+    run_dir = run_dir_of(ckpt_path)
+    if run_dir is None:
+        raise RunDirError(
+            f"{ckpt_path} is not in a run directory (<run>/checkpoints/): --resume continues a run where it lies. "
+            f"To train on from its weights in a new run: tfbuilder fit RECIPE --init-from {ckpt_path}"
+        )
+    if "optimizer_states" not in ckpt or "loops" not in ckpt:
+        raise CheckpointError(f"{ckpt_path} holds weights only (an average?): start a new run from it with --init-from")
+    recorded = ckpt["tfbuilder"].get("run_dir")
+    if recorded and Path(recorded) != run_dir.resolve() and not force:
+        raise RunDirError(
+            f"{ckpt_path} was written by the run in {recorded}, not {run_dir.resolve()} (copied or moved?); "
+            "give --force to continue that run here"
+        )
+    return run_dir
+
+
+def _changes(before: dict, after: dict) -> dict[str, list]:
+    """The recipe keys a resume changed: ``{"trainer.max_steps": [before, after]}``."""
+    from .diffing import flatten
+
+    a, b = flatten(before), flatten(after)
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
 def fit(
     recipe: Recipe,
     *,
     resume: str | Path | None = None,
     run_dir: str | Path | None = None,
+    init_from: str | Path | None = None,
+    force: bool = False,
     on_step: Callable[[int, int], None] | None = None,
 ) -> Summary:
     """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
 
     ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
-    instead of a new ``<output>/<name>/version_<n>``; ``on_step(step, max_steps)`` is called after
-    every optimizer step."""
+    instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
+    (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
+    written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
+    after every optimizer step. Nothing is created before every check has passed."""
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
+    if resume is not None and init_from is not None:
+        raise TfbuilderError("give --resume or --init-from, not both")
     start = time.perf_counter()
-    ckpt_path = None
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
+    ckpt_path = source = None
+    vocab = None
+    rank_zero = rank_zero_only.rank == 0
+    invocation: dict = {"started": started_at, "kind": "new", "from_step": 0}
     if resume is not None:
-        from .runs import find_checkpoint
-
         ckpt_path = find_checkpoint(resume)
-        read_checkpoint(ckpt_path)  # a damaged checkpoint is reported before anything starts
-        run_dir = ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else ckpt_path.parent
+        source = read_checkpoint(ckpt_path)  # a damaged checkpoint is reported before anything starts
+        run_dir = _resume_dir(ckpt_path, source, force=force)
+        vocab = Vocab.from_json(source["tfbuilder"]["vocab"])
+        changed = _changes(source["tfbuilder"]["recipe"], recipe.to_dict())
+        invocation.update(kind="resume", checkpoint=str(ckpt_path), from_step=int(source.get("global_step", 0)), changed=changed)
+        if source["tfbuilder"].get("run_dir") and Path(source["tfbuilder"]["run_dir"]) != run_dir.resolve():
+            invocation["adopted_from"] = source["tfbuilder"]["run_dir"]
+    elif init_from is not None:
+        source = read_checkpoint(init_from)
+        vocab = Vocab.from_json(source["tfbuilder"]["vocab"])  # the weights' token ids mean these tokens
+        invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
     elif run_dir is not None or os.environ.get(RUN_DIR_ENV):
         # One directory for every process of a job: set by rank 0 for the processes it launches,
         # or by the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once.
         run_dir = Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV])
-        if rank_zero_only.rank == 0:
-            if (run_dir / "checkpoints").exists():
-                raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
-        else:
+        if rank_zero and (run_dir / "checkpoints").exists():
+            raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
+        if not rank_zero:
             _wait_for(run_dir / "tokenizer.json")
-    vocab_file = run_dir / "tokenizer.json" if run_dir is not None else None
-    vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file and vocab_file.exists() else None
+        vocab_file = run_dir / "tokenizer.json"
+        if vocab_file.exists():
+            vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8"))
+    _probe(recipe)
     # All data problems surface here, before a run directory exists or anything trains.
     prepared = prepare(recipe.data, vocab=vocab, model_vocab=recipe.model.vocab_size)
     vocab_json = prepared.vocab.to_json()
-    if run_dir is None:
-        run_dir = new_run_dir(recipe.trainer.output, recipe.name)
-    if rank_zero_only.rank == 0:
-        if not (run_dir / "tokenizer.json").exists():
-            (run_dir / "tokenizer.json").write_text(vocab_json, encoding="utf-8")
-        if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
-            write_recipe(run_dir, recipe.to_dict())
 
     L.seed_everything(recipe.trainer.seed, workers=True, verbose=False)
     model = build_model(recipe)
-    if recipe.trainer.compile:
-        model.features = torch.compile(model.features)
+    if source is not None:
+        weights = model_state(source)
+        fits(model, weights, source=ckpt_path or init_from)  # shapes changed by --set: exit 2, named
+        if init_from is not None:
+            model.load_state_dict(weights)
+
+    lock = None
+    if run_dir is None:
+        run_dir = new_run_dir(recipe.trainer.output, recipe.name)
+    elif rank_zero:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
+    run_dir = Path(run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    if rank_zero:
+        lock = RunLock(run_dir).acquire()
+    try:
+        if rank_zero:
+            if resume is None and ckpt_dir.exists():  # another fit made it before we held the lock
+                raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
+            atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
+            if resume is not None:
+                # Kept checkpoints later than the resumed step belong to a future this run no longer has.
+                for step, path in step_checkpoints(ckpt_dir):
+                    if step > invocation["from_step"]:
+                        path.unlink()
+            if not (run_dir / "tokenizer.json").exists():
+                atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
+            if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
+                write_recipe(run_dir, recipe.to_dict())
+        return _train(recipe, model, prepared, vocab_json, run_dir, ckpt_path, invocation, start, on_step)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invocation: dict, start: float, on_step) -> Summary:
     bleu_lines = None
     if recipe.trainer.val_bleu:
         sources, references = prepared.raw["val"]
         bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
     task = Task(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start)
-    datamodule = DataModule(prepared, recipe.data, seed=recipe.trainer.seed)
+    task.run_dir = str(run_dir.resolve())
+    task.invocation = invocation
+    if recipe.trainer.compile:
+        # Features and the fused loss as one graph (tested to have no breaks for every built-in
+        # component); varying batch shapes are traced as dynamic after the first change.
+        task.objective = torch.compile(task.objective)
+    accelerated = _accelerated(recipe)
+    workers = recipe.data.workers
+    if workers == "auto":
+        workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if accelerated else 0
+    datamodule = DataModule(prepared, recipe.data, seed=recipe.trainer.seed, workers=workers, pin_memory=accelerated)
     datamodule.position_source = lambda: task.batches_seen
 
+    t = recipe.trainer
     ckpt_dir = run_dir / "checkpoints"
-    best = ModelCheckpoint(dirpath=ckpt_dir, filename="best", monitor="val_loss", mode="min", save_last=True, enable_version_counter=False)
-    max_steps = recipe.trainer.max_steps
-    if recipe.trainer.max_epochs:
+    guard = RunGuard(ckpt_dir, monitor=t.monitor, patience=t.patience, keep_last=t.keep_last, log_every=t.log_every)
+    guard.record = invocation
+    max_steps = t.max_steps
+    if t.max_epochs:
         per_epoch = datamodule._sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
-        max_steps = min(max_steps, math.ceil(recipe.trainer.max_epochs * per_epoch / recipe.optim.accumulate))
-    last = ckpt_dir / "last.ckpt"
-    callbacks: list[Callback] = [best, SaveLast(last)] + ([StepHook(on_step)] if on_step else [])
+        max_steps = min(max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
+    callbacks: list[Callback] = [guard] + ([StepHook(on_step)] if on_step else [])
     trainer = _trainer(recipe, run_dir, callbacks, max_steps)
     ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
+    except SystemExit:
+        if guard.signum is None:
+            raise
+        guard.stopped = "interrupted at once"  # a second Ctrl-C: Lightning exits without validating
     finally:
         if ours:
             os.environ.pop(RUN_DIR_ENV, None)
+    if guard.signum is not None:
+        name = signal_name(guard.signum)
+        raise Interrupted(
+            f"{name}: training stopped at step {trainer.global_step}; {guard.kept()} "
+            f"Continue with: tfbuilder fit --resume {run_dir}",
+            guard.signum,
+        )
 
-    score = best.best_model_score
-    best_loss = float(score) if score is not None else None
+    stopped = guard.stopped or ("max_steps" if trainer.global_step >= max_steps else "max_minutes")
+    invocation["stopped"] = stopped
+    best = ckpt_dir / "best.ckpt"
     summary = Summary(
         run_dir=str(run_dir),
         steps=trainer.global_step,
         seconds=task.elapsed(),
-        best_val_loss=best_loss,
-        best_val_ppl=math.exp(min(best_loss, 50)) if best_loss is not None else None,
-        best_checkpoint=best.best_model_path or None,
-        last_checkpoint=str(last),
+        best_val_loss=guard.best_val_loss,
+        best_val_ppl=math.exp(min(guard.best_val_loss, 50)) if guard.best_val_loss is not None else None,
+        best_checkpoint=str(best) if best.exists() and guard.best_step is not None else None,
+        last_checkpoint=str(ckpt_dir / "last.ckpt"),
         tokens_per_s=task.train_tokens / max(task.train_seconds, 1e-9),
         ranks_agree=task.ranks_agree,
-        last_val_acc=_metric(trainer, "val_acc"),
+        last_val_acc=guard.last_metrics.get("val_acc"),
         train_tokens=task.train_tokens,
-        last_val_bleu=_metric(trainer, "val_bleu"),
+        last_val_bleu=guard.last_metrics.get("val_bleu"),
+        monitor=guard.monitor,
+        best_score=guard.best_score,
+        best_step=guard.best_step,
+        last_val_step=guard.last_step,
+        stopped=stopped,
+        history=task.history + [{**invocation, "to_step": trainer.global_step}],
     )
     if trainer.is_global_zero:
-        (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2), encoding="utf-8")
+        atomic.write_text(run_dir / "summary.json", json.dumps(asdict(summary), indent=2), what="summary")
     return summary
 
 
-def _metric(trainer: L.Trainer, name: str) -> float | None:
-    value = trainer.callback_metrics.get(name)
-    return None if value is None else float(value)
+def signal_name(signum: int) -> str:
+    import signal
+
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def _wait_for(path: Path, seconds: float = 600.0) -> None:
@@ -405,3 +562,6 @@ def _wait_for(path: Path, seconds: float = 600.0) -> None:
         if time.monotonic() > deadline:
             raise TfbuilderError(f"rank {rank_zero_only.rank}: gave up waiting for {path} from rank 0")
         time.sleep(0.2)
+
+
+__all__ = ["Interrupted", "NonFiniteLoss", "Summary", "Task", "fit"]

@@ -1,0 +1,140 @@
+"""A fit killed at random moments (kill -9, also halfway through a checkpoint write), interrupted by
+Ctrl-C and SIGTERM, and resumed each time ends bit-equal to an uninterrupted run, with no corrupt file."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tfbuilder
+from conftest import ROOT
+from tfbuilder.atomic import TEMP_MARK
+from tfbuilder.cli import main
+from tfbuilder.runs import read_checkpoint
+
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+OVERRIDES = [
+    "trainer.progress=false",
+    "data.train_size=600",
+    "data.val_size=40",
+    "data.lengths=[1, 6]",
+    "model.dropout=0.1",  # random draws too must resume where they were
+    "trainer.deterministic=true",
+    "trainer.val_every=4",
+    "trainer.log_every=2",
+    "trainer.keep_last=2",
+    "trainer.max_steps=20",
+]
+
+# Runs `tfbuilder fit` announcing each step ("STEP n") and each checkpoint write ("WRITING", after
+# half of the bytes are on disk, then pausing PAUSE_IN_WRITE seconds) so the test can strike there.
+DRIVER = r"""
+import io, os, sys, time
+from tfbuilder import atomic, training
+from tfbuilder.cli import main
+
+step_end = training.Task.on_train_batch_end
+def announce(self, *args):
+    step_end(self, *args)
+    print(f"STEP {self.global_step}", flush=True)
+    time.sleep(0.05)
+training.Task.on_train_batch_end = announce
+
+serialize = atomic._serialize
+def slow_write(obj, f):
+    buffer = io.BytesIO()
+    serialize(obj, buffer)
+    data = buffer.getvalue()
+    f.write(data[: len(data) // 2])
+    f.flush()
+    print("WRITING", flush=True)
+    time.sleep(float(os.environ.get("PAUSE_IN_WRITE", "0")))
+    f.write(data[len(data) // 2:])
+atomic._serialize = slow_write
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def strike(args: list[str], tmp_path, *, at: str, sig: int, pause_in_write: float = 0.0, while_paused=None) -> tuple[int, str]:
+    """Run the driver until it prints ``at``, then send ``sig``; returns (exit status, stderr)."""
+    env = {**os.environ, "PAUSE_IN_WRITE": str(pause_in_write)}
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", DRIVER, *args], stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tmp_path)
+        for line in proc.stdout:
+            if line.strip() == at:
+                if while_paused is not None:
+                    while_paused()
+                proc.send_signal(sig)
+                break
+        proc.stdout.read()
+        status = proc.wait(timeout=300)
+    return status, (tmp_path / "stderr.txt").read_text()
+
+
+def assert_nothing_corrupt(run) -> None:
+    ckpts = run / "checkpoints"
+    for path in ckpts.glob("*.ckpt"):
+        read_checkpoint(path)  # every checkpoint file loads
+    with open(run / "metrics.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert len({len(r) for r in rows}) == 1, "a torn metrics row"
+
+
+@pytest.mark.slow  # six processes start torch and Lightning: about a minute of CPU (it runs by default)
+def test_killed_and_interrupted_runs_resume_bit_equal(tmp_path, capsys):
+    rng = random.Random(11)
+    sets = sum((["--set", o] for o in [f"trainer.output={tmp_path / 'runs'}", *OVERRIDES]), [])
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    resume = ["fit", "--resume", str(run)]
+
+    # 1. kill -9 at a random step after the first checkpoint.
+    status, _ = strike(["fit", str(QUICKSTART), *sets], tmp_path, at=f"STEP {rng.randint(5, 7)}", sig=signal.SIGKILL)
+    assert status == -signal.SIGKILL
+    assert_nothing_corrupt(run)
+
+    # 2. kill -9 halfway through a checkpoint write; while it is paused there, a second fit into the
+    #    same directory is refused (exit 2) and changes nothing.
+    def second_fit():
+        before = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert main(resume) == 2
+        assert "is in use" in capsys.readouterr().err
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+    status, _ = strike(resume, tmp_path, at="WRITING", sig=signal.SIGKILL, pause_in_write=60, while_paused=second_fit)
+    assert status == -signal.SIGKILL
+    assert [p for p in (run / "checkpoints").iterdir() if TEMP_MARK in p.name], "the kill did not land in a write"
+    assert_nothing_corrupt(run)
+
+    # 3. Ctrl-C: the current step is validated and checkpointed, exit 130, and we are told how to go on.
+    k = rng.randint(9, 12)
+    status, err = strike(resume, tmp_path, at=f"STEP {k}", sig=signal.SIGINT)
+    assert status == 130, err[-2000:]
+    kept = int(read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"])
+    assert kept >= k and f"last.ckpt holds step {kept}" in err and f"fit --resume {run}" in err
+    assert "Traceback" not in err
+
+    # 4. SIGTERM (a scheduler's notice): the same, exit 143.
+    status, err = strike(resume, tmp_path, at=f"STEP {rng.randint(kept + 2, 16)}", sig=signal.SIGTERM)
+    assert status == 143, err[-2000:]
+    assert_nothing_corrupt(run)
+    kept = int(read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"])
+
+    # 5. kill -9 once more, then resume to the end.
+    status, _ = strike(resume, tmp_path, at=f"STEP {rng.randint(kept + 1, 19)}", sig=signal.SIGKILL)
+    assert status == -signal.SIGKILL
+    assert main(resume) == 0
+    assert_nothing_corrupt(run)
+    assert not [p for p in (run / "checkpoints").iterdir() if TEMP_MARK in p.name]
+
+    reference = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path / 'reference'}", *OVERRIDES]))
+    a = read_checkpoint(reference.last_checkpoint)["state_dict"]
+    b = read_checkpoint(run / "checkpoints" / "last.ckpt")["state_dict"]
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 20
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,111 @@
+"""Writes that either happen whole or not at all (no Lightning here).
+
+A file is written to a temporary name in its own directory, flushed and fsync'ed, renamed over the
+target (``os.replace`` is atomic within a file system), and the directory is fsync'ed so the rename
+itself survives a power loss. A crash, a kill -9 or a full disk at any moment leaves either the
+previous file or the new one, never a torn one; a failed write removes its temporary file and says why.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from .errors import TfbuilderError
+
+TEMP_MARK = ".tmp-"  # temporary files are ".<name>.tmp-<pid>": hidden, and never mistaken for the real file
+
+
+class WriteError(TfbuilderError):
+    """A file could not be written (disk full, permissions): the previous version is intact (exit 1)."""
+
+    exit_code = 1
+
+
+def temp_path(path: Path) -> Path:
+    return path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _serialize(obj: object, f: BinaryIO) -> None:
+    """How checkpoints become bytes (a seam: tests make it fail halfway)."""
+    torch.save(obj, f)
+
+
+def write_atomic(path: str | Path, write: Callable[[BinaryIO], None], *, what: str = "file") -> Path:
+    """Write ``path`` through ``write(f)`` atomically; on failure the old file is kept and
+    :class:`WriteError` says why."""
+    path = Path(path)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__)
+        kept = "the previous version is kept" if path.exists() else "nothing was written"
+        raise WriteError(f"cannot write {what} {path}: {reason} ({kept})") from None
+    fsync_dir(path.parent)
+    return path
+
+
+def write_text(path: str | Path, text: str, *, what: str = "file") -> Path:
+    return write_atomic(path, lambda f: f.write(text.encode("utf-8")), what=what)
+
+
+def save(obj: object, path: str | Path, *, what: str = "checkpoint") -> Path:
+    """``torch.save`` made atomic."""
+    return write_atomic(path, lambda f: _serialize(obj, f), what=what)
+
+
+def link(source: Path, target: Path) -> None:
+    """Make ``target`` the same file as ``source`` atomically (a hard link; a copy where links are not
+    possible): last.ckpt, best.ckpt and the kept step checkpoints share one write."""
+    tmp = temp_path(target)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise WriteError(f"cannot write checkpoint {target}: {exc.strerror or exc}") from None
+        with open(source, "rb") as src:
+            write_atomic(target, lambda f: shutil.copyfileobj(src, f), what="checkpoint")
+        return
+    try:
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise WriteError(f"cannot write checkpoint {target}: {exc.strerror or exc} (the previous version is kept)") from None
+    fsync_dir(target.parent)
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Delete temporary files a killed process left in ``directory`` (call only while holding the run's lock)."""
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if p.name.startswith(".") and TEMP_MARK in p.name]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import yaml
 
 from . import registry
-from .errors import RecipeError, TfbuilderError
+from .errors import RecipeError, TfbuilderError, printable
 
 EXIT_USAGE = 2
 
@@ -129,16 +129,26 @@ def _check(path: str, overrides: Sequence[str]):
     return recipe, model
 
 
+def _preflight(path: str, overrides: Sequence[str]):
+    """Load a recipe and run the pre-flight (the model builds, steps, fits this machine; see preflight.py)."""
+    from .preflight import check
+    from .recipe import load_recipe
+
+    recipe = load_recipe(path, overrides)
+    check(recipe)
+    return recipe
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.recipes:
         try:
-            _check(path, args.overrides)
+            _preflight(path, args.overrides)
         except RecipeError as exc:
             failed = True
             print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
             continue
-        print(f"{path}: OK")
+        print(f"{printable(path)}: OK")
     return EXIT_USAGE if failed else 0
 
 
@@ -167,7 +177,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
     else:
-        recipe, _ = _check(args.recipe, args.overrides)
+        from .recipe import load_recipe
+
+        recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
     from .training import fit
 
     _quiet_lightning()
@@ -261,7 +273,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     problems = []
     for path in dict.fromkeys(args.recipes):  # every recipe's problems, before anything runs
         try:
-            _check(path, args.overrides)
+            _preflight(path, args.overrides)
         except RecipeError as exc:
             problems += exc.problems
     if problems:
@@ -427,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
         return EXIT_USAGE
     except TfbuilderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -6,6 +6,7 @@ the registered type they name, so the schema grows with the registry.
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -16,6 +17,7 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -192,6 +194,14 @@ class Recipe(Section):
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="training loop")
     _source: Source | None = PrivateAttr(None)
 
+    @field_validator("name")
+    @classmethod
+    def _not_dots(cls, value: str) -> str:
+        # The run goes to <trainer.output>/<name>/: '.' or '..' would put it beside or above that.
+        if value.strip(".") == "":
+            raise PydanticCustomError("run_name", "a run name needs a letter or digit ('.' and '..' name directories)")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _vocab_from_data(cls, data: Any) -> Any:
@@ -300,6 +310,8 @@ def translate(exc: ValidationError, src: Source) -> list[Problem]:
         elif kind not in ("extra_forbidden", "missing", "cross_field") and not kind.startswith("component_"):
             if isinstance(got, (str, int, float, bool)) or got is None:
                 message = f"{message} (got {got!r})"
+            elif isinstance(got, (datetime.date, datetime.datetime)):
+                message = f"{message} (YAML reads {got.isoformat()} as a date: quote it, '{got.isoformat()}')"
         problems.append(src.problem(loc, message, key=kind in ("extra_forbidden", "missing")))
     problems.sort(key=lambda p: (p.file or "", p.line or 0, p.col or 0))
     return problems

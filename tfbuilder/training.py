@@ -22,7 +22,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 
-from . import __version__, objectives
+from . import __version__, objectives, preflight
 from .builder import build_model
 from .data.datamodule import DataModule
 from .data.prepare import Vocab, prepare
@@ -319,6 +319,7 @@ def fit(
     every optimizer step."""
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
+    preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
     ckpt_path = None
     if resume is not None:
@@ -344,6 +345,7 @@ def fit(
     vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file and vocab_file.exists() else None
     # All data problems surface here, before a run directory exists or anything trains.
     prepared = prepare(recipe.data, vocab=vocab, model_vocab=recipe.model.vocab_size)
+    preflight.check_split_lengths(recipe, prepared.splits)
     vocab_json = prepared.vocab.to_json()
     if run_dir is None:
         run_dir = new_run_dir(recipe.trainer.output, recipe.name)

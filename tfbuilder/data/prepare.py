@@ -71,7 +71,8 @@ def raw_splits(data: DataSection) -> dict[str, tuple[list[str], list[str] | None
     directory = Path(data.path)
     out: dict[str, tuple[list[str], list[str] | None]] = {}
     for split, stem in names.items():
-        if split == "test" and not any(directory.glob(f"{stem}.*")):
+        langs = (data.src_lang, data.tgt_lang) if data.type == "parallel" else (data.lang,)
+        if split == "test" and not any(text.exists(directory, stem, lang) for lang in langs):
             continue  # a test split is optional for training
         if data.type == "parallel":
             out[split] = text.read_parallel(directory, stem, data.src_lang, data.tgt_lang)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import yaml
 
@@ -14,6 +17,53 @@ from . import registry
 from .errors import RecipeError, TfbuilderError, printable
 
 EXIT_USAGE = 2
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1,000,000, got {value}")
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or more, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = _finite(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2^63), got {value}")
+    return value
+
+
+for _f, _name in ((_positive_int, "a positive integer"), (_count, "an integer"), (_finite, "a number"),
+                  (_temperature, "a number"), (_probability, "a number"), (_seed, "an integer")):
+    _f.__name__ = _name  # argparse says "invalid a positive integer value: 'x'"
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -38,7 +88,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="the resolved recipe, the module tree and parameter counts")
     s.add_argument("recipe", metavar="RECIPE")
-    s.add_argument("--depth", type=int, default=4, help="depth of the module tree (default 4)")
+    s.add_argument("--depth", type=_count, default=4, help="depth of the module tree (default 4)")
     _add_set(s)
     s.set_defaults(run=cmd_show)
 
@@ -50,8 +100,8 @@ def parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("translate", help="translate lines with a checkpoint (stdin to stdout by default)")
     t.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
-    t.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, the paper's)")
-    t.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, the paper's)")
+    t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
+    t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty (default 0.6, the paper's)")
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
     t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
@@ -60,18 +110,18 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="continue a prompt with a decoder-only checkpoint")
     g.add_argument("checkpoint", metavar="CHECKPOINT")
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new", type=int, default=100)
-    g.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new", type=_count, default=100)
+    g.add_argument("--temperature", type=_temperature, default=1.0, help="0 is greedy")
+    g.add_argument("--top-k", type=_positive_int)
+    g.add_argument("--top-p", type=_probability, help="nucleus sampling: keep the most likely tokens holding this share, in (0, 1]")
+    g.add_argument("--seed", type=_seed, default=0)
     g.set_defaults(run=cmd_generate)
 
     e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
     e.add_argument("checkpoint", metavar="CHECKPOINT")
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
-    e.add_argument("--beam", type=int, default=4)
-    e.add_argument("--alpha", type=float, default=0.6)
+    e.add_argument("--beam", type=_positive_int, default=4)
+    e.add_argument("--alpha", type=_finite, default=0.6)
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     e.set_defaults(run=cmd_test)
 
@@ -86,9 +136,9 @@ def parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="train recipes over seeds into one directory; write a comparison report")
     w.add_argument("recipes", nargs="+", metavar="RECIPE")
-    w.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
+    w.add_argument("--seeds", type=_positive_int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
     w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
-    w.add_argument("--beam", type=int, default=4, help="beam of the validation BLEU after training (default 4)")
+    w.add_argument("--beam", type=_positive_int, default=4, help="beam of the validation BLEU after training (default 4)")
     w.add_argument("--no-bleu", action="store_true", help="skip the validation BLEU")
     w.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
     w.add_argument("--dry-run", action="store_true", help="say what would run, and stop")
@@ -98,7 +148,7 @@ def parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", help="the sweep report from existing runs (run, sweep or output directories)")
     cp.add_argument("dirs", nargs="+", metavar="RUN_DIR")
     cp.add_argument("--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)")
-    cp.add_argument("--beam", type=int, default=4, help="read the validation BLEU of this beam (default 4)")
+    cp.add_argument("--beam", type=_positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
     cp.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
     cp.set_defaults(run=cmd_compare)
 
@@ -193,23 +243,69 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from .evaluation import translate_lines
     from .runs import load_checkpoint
 
-    if args.beam < 1:
-        raise TfbuilderError("--beam must be at least 1")
+    # Arguments first: a bad path is reported before a checkpoint is loaded.
+    if args.input is not None and args.input != "-":
+        _readable_file(args.input, "--input")
+    if args.output is not None:
+        _new_file(args.output, "--output")
     loaded = load_checkpoint(args.checkpoint)
     if loaded.recipe.model.kind != "encoder_decoder":
         raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
-    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    # Lines end at \n (or \r\n) only, as in training data: never at U+2028, U+0085 or a form feed.
+    if args.input and args.input != "-":
+        source = open(args.input, encoding="utf-8", newline="\n")
+    else:
+        source = sys.stdin
+        if hasattr(source, "reconfigure"):
+            source.reconfigure(newline="\n")
+    name = args.input if args.input and args.input != "-" else "standard input"
     try:
         sink = open(args.output, "x", encoding="utf-8") if args.output else sys.stdout
     except FileExistsError:
         raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
+    except OSError as exc:
+        raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
     with source, sink:
-        for line in translate_lines(
-            loaded, source, beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision
-        ):
-            sink.write(line + "\n")
-            sink.flush()
+        try:
+            for line in translate_lines(
+                loaded, _lines(source), beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision
+            ):
+                sink.write(line + "\n")
+                sink.flush()
+        except UnicodeDecodeError:
+            raise TfbuilderError(f"{name} is not UTF-8 text") from None
     return 0
+
+
+def _lines(source) -> Iterator[str]:
+    for line in source:
+        yield line[:-2] if line.endswith("\r\n") else line.rstrip("\n")
+
+
+def _readable_file(path: str, flag: str) -> None:
+    """``path`` names an existing file that is not a directory (a FIFO is fine: it streams)."""
+    if not os.path.exists(path):
+        raise TfbuilderError(f"{flag} {path}: no such file")
+    if os.path.isdir(path):
+        raise TfbuilderError(f"{flag} {path} is a directory, not a file")
+    if not os.access(path, os.R_OK):
+        raise TfbuilderError(f"{flag} {path}: not readable")
+
+
+def _new_file(path: str, flag: str) -> None:
+    """``path`` can be created: it does not exist and its directory does (nothing is overwritten)."""
+    if os.path.lexists(path):
+        what = "a directory" if os.path.isdir(path) else "an existing file"
+        raise TfbuilderError(f"{flag} {path} is {what}: not overwriting it; name a new file")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise TfbuilderError(f"{flag} {path}: directory {parent} does not exist")
+
+
+def _directory_arg(path: str, flag: str) -> None:
+    """``path`` is a directory or can become one (it does not name a file)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise TfbuilderError(f"{flag} {path} is a file, not a directory")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -228,7 +324,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from .evaluation import evaluate, save_scores
+    from .evaluation import evaluate
     from .runs import load_checkpoint
 
     loaded = load_checkpoint(args.checkpoint)
@@ -244,9 +340,33 @@ def cmd_test(args: argparse.Namespace) -> int:
         rows += [("signature", scores.bleu_signature), ("decoding time", f"{scores.seconds_decoding:.1f} s")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
-    out = save_scores(loaded, scores)
+    out = _save_scores_new(loaded, scores)
     print(f"{'saved'.ljust(width)}  {out}")
     return 0
+
+
+def _save_scores_new(loaded, scores) -> "Path":
+    """Write the scores JSON; when the usual name is taken, the next free ``<name>-<n>.json``
+    (an earlier run of ``test`` is never replaced), and say so."""
+    from dataclasses import asdict
+
+    from .evaluation import scores_path
+
+    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32")
+    text = json.dumps(asdict(scores), indent=2)
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        try:
+            with open(candidate, "x", encoding="utf-8") as f:
+                f.write(text)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise TfbuilderError(f"cannot write {candidate}: {exc.strerror or exc}") from None
+        if n > 1:
+            print(f"{path} exists: not overwriting it; wrote {candidate.name} instead", file=sys.stderr)
+        return candidate
+    raise TfbuilderError(f"{path} and 9,999 numbered copies exist: not overwriting them")
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -278,6 +398,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             problems += exc.problems
     if problems:
         raise RecipeError(problems)
+    if args.out:
+        _directory_arg(args.out, "--out")
     command = "tfbuilder " + shlex.join(args.argv)
     sweep = sweeps.plan(
         args.recipes,
@@ -354,6 +476,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from . import reports
 
+    if args.out:
+        _directory_arg(args.out, "--out")
     finished, unfinished = reports.find_runs(args.dirs)
     for run in unfinished:
         print(f"skipping {run}: not finished (no summary.json)", file=sys.stderr)
@@ -375,6 +499,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from .attention_maps import write_maps
     from .runs import load_checkpoint
 
+    _directory_arg(args.out, "--out")
     loaded = load_checkpoint(args.checkpoint)
     for path in write_maps(loaded, args.src, tgt=args.tgt, out_dir=Path(args.out), layers=args.layers):
         print(path)
@@ -421,8 +546,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        _new_file(args.output, "--output")
+        try:
+            with open(args.output, "x", encoding="utf-8") as f:  # never replaces a file
+                f.write(text)
+        except OSError as exc:
+            raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)

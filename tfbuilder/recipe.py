@@ -64,7 +64,8 @@ class _Dispatch:
         members = [e.params.model_json_schema() for e in registry.entries(self.family)]
         shorthand = {"type": "string", "enum": registry.types(self.family), "description": "shorthand for {type: NAME}"}
         return {
-            "oneOf": [*members, shorthand],
+            # anyOf, not oneOf: a mapping with only `type` matches more than one member's schema.
+            "anyOf": [*members, shorthand],
             "description": f"a registered {self.family} component: " + ", ".join(registry.types(self.family)),
         }
 
@@ -210,7 +211,9 @@ class Recipe(Section):
             try:
                 size = DataSection.model_validate(data["data"]).vocab_size if isinstance(data.get("data"), dict) else None
             except ValidationError:
-                size = None  # the data section's own errors are reported where they are
+                # The data section's own errors are reported where they are; its vocabulary may still
+                # be plain to see, and then a missing model.vocab_size would be a false second error.
+                size = _vocab_hint(data["data"])
             if size is not None:
                 data = {**data, "model": {**data["model"], "vocab_size": size}}
         return data
@@ -247,6 +250,16 @@ class Recipe(Section):
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and checkpoints keep)."""
         return self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)
+
+
+def _vocab_hint(data: dict) -> int:
+    """The vocabulary an invalid data section names, or a placeholder (the model is then checked,
+    but the data section's errors are what get fixed)."""
+    if data.get("type", "synthetic") == "synthetic":
+        symbols = data.get("symbols", 10)
+        return 5 + symbols if isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= 36 else 15
+    size = data.get("tokenizer", {}).get("vocab_size") if isinstance(data.get("tokenizer"), dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and 6 <= size <= 10_000_000 else 16
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -384,6 +397,10 @@ def json_schema() -> dict[str, Any]:
     # model.vocab_size may come from the data section (see Recipe._vocab_from_data).
     model = schema["$defs"]["ModelSection"]
     model["required"] = [r for r in model.get("required", []) if r != "vocab_size"]
+    # A recipe that extends another may leave the model to its parent: `model` is required only
+    # when there is no `extends`.
+    schema["required"] = [r for r in schema.get("required", []) if r != "model"]
+    schema.setdefault("anyOf", [{"required": ["model"]}, {"required": ["extends"]}])
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "tfbuilder recipe"
     return schema

@@ -405,6 +405,18 @@ def _retyped(old: dict, new: dict) -> bool:
     return "type" in new and "type" in old and new["type"] != old["type"]
 
 
+def _parse_value(raw: str, label: str) -> Any:
+    """An override's value: YAML, read with the same bounds and rules as a recipe file."""
+    node = yaml.compose(raw, Loader=Loader)
+    if node is None:
+        return None
+    problems: list[Problem] = []
+    value = _construct(node, label, (), Source({}), problems)
+    if problems:
+        raise RecipeError(problems)
+    return value
+
+
 def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Source:
     """Apply ``dotted.key=value`` overrides (values parsed as YAML) over ``src``."""
     problems: list[Problem] = []
@@ -425,9 +437,12 @@ def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Sour
             continue
         col = len(text) - len(raw) + 1
         try:
-            value = yaml.load(raw, Loader=Loader) if raw.strip() else None  # noqa: S506 (a safe loader)
+            value = _parse_value(raw, label) if raw.strip() else None
         except yaml.YAMLError as exc:
-            problems.append(Problem(f"cannot parse value {raw!r}: {getattr(exc, 'problem', exc)}", key, label, 1, col))
+            problems.append(Problem(f"cannot parse value {_quote(raw)}: {getattr(exc, 'problem', exc)}", key, label, 1, col))
+            continue
+        except RecipeError as exc:  # the same bounds as in a file: nesting, aliases, tags
+            problems += [Problem(p.message, key, label, 1, col) for p in exc.problems]
             continue
         node: Any = src.data
         ok = True

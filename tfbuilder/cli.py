@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -265,7 +266,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
     except OSError as exc:
         raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
-    with source, sink:
+    with contextlib.ExitStack() as stack:  # close what we opened, never the standard streams
+        for stream in (source, sink):
+            if stream not in (sys.stdin, sys.stdout):
+                stack.enter_context(stream)
         try:
             for line in translate_lines(
                 loaded, _lines(source), beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision

@@ -187,7 +187,13 @@ class ModelSection(Section):
 class Recipe(Section):
     """A whole recipe: a name, the model, and how to train it."""
 
-    name: str = Field("recipe", min_length=1, pattern=r"^[\w.\-]+$", description="run name (letters, digits, . _ -)")
+    name: str = Field(
+        "recipe",
+        min_length=1,
+        pattern=r"^[\w.\-]+$",
+        json_schema_extra={"not": {"pattern": "^\\.*$"}},  # what _not_dots checks, for editors
+        description="run name (letters, digits, . _ -; not only dots)",
+    )
     extends: str | None = Field(None, description="a recipe this one extends (path relative to this file); merged on load")
     model: ModelSection = Field(description="the architecture")
     data: DataSection | None = Field(None, description="training data")

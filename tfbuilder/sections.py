@@ -46,12 +46,16 @@ class TokenizerSection(Section):
     shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
 
 
+# What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
+STEM_SCHEMA = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
+
+
 class SplitsSection(Section):
     """File stems of the splits: ``<path>/<stem>.<lang>`` or ``<stem>.<lang>.gz``."""
 
-    train: str = Field("train", min_length=1, max_length=255, description="training split")
-    val: str = Field("val", min_length=1, max_length=255, description="validation split")
-    test: str = Field("test", min_length=1, max_length=255, description="test split")
+    train: str = Field("train", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="training split")
+    val: str = Field("val", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="validation split")
+    test: str = Field("test", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="test split")
 
     @field_validator("train", "val", "test")
     @classmethod

@@ -190,8 +190,8 @@ def trial_step(recipe: Recipe) -> None:
     n = max(1, min(TRIAL_LENGTH, (limit or TRIAL_LENGTH) - specials(spec.kind) + 1))
     on_meta = _meta_parameters(recipe, spec) > TRIAL_MAX_PARAMETERS
     device = torch.device("meta") if on_meta else torch.device("cpu")
-    state, threads = torch.random.get_rng_state(), torch.get_num_threads()
-    torch.set_num_threads(1)  # a step this small only loses time to thread start-up and contention
+    state = torch.random.get_rng_state()
+    # (No torch.set_num_threads here: changing it and back slowed later training in the same process.)
     try:
         with torch.device(device):
             model = _build(recipe, spec, build_model)
@@ -213,7 +213,6 @@ def trial_step(recipe: Recipe) -> None:
         raise RecipeError([_problem(recipe, ("model",), f"the model fails a forward/backward pass: {text}")]) from None
     finally:
         torch.random.set_rng_state(state)
-        torch.set_num_threads(threads)
 
 
 # --- helpers ---------------------------------------------------------------------------------

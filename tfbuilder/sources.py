@@ -7,6 +7,7 @@ can point at it. Only ``yaml.safe_load``-level constructs are accepted: recipes 
 from __future__ import annotations
 
 import copy
+import difflib
 import errno
 import os
 import re
@@ -355,10 +356,12 @@ def _read_one(path: Path, *, via: Problem | None, first: bool) -> Source:
             raise RecipeError([_not_a_recipe(via, shown)]) from None
         raise exc from None
     if not any(key in RECIPE_SECTIONS for key in src.data):
-        # Not a recipe at all (``extends: /etc/passwd``): say so, without echoing what it holds.
+        # Not a recipe at all (``extends: /etc/passwd``): say so, without echoing what it holds. A file
+        # named on the command line whose keys are near misses (``modle:``) gets "did you mean" instead.
         if via is not None:
             raise RecipeError([_not_a_recipe(via, shown)])
-        raise RecipeError([Problem(f"not a recipe: none of its top-level keys is {', '.join(RECIPE_SECTIONS)}", "", shown, 1, 1)])
+        if not any(difflib.get_close_matches(str(key), RECIPE_SECTIONS, n=1, cutoff=0.6) for key in src.data):
+            raise RecipeError([Problem(f"not a recipe: none of its top-level keys is {', '.join(RECIPE_SECTIONS)}", "", shown, 1, 1)])
     return src
 
 

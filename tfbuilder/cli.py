@@ -3,17 +3,68 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import yaml
 
 from . import registry
-from .errors import RecipeError, TfbuilderError
+from .errors import RecipeError, TfbuilderError, printable
 
 EXIT_USAGE = 2
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1,000,000, got {value}")
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = _finite(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (greedy) or more, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = _finite(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2^63), got {value}")
+    return value
+
+
+for _f, _name in ((_positive_int, "a positive integer"), (_count, "an integer"), (_finite, "a number"),
+                  (_temperature, "a number"), (_probability, "a number"), (_seed, "an integer")):
+    _f.__name__ = _name  # argparse says "invalid a positive integer value: 'x'"
 
 
 def _add_set(p: argparse.ArgumentParser) -> None:
@@ -64,7 +115,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("show", help="the resolved recipe, the module tree and parameter counts")
     s.add_argument("recipe", metavar="RECIPE")
-    s.add_argument("--depth", type=int, default=4, help="depth of the module tree (default 4)")
+    s.add_argument("--depth", type=_count, default=4, help="depth of the module tree (default 4)")
     _add_set(s)
     s.set_defaults(run=cmd_show)
 
@@ -85,8 +136,8 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("translate", help="translate lines with a checkpoint (stdin to stdout by default)")
     t.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(t)
-    t.add_argument("--beam", type=int, default=4, help="beam size (1: greedy; default 4, the paper's)")
-    t.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6, the paper's)")
+    t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
+    t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty (default 0.6, the paper's)")
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
     t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
@@ -97,11 +148,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(g)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new", type=int, default=100)
-    g.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--max-new", type=_count, default=100)
+    g.add_argument("--temperature", type=_temperature, default=1.0, help="0 is greedy")
+    g.add_argument("--top-k", type=_positive_int)
+    g.add_argument("--top-p", type=_probability, help="nucleus sampling: keep the most likely tokens holding this share, in (0, 1]")
+    g.add_argument("--seed", type=_seed, default=0)
     _add_device(g)
     g.set_defaults(run=cmd_generate)
 
@@ -109,8 +160,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(e)
     e.add_argument("--split", default="test", choices=["train", "val", "test"])
-    e.add_argument("--beam", type=int, default=4)
-    e.add_argument("--alpha", type=float, default=0.6)
+    e.add_argument("--beam", type=_positive_int, default=4)
+    e.add_argument("--alpha", type=_finite, default=0.6)
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     _add_device(e)
     e.set_defaults(run=cmd_test)
@@ -126,9 +177,9 @@ def parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="train recipes over seeds into one directory; write a comparison report")
     w.add_argument("recipes", nargs="+", metavar="RECIPE")
-    w.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
+    w.add_argument("--seeds", type=_positive_int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
     w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
-    w.add_argument("--beam", type=int, default=4, help="beam of the validation BLEU after training (default 4)")
+    w.add_argument("--beam", type=_positive_int, default=4, help="beam of the validation BLEU after training (default 4)")
     w.add_argument("--no-bleu", action="store_true", help="skip the validation BLEU")
     w.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
     w.add_argument("--dry-run", action="store_true", help="say what would run, and stop")
@@ -138,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", help="the sweep report from existing runs (run, sweep or output directories)")
     cp.add_argument("dirs", nargs="+", metavar="RUN_DIR")
     cp.add_argument("--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)")
-    cp.add_argument("--beam", type=int, default=4, help="read the validation BLEU of this beam (default 4)")
+    cp.add_argument("--beam", type=_positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
     cp.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
     cp.set_defaults(run=cmd_compare)
 
@@ -171,16 +222,26 @@ def _check(path: str, overrides: Sequence[str]):
     return recipe, model
 
 
+def _preflight(path: str, overrides: Sequence[str]):
+    """Load a recipe and run the pre-flight (the model builds, steps, fits this machine; see preflight.py)."""
+    from .preflight import check
+    from .recipe import load_recipe
+
+    recipe = load_recipe(path, overrides)
+    check(recipe)
+    return recipe
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.recipes:
         try:
-            _check(path, args.overrides)
+            _preflight(path, args.overrides)
         except RecipeError as exc:
             failed = True
             print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
             continue
-        print(f"{path}: OK")
+        print(f"{printable(path)}: OK")
     return EXIT_USAGE if failed else 0
 
 
@@ -215,7 +276,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
         recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
     else:
-        recipe, _ = _check(args.recipe, args.overrides)
+        from .recipe import load_recipe
+
+        recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
     from .training import fit
 
     _quiet_lightning()
@@ -237,23 +300,72 @@ def cmd_average(args: argparse.Namespace) -> int:
 def cmd_translate(args: argparse.Namespace) -> int:
     from .evaluation import translate_lines
 
-    if args.beam < 1:
-        raise TfbuilderError("--beam must be at least 1")
+    # Arguments first: a bad path is reported before a checkpoint is loaded.
+    if args.input is not None and args.input != "-":
+        _readable_file(args.input, "--input")
+    if args.output is not None:
+        _new_file(args.output, "--output")
     loaded = _load(args)
     if loaded.recipe.model.kind != "encoder_decoder":
         raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
-    source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+    # Lines end at \n (or \r\n) only, as in training data: never at U+2028, U+0085 or a form feed.
+    if args.input and args.input != "-":
+        source = open(args.input, encoding="utf-8", newline="\n")
+    else:
+        source = sys.stdin
+        if hasattr(source, "reconfigure"):
+            source.reconfigure(newline="\n")
+    name = args.input if args.input and args.input != "-" else "standard input"
     try:
         sink = open(args.output, "x", encoding="utf-8") if args.output else sys.stdout
     except FileExistsError:
         raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
-    with source, sink:
-        for line in translate_lines(
-            loaded, source, beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision
-        ):
-            sink.write(line + "\n")
-            sink.flush()
+    except OSError as exc:
+        raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
+    with contextlib.ExitStack() as stack:  # close what we opened, never the standard streams
+        for stream in (source, sink):
+            if stream not in (sys.stdin, sys.stdout):
+                stack.enter_context(stream)
+        try:
+            for line in translate_lines(
+                loaded, _lines(source), beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision
+            ):
+                sink.write(line + "\n")
+                sink.flush()
+        except UnicodeDecodeError:
+            raise TfbuilderError(f"{name} is not UTF-8 text") from None
     return 0
+
+
+def _lines(source) -> Iterator[str]:
+    for line in source:
+        yield line[:-2] if line.endswith("\r\n") else line.rstrip("\n")
+
+
+def _readable_file(path: str, flag: str) -> None:
+    """``path`` names an existing file that is not a directory (a FIFO is fine: it streams)."""
+    if not os.path.exists(path):
+        raise TfbuilderError(f"{flag} {path}: no such file")
+    if os.path.isdir(path):
+        raise TfbuilderError(f"{flag} {path} is a directory, not a file")
+    if not os.access(path, os.R_OK):
+        raise TfbuilderError(f"{flag} {path}: not readable")
+
+
+def _new_file(path: str, flag: str) -> None:
+    """``path`` can be created: it does not exist and its directory does (nothing is overwritten)."""
+    if os.path.lexists(path):
+        what = "a directory" if os.path.isdir(path) else "an existing file"
+        raise TfbuilderError(f"{flag} {path} is {what}: not overwriting it; name a new file")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise TfbuilderError(f"{flag} {path}: directory {parent} does not exist")
+
+
+def _directory_arg(path: str, flag: str) -> None:
+    """``path`` is a directory or can become one (it does not name a file)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise TfbuilderError(f"{flag} {path} is a file, not a directory")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -271,7 +383,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from .evaluation import evaluate, save_scores
+    from .evaluation import evaluate
 
     loaded = _load(args)
     try:
@@ -286,9 +398,33 @@ def cmd_test(args: argparse.Namespace) -> int:
         rows += [("signature", scores.bleu_signature), ("decoding time", f"{scores.seconds_decoding:.1f} s")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
-    out = save_scores(loaded, scores)
+    out = _save_scores_new(loaded, scores)
     print(f"{'saved'.ljust(width)}  {out}")
     return 0
+
+
+def _save_scores_new(loaded, scores) -> "Path":
+    """Write the scores JSON; when the usual name is taken, the next free ``<name>-<n>.json``
+    (an earlier run of ``test`` is never replaced), and say so."""
+    from dataclasses import asdict
+
+    from .evaluation import scores_path
+
+    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32")
+    text = json.dumps(asdict(scores), indent=2)
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        try:
+            with open(candidate, "x", encoding="utf-8") as f:
+                f.write(text)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise TfbuilderError(f"cannot write {candidate}: {exc.strerror or exc}") from None
+        if n > 1:
+            print(f"{path} exists: not overwriting it; wrote {candidate.name} instead", file=sys.stderr)
+        return candidate
+    raise TfbuilderError(f"{path} and 9,999 numbered copies exist: not overwriting them")
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -315,11 +451,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     problems = []
     for path in dict.fromkeys(args.recipes):  # every recipe's problems, before anything runs
         try:
-            _check(path, args.overrides)
+            _preflight(path, args.overrides)
         except RecipeError as exc:
             problems += exc.problems
     if problems:
         raise RecipeError(problems)
+    if args.out:
+        _directory_arg(args.out, "--out")
     command = "tfbuilder " + shlex.join(args.argv)
     sweep = sweeps.plan(
         args.recipes,
@@ -396,6 +534,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from . import reports
 
+    if args.out:
+        _directory_arg(args.out, "--out")
     finished, unfinished = reports.find_runs(args.dirs)
     for run in unfinished:
         print(f"skipping {run}: not finished (no summary.json)", file=sys.stderr)
@@ -416,6 +556,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
     from .attention_maps import write_maps
 
+    _directory_arg(args.out, "--out")
     loaded = _load(args)
     for path in write_maps(loaded, args.src, tgt=args.tgt, out_dir=Path(args.out), layers=args.layers):
         print(path)
@@ -462,8 +603,12 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        _new_file(args.output, "--output")
+        try:
+            with open(args.output, "x", encoding="utf-8") as f:  # never replaces a file
+                f.write(text)
+        except OSError as exc:
+            raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -483,9 +628,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .runs import Interrupted
 
         if isinstance(exc, Interrupted):  # not an error: what was kept, and how to go on
-            print(str(exc), file=sys.stderr)
+            print(printable(str(exc)), file=sys.stderr)
             return exc.exit_code
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

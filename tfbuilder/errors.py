@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +23,18 @@ class Problem:
         if self.file is not None:
             where = f"{self.file}:{self.line or 1}:{self.col or 1}: "
         what = f"{self.path}: " if self.path else ""
-        return f"{where}{what}{self.message}"
+        return printable(f"{where}{what}{self.message}")
+
+
+# Characters that must not reach a terminal raw: C0 and C1 controls (escape sequences start with
+# ESC or CSI), DEL, line and paragraph separators, and the bidirectional overrides that reorder text.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``), safe to print to a terminal: recipes,
+    data and arguments may hold escape codes, and an error message echoes parts of them."""
+    return _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 class TfbuilderError(Exception):

@@ -6,6 +6,7 @@ the registered type they name, so the schema grows with the registry.
 
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -16,6 +17,7 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     WrapValidator,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -62,7 +64,8 @@ class _Dispatch:
         members = [e.params.model_json_schema() for e in registry.entries(self.family)]
         shorthand = {"type": "string", "enum": registry.types(self.family), "description": "shorthand for {type: NAME}"}
         return {
-            "oneOf": [*members, shorthand],
+            # anyOf, not oneOf: a mapping with only `type` matches more than one member's schema.
+            "anyOf": [*members, shorthand],
             "description": f"a registered {self.family} component: " + ", ".join(registry.types(self.family)),
         }
 
@@ -184,13 +187,27 @@ class ModelSection(Section):
 class Recipe(Section):
     """A whole recipe: a name, the model, and how to train it."""
 
-    name: str = Field("recipe", min_length=1, pattern=r"^[\w.\-]+$", description="run name (letters, digits, . _ -)")
+    name: str = Field(
+        "recipe",
+        min_length=1,
+        pattern=r"^[\w.\-]+$",
+        json_schema_extra={"not": {"pattern": "^\\.*$"}},  # what _not_dots checks, for editors
+        description="run name (letters, digits, . _ -; not only dots)",
+    )
     extends: str | None = Field(None, description="a recipe this one extends (path relative to this file); merged on load")
     model: ModelSection = Field(description="the architecture")
     data: DataSection | None = Field(None, description="training data")
     optim: OptimSection = Field(default_factory=OptimSection, description="optimisation")
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="training loop")
     _source: Source | None = PrivateAttr(None)
+
+    @field_validator("name")
+    @classmethod
+    def _not_dots(cls, value: str) -> str:
+        # The run goes to <trainer.output>/<name>/: '.' or '..' would put it beside or above that.
+        if value.strip(".") == "":
+            raise PydanticCustomError("run_name", "a run name needs a letter or digit ('.' and '..' name directories)")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -200,7 +217,9 @@ class Recipe(Section):
             try:
                 size = DataSection.model_validate(data["data"]).vocab_size if isinstance(data.get("data"), dict) else None
             except ValidationError:
-                size = None  # the data section's own errors are reported where they are
+                # The data section's own errors are reported where they are; its vocabulary may still
+                # be plain to see, and then a missing model.vocab_size would be a false second error.
+                size = _vocab_hint(data["data"])
             if size is not None:
                 data = {**data, "model": {**data["model"], "vocab_size": size}}
         return data
@@ -237,6 +256,16 @@ class Recipe(Section):
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and checkpoints keep)."""
         return self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)
+
+
+def _vocab_hint(data: dict) -> int:
+    """The vocabulary an invalid data section names, or a placeholder (the model is then checked,
+    but the data section's errors are what get fixed)."""
+    if data.get("type", "synthetic") == "synthetic":
+        symbols = data.get("symbols", 10)
+        return 5 + symbols if isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= 36 else 15
+    size = data.get("tokenizer", {}).get("vocab_size") if isinstance(data.get("tokenizer"), dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and 6 <= size <= 10_000_000 else 16
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -300,6 +329,8 @@ def translate(exc: ValidationError, src: Source) -> list[Problem]:
         elif kind not in ("extra_forbidden", "missing", "cross_field") and not kind.startswith("component_"):
             if isinstance(got, (str, int, float, bool)) or got is None:
                 message = f"{message} (got {got!r})"
+            elif isinstance(got, (datetime.date, datetime.datetime)):
+                message = f"{message} (YAML reads {got.isoformat()} as a date: quote it, '{got.isoformat()}')"
         problems.append(src.problem(loc, message, key=kind in ("extra_forbidden", "missing")))
     problems.sort(key=lambda p: (p.file or "", p.line or 0, p.col or 0))
     return problems
@@ -372,6 +403,10 @@ def json_schema() -> dict[str, Any]:
     # model.vocab_size may come from the data section (see Recipe._vocab_from_data).
     model = schema["$defs"]["ModelSection"]
     model["required"] = [r for r in model.get("required", []) if r != "vocab_size"]
+    # A recipe that extends another may leave the model to its parent: `model` is required only
+    # when there is no `extends`.
+    schema["required"] = [r for r in schema.get("required", []) if r != "model"]
+    schema.setdefault("anyOf", [{"required": ["model"]}, {"required": ["extends"]}])
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "tfbuilder recipe"
     return schema

@@ -93,6 +93,11 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
     if not isinstance(data, dict) or "tfbuilder" not in data or "state_dict" not in data:
         raise CheckpointError(f"{path} is not a tfbuilder checkpoint")
+    meta = data["tfbuilder"]
+    if not isinstance(meta, dict) or not isinstance(meta.get("recipe"), dict) or not isinstance(meta.get("vocab"), str):
+        raise CheckpointError(f"{path}: damaged checkpoint: its recipe or vocabulary is missing")
+    if not isinstance(data["state_dict"], dict) or not all(isinstance(v, torch.Tensor) for v in data["state_dict"].values()):
+        raise CheckpointError(f"{path}: damaged checkpoint: its weights are not a mapping of tensors")
     return data
 
 
@@ -113,20 +118,35 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device | None = Non
     from .devices import resolve
     from .builder import build_model
     from .data.prepare import Vocab
-    from .recipe import Recipe
+    from .data.tokenizers import DataError
+    from .errors import RecipeError
+    from .recipe import recipe_from_dict
 
     ckpt_path = find_checkpoint(path)
     data = read_checkpoint(ckpt_path)
     meta = data["tfbuilder"]
-    recipe = Recipe.model_validate(meta["recipe"])
-    model = build_model(recipe)
+    # The metadata is checked as a recipe file would be: a damaged checkpoint is an error, not a traceback.
+    try:
+        recipe = recipe_from_dict(meta["recipe"])
+        model = build_model(recipe)
+    except RecipeError as exc:
+        shown = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the recipe inside it is not valid: {shown}") from None
+    try:
+        vocab = Vocab.from_json(meta["vocab"])
+    except DataError as exc:
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
+    for side, tok, size in (("target", vocab.tgt, recipe.model.vocab_size), ("source", vocab.src, recipe.model.src_vocab_size)):
+        if size is not None and tok.vocab_size != size:
+            raise CheckpointError(f"{ckpt_path}: damaged checkpoint: its {side} vocabulary has {tok.vocab_size} tokens, its model {size}")
     state = {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
         raise CheckpointError(f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}") from None
+    step = data.get("global_step", 0)
     model = model.to(resolve(device)).eval()
-    return Loaded(model, recipe, Vocab.from_json(meta["vocab"]), ckpt_path, int(data.get("global_step", 0)))
+    return Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:

@@ -9,6 +9,11 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")  # ids 0..4 in every tokenizer
 SYNTHETIC_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+# Bounds on what a recipe may ask for: far beyond any real run, short of what hangs or cannot work.
+MAX_SEED = 2**32 - 1  # numpy and the data order take 32-bit seeds
+MAX_EXAMPLES = 10_000_000  # synthetic examples per split (generated in memory, in Python)
+MAX_SYNTHETIC_LEN = 100_000
+MAX_SYNTHETIC_TOKENS = 1_000_000_000  # examples x longest length
 
 
 class Section(BaseModel):
@@ -41,12 +46,24 @@ class TokenizerSection(Section):
     shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
 
 
+# What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
+STEM_SCHEMA = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
+
+
 class SplitsSection(Section):
     """File stems of the splits: ``<path>/<stem>.<lang>`` or ``<stem>.<lang>.gz``."""
 
-    train: str = Field("train", min_length=1, description="training split")
-    val: str = Field("val", min_length=1, description="validation split")
-    test: str = Field("test", min_length=1, description="test split")
+    train: str = Field("train", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="training split")
+    val: str = Field("val", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="validation split")
+    test: str = Field("test", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="test split")
+
+    @field_validator("train", "val", "test")
+    @classmethod
+    def _plain_stem(cls, value: str) -> str:
+        # A stem names files in data.path: no directories, no glob patterns, no escaping the directory.
+        if set(value) & set("/\\*?[]\x00") or value.strip(".") == "":
+            raise PydanticCustomError("file_stem", "a split is a file stem such as 'train': no '/', '*', '?', '[', ']', and not '.' or '..'")
+        return value
 
 
 class DataSection(Section):
@@ -59,24 +76,24 @@ class DataSection(Section):
     task: Literal["copy", "reverse", "sort"] | None = Field(None, description="the synthetic task")
     symbols: int = Field(10, ge=2, le=len(SYNTHETIC_ALPHABET), description="alphabet size of synthetic sequences")
     lengths: tuple[StrictInt, StrictInt] = Field((1, 16), strict=False, description="min and max synthetic length")
-    train_size: int = Field(10_000, ge=1, description="synthetic training examples")
-    val_size: int = Field(500, ge=1, description="synthetic validation examples")
-    test_size: int = Field(500, ge=1, description="synthetic test examples")
-    seed: int = Field(1234, ge=0, description="seed of the synthetic data (independent of trainer.seed)")
+    train_size: int = Field(10_000, ge=1, le=MAX_EXAMPLES, description="synthetic training examples")
+    val_size: int = Field(500, ge=1, le=MAX_EXAMPLES, description="synthetic validation examples")
+    test_size: int = Field(500, ge=1, le=MAX_EXAMPLES, description="synthetic test examples")
+    seed: int = Field(1234, ge=0, le=MAX_SEED, description="seed of the synthetic data (independent of trainer.seed)")
     # text
     path: str | None = Field(None, description="directory of the text files (relative to the working directory)")
     src_lang: str | None = Field(None, description="source language suffix: train.<src_lang>[.gz]")
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
     splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits")
-    max_len: int = Field(256, ge=1, description="training examples longer than this (in tokens) are dropped")
+    max_len: int = Field(256, ge=1, le=1_000_000, description="training examples longer than this (in tokens) are dropped")
     mlm_probability: float = Field(0.15, gt=0.0, lt=1.0, description="masked-LM: share of tokens to predict")
     # tokenizer and batching
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection, description="the tokenizer")
     max_tokens: int | None = Field(
-        None, ge=1, description="token budget per batch, padding included, for source and target each"
+        None, ge=1, le=100_000_000, description="token budget per batch, padding included, for source and target each"
     )
-    batch_size: int | None = Field(None, ge=1, description="sentences per batch (when max_tokens is not set)")
+    batch_size: int | None = Field(None, ge=1, le=10_000_000, description="sentences per batch (when max_tokens is not set)")
     workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto",
         description="processes that build batches beside training; auto: none when training on the CPU (the step "
@@ -91,6 +108,14 @@ class DataSection(Section):
                 problems.append((("task",), "synthetic data needs a task (copy, reverse or sort)", None))
             if not 1 <= self.lengths[0] <= self.lengths[1]:
                 problems.append((("lengths",), f"lengths must satisfy 1 <= min <= max, got {list(self.lengths)}", None))
+            elif self.lengths[1] > MAX_SYNTHETIC_LEN:
+                problems.append((("lengths",), f"synthetic lengths are at most {MAX_SYNTHETIC_LEN:,}, got {self.lengths[1]:,}", None))
+            else:
+                biggest = max(self.train_size, self.val_size, self.test_size) * self.lengths[1]
+                if biggest > MAX_SYNTHETIC_TOKENS:
+                    problems.append(
+                        (("train_size",), f"a split of up to {biggest:,} synthetic tokens is more than the {MAX_SYNTHETIC_TOKENS:,} generated in memory", None)
+                    )
             if self.tokenizer.type != "char":
                 problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
         else:
@@ -123,7 +148,7 @@ class ScheduleSection(Section):
         description="inverse_sqrt: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (sec. 5.3); "
         "cosine: linear warm-up to optim.lr then cosine decay to min_lr; constant: warm-up to optim.lr",
     )
-    warmup: int = Field(4000, ge=0, description="warm-up steps")
+    warmup: int = Field(4000, ge=0, le=100_000_000, description="warm-up steps")
     scale: float = Field(1.0, gt=0.0, description="multiplies the inverse_sqrt schedule")
     min_lr: float = Field(0.0, ge=0.0, description="cosine: learning rate at the last step")
 
@@ -139,7 +164,7 @@ class OptimSection(Section):
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
-    accumulate: int = Field(1, ge=1, description="batches per optimizer step")
+    accumulate: int = Field(1, ge=1, le=65_536, description="batches per optimizer step")
 
     @model_validator(mode="after")
     def _check(self) -> "OptimSection":
@@ -153,9 +178,9 @@ class OptimSection(Section):
 class TrainerSection(Section):
     """What Lightning's Trainer is told, and where runs go."""
 
-    max_steps: int = Field(100_000, ge=1, description="optimizer steps to train (the paper: 100k base, 300k big)")
-    max_epochs: int | None = Field(None, ge=1, description="stop after this many passes over the data, if sooner")
-    max_minutes: float | None = Field(None, gt=0, description="stop after this much wall time, if sooner")
+    max_steps: int = Field(100_000, ge=1, le=1_000_000_000, description="optimizer steps to train (the paper: 100k base, 300k big)")
+    max_epochs: int | None = Field(None, ge=1, le=1_000_000, description="stop after this many passes over the data, if sooner")
+    max_minutes: float | None = Field(None, gt=0, le=525_600, description="stop after this much wall time, if sooner (at most a year)")
     val_every: int = Field(1000, ge=1, description="validate (and checkpoint) every this many steps")
     val_batches: int | None = Field(None, ge=1, description="validate on at most this many batches")
     val_bleu: int = Field(
@@ -173,11 +198,11 @@ class TrainerSection(Section):
     log_every: int = Field(50, ge=1, description="log training metrics (and check the loss is finite) every this many steps")
     precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind (auto: a GPU when present)")
-    devices: int | Literal["auto"] = Field("auto", description="devices (or CPU processes) per node")
+    devices: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field("auto", description="devices (or CPU processes) per node")
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
-    num_nodes: int = Field(1, ge=1, description="machines (launched by SLURM or torchrun)")
+    num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
-    seed: int = Field(0, ge=0, description="seed of initialisation, dropout and data order")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
     compile: bool = Field(False, description="torch.compile the model (slower on this CPU; opt-in)")
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")

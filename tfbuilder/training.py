@@ -24,7 +24,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, TQDMProgressBar
 from torch import nn
 
-from . import __version__, atomic, objectives
+from . import __version__, atomic, objectives, preflight
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
@@ -398,6 +398,7 @@ def fit(
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
+    preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
     ckpt_path = source = None
@@ -431,6 +432,7 @@ def fit(
     _probe(recipe)
     # All data problems surface here, before a run directory exists or anything trains.
     prepared = prepare(recipe.data, vocab=vocab, model_vocab=recipe.model.vocab_size)
+    preflight.check_split_lengths(recipe, prepared.splits)
     vocab_json = prepared.vocab.to_json()
 
     L.seed_everything(recipe.trainer.seed, workers=True, verbose=False)

@@ -33,11 +33,20 @@ class Vocab:
 
     @classmethod
     def from_json(cls, text: str) -> "Vocab":
-        data = json.loads(text)
-        if "shared" in data:
-            tok = toks.from_json(data["shared"])
-            return cls(tok, tok)
-        return cls(toks.from_json(data["src"]), toks.from_json(data["tgt"]))
+        """The vocabulary :meth:`to_json` wrote; a :class:`DataError` for anything else (empty, damaged)."""
+        try:
+            data = json.loads(text)
+            if isinstance(data, dict) and "shared" in data:
+                tok = toks.from_json(data["shared"])
+                return cls(tok, tok)
+            if not isinstance(data, dict) or not {"src", "tgt"} <= data.keys():
+                raise DataError("expected 'shared', or 'src' and 'tgt'")
+            return cls(toks.from_json(data["src"]), toks.from_json(data["tgt"]))
+        except DataError as exc:
+            raise DataError(f"not a tfbuilder vocabulary: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 (json, and HF tokenizers raise plain Exceptions)
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise DataError(f"not a tfbuilder vocabulary: {first}") from None
 
 
 @dataclass
@@ -71,7 +80,8 @@ def raw_splits(data: DataSection) -> dict[str, tuple[list[str], list[str] | None
     directory = Path(data.path)
     out: dict[str, tuple[list[str], list[str] | None]] = {}
     for split, stem in names.items():
-        if split == "test" and not any(directory.glob(f"{stem}.*")):
+        langs = (data.src_lang, data.tgt_lang) if data.type == "parallel" else (data.lang,)
+        if split == "test" and not any(text.exists(directory, stem, lang) for lang in langs):
             continue  # a test split is optional for training
         if data.type == "parallel":
             out[split] = text.read_parallel(directory, stem, data.src_lang, data.tgt_lang)

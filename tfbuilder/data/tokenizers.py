@@ -113,12 +113,14 @@ class BPETokenizer:
 
 def from_json(text: str) -> Tokenizer:
     """Rebuild a tokenizer from :meth:`to_json` output."""
-    data = json.loads(text)
-    if data.get("type") == "char":
+    data = json.loads(text) if isinstance(text, str) else None
+    if not isinstance(data, dict):
+        raise DataError("a tokenizer is a JSON object")
+    if data.get("type") == "char" and isinstance(data.get("chars"), str) and len(set(data["chars"])) == len(data["chars"]):
         return CharTokenizer(data["chars"])
-    if data.get("type") == "bpe":
+    if data.get("type") == "bpe" and isinstance(data.get("tokenizer"), str):
         return BPETokenizer.from_json(data["tokenizer"])
-    raise DataError(f"unknown tokenizer type {data.get('type')!r}")
+    raise DataError(f"unknown or damaged tokenizer (type {str(data.get('type'))[:40]!r})")
 
 
 def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:

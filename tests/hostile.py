@@ -1,0 +1,72 @@
+"""Running a hostile case through the CLI: exit 2, the place or argument named, no traceback, within
+10 s (in-process) or 1 GiB of address space (a subprocess under RLIMIT_AS), nothing overwritten."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfbuilder.cli import main
+
+SECONDS = 10.0
+MEMORY = 1 << 30  # RLIMIT_AS of a subprocess case (importing torch alone takes about half of it)
+
+
+@dataclass
+class Outcome:
+    rc: int
+    out: str
+    err: str
+    seconds: float
+
+
+def run_cli(args: list[str], capsys, *, cwd: Path | None = None) -> Outcome:
+    """``tfbuilder ARGS`` in this process; argparse's own exit (usage errors) counts as a return code."""
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    start = time.perf_counter()
+    try:
+        try:
+            rc = main(args)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(old)
+    seconds = time.perf_counter() - start
+    captured = capsys.readouterr()
+    return Outcome(rc, captured.out, captured.err, seconds)
+
+
+def run_limited(args: list[str], *, cwd: Path, timeout: float = 120.0) -> Outcome:
+    """``python -m tfbuilder ARGS`` in a subprocess limited to MEMORY bytes of address space."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "tfbuilder", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    return Outcome(proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
+
+
+def assert_refused(outcome: Outcome, *expected: str, seconds: float = SECONDS) -> None:
+    """Exit 2, every ``expected`` text in stderr, no traceback, in time."""
+    report = f"\nrc={outcome.rc} in {outcome.seconds:.1f} s\n--- stderr ---\n{outcome.err}--- stdout ---\n{outcome.out}"
+    assert outcome.rc == 2, report
+    assert "Traceback" not in outcome.err and "Traceback" not in outcome.out, report
+    for text in expected:
+        assert text in outcome.err, f"expected {text!r}{report}"
+    assert outcome.seconds < seconds, report

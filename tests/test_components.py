@@ -59,3 +59,13 @@ def test_encoder_is_bidirectional():
     changed = tokens.clone()
     changed[:, -1] = changed[:, -1] % 52 + 1
     assert not torch.allclose(model(tokens)[:, 0], model(changed)[:, 0])
+
+
+@pytest.mark.parametrize("position", ["relative_bias", "alibi", "rotary"])
+def test_a_stack_may_have_its_own_heads_and_positions_follow_it(position):
+    """Positions acting inside attention take the heads and key width of the stack they feed."""
+    spec = tiny_model(position={"type": position})
+    spec["decoder"] = {"layers": 2, "attention": {"type": "multihead", "heads": 2, "key_dim": 8, "value_dim": 8}}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    src, tgt = torch.randint(1, 53, (2, 7)), torch.randint(1, 53, (2, 5))
+    assert model(src, tgt).shape == (2, 5, 53)

@@ -24,18 +24,51 @@ Kind = Literal["encoder_decoder", "decoder", "encoder"]
 
 
 class Embedding(nn.Module):
-    """Token embedding times sqrt(d_model), plus positions, then dropout (Vaswani et al. 2017, sec. 3.4-3.5)."""
+    """Token embedding times ``scale`` (sqrt(d_model) in Vaswani et al. 2017, sec. 3.4-3.5), plus positions,
+    plus token types (BERT), then an optional norm (BERT, Devlin et al. 2019) and dropout."""
 
-    def __init__(self, tokens: nn.Embedding, position: nn.Module, *, dropout: float):
+    def __init__(
+        self,
+        tokens: nn.Embedding,
+        position: nn.Module,
+        *,
+        dropout: float,
+        scale: float | None = None,
+        types: nn.Embedding | None = None,
+        norm: nn.Module | None = None,
+    ):
         super().__init__()
         self.tokens = tokens
         self.position = position
-        self.scale = math.sqrt(tokens.embedding_dim)
+        self.scale = math.sqrt(tokens.embedding_dim) if scale is None else float(scale)
+        self.types = types
+        self.norm = norm
         self.drop = Dropout(dropout)
 
-    def forward(self, ids: Tensor, *, offset: int = 0) -> Tensor:
-        """``ids`` (b, n) int64 -> (b, n, d)."""
-        return self.drop(self.position(self.tokens(ids) * self.scale, offset=offset))
+    def forward(self, ids: Tensor, *, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
+        """``ids`` (b, n) int64, ``token_types`` (b, n) int64 or None (all type 0) -> (b, n, d)."""
+        x = self.tokens(ids)
+        if self.scale != 1.0:  # most modern models do not scale; skip a pass over the activations
+            x = x * self.scale
+        if self.types is not None:
+            x = x + (self.types(token_types) if token_types is not None else self.types.weight[0])
+        x = self.position(x, offset=offset)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
+
+
+class OutputProjection(nn.Linear):
+    """The pre-softmax projection; hidden states are multiplied by ``scale`` first (T5 scales by
+    d_model^-0.5 before its tied head, Raffel et al. 2020). State keys are nn.Linear's."""
+
+    def __init__(self, d_model: int, vocab_size: int, *, bias: bool, scale: float = 1.0):
+        super().__init__(d_model, vocab_size, bias=bias)
+        self.scale = float(scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., d) -> logits (..., vocab)."""
+        return super().forward(x * self.scale if self.scale != 1.0 else x)
 
 
 def token_embedding(vocab_size: int, d_model: int) -> nn.Embedding:
@@ -60,14 +93,14 @@ class MLMHead(nn.Module):
         return self.out(self.norm(self.act(self.dense(x))))
 
 
-def decoder_mask(tokens: Tensor, pad_id: int, *, offset: int = 0) -> Tensor | None:
+def decoder_mask(tokens: Tensor, pad_id: int | None, *, offset: int = 0) -> Tensor | None:
     """Self-attention mask of decoder tokens (b, i) that follow ``offset`` cached ones: look-ahead,
-    plus padding among the new tokens (tokens fed earlier were real)."""
+    plus padding among the new tokens (tokens fed earlier were real); ``pad_id`` None: no padding."""
     n = tokens.shape[1]
     if offset and n == 1:
         return None  # one new query may see every key so far
     causal = masks.causal_mask(n, n + offset, offset=offset, device=tokens.device)
-    pad = masks.padding_mask(tokens, pad_id)
+    pad = None if pad_id is None else masks.padding_mask(tokens, pad_id)
     if pad is not None and offset:
         pad = torch.cat([pad.new_ones(pad.shape[:-1] + (offset,)), pad], dim=-1)
     return masks.combine(causal, pad)
@@ -79,7 +112,15 @@ class EncoderDecoder(nn.Module):
     kind: Kind = "encoder_decoder"
 
     def __init__(
-        self, *, src_embed: Embedding, tgt_embed: Embedding, encoder: Stack, decoder: Stack, head: nn.Module, pad_id: int
+        self,
+        *,
+        src_embed: Embedding,
+        tgt_embed: Embedding,
+        encoder: Stack,
+        decoder: Stack,
+        head: nn.Module,
+        pad_id: int,
+        mask_decoder_padding: bool = True,
     ):
         super().__init__()
         self.src_embed = src_embed
@@ -88,6 +129,8 @@ class EncoderDecoder(nn.Module):
         self.decoder = decoder
         self.head = head
         self.pad_id = pad_id
+        # T5 starts the decoder with its pad id: there, target ids equal to pad_id are real tokens.
+        self.tgt_pad_id = pad_id if mask_decoder_padding else None
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
         """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j) or None."""
@@ -99,7 +142,7 @@ class EncoderDecoder(nn.Module):
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
         With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before."""
-        mask = decoder_mask(tgt, self.pad_id, offset=offset)
+        mask = decoder_mask(tgt, self.tgt_pad_id, offset=offset)
         x = self.tgt_embed(tgt, offset=offset)
         return self.decoder(x, mask=mask, memory=memory, memory_mask=memory_mask, cache=cache)
 
@@ -128,22 +171,29 @@ class DecoderOnly(nn.Module):
 
     kind: Kind = "decoder"
 
-    def __init__(self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int):
+    def __init__(
+        self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int | None, mask_decoder_padding: bool = True
+    ):
         super().__init__()
         self.embed = embed
         self.decoder = decoder
         self.head = head
         self.pad_id = pad_id
+        self.tgt_pad_id = pad_id if mask_decoder_padding else None
 
-    def features(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
+    def features(
+        self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
+    ) -> Tensor:
         """``tokens`` (b, n) -> hidden states before the output head (b, n, d); with ``cache``,
         ``tokens`` continue the ``offset`` tokens fed before."""
-        mask = decoder_mask(tokens, self.pad_id, offset=offset)
-        return self.decoder(self.embed(tokens, offset=offset), mask=mask, cache=cache)
+        mask = decoder_mask(tokens, self.tgt_pad_id, offset=offset)
+        return self.decoder(self.embed(tokens, offset=offset, token_types=token_types), mask=mask, cache=cache)
 
-    def forward(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
+    def forward(
+        self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
+    ) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens, cache=cache, offset=offset))
+        return self.head(self.features(tokens, cache=cache, offset=offset, token_types=token_types))
 
     def new_cache(self) -> list[dict]:
         """An empty key/value cache for incremental decoding, one entry per decoder layer."""
@@ -155,17 +205,18 @@ class EncoderOnly(nn.Module):
 
     kind: Kind = "encoder"
 
-    def __init__(self, *, embed: Embedding, encoder: Stack, head: nn.Module, pad_id: int):
+    def __init__(self, *, embed: Embedding, encoder: Stack, head: nn.Module, pad_id: int | None):
         super().__init__()
         self.embed = embed
         self.encoder = encoder
         self.head = head
         self.pad_id = pad_id
 
-    def features(self, tokens: Tensor) -> Tensor:
-        """``tokens`` (b, n) -> hidden states before the masked-LM head (b, n, d)."""
-        return self.encoder(self.embed(tokens), mask=masks.padding_mask(tokens, self.pad_id))
+    def features(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
+        """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d)."""
+        mask = None if self.pad_id is None else masks.padding_mask(tokens, self.pad_id)
+        return self.encoder(self.embed(tokens, token_types=token_types), mask=mask)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens))
+        return self.head(self.features(tokens, token_types=token_types))

@@ -110,10 +110,15 @@ class RotaryPosition(AttentionPosition):
     class Params(ComponentParams):
         type: Literal["rotary"] = "rotary"
         base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotation frequencies")
+        pairing: Literal["interleaved", "half"] = Field(
+            "interleaved",
+            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), GPT-NeoX's and Llama's",
+        )
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base = params.base
+        self.pairing = params.pairing
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1) rotated by pos * base^(-2i/k)."""
@@ -123,6 +128,9 @@ class RotaryPosition(AttentionPosition):
         inv_freq = self.base ** (-torch.arange(0, k, 2, device=x.device, dtype=torch.float32) / k)
         angles = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)[:, None] * inv_freq
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        if self.pairing == "half":
+            first, second = x[..., : k // 2], x[..., k // 2 :]
+            return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
         even, odd = x[..., 0::2], x[..., 1::2]
         out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
         return out.flatten(-2)

@@ -145,7 +145,9 @@ def _t5(cfg: dict) -> dict:
     scaled = cfg.get("scale_decoder_outputs", cfg.get("tie_word_embeddings", True))
     field = "scale_decoder_outputs" if "scale_decoder_outputs" in cfg else "tie_word_embeddings"
     _require({field: scaled}, field, (True,))
-    pad = _int(cfg, "pad_token_id", 0) if cfg.get("pad_token_id", 0) != 0 else 0
+    pad = cfg.get("pad_token_id", 0)
+    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+        raise UnsupportedConfig(f"config.json: pad_token_id: expected an id, got {pad!r}")
     start = cfg.get("decoder_start_token_id", pad)
     if start != pad:
         raise UnsupportedConfig(f"config.json: decoder_start_token_id: {start!r} is not supported (T5 starts with pad_token_id, {pad})")

@@ -45,14 +45,22 @@ def _read_json(path: Path, limit: int) -> Any:
         raise TfbuilderError(f"{path}: not JSON ({exc})") from None
 
 
+def _safetensors():
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise TfbuilderError("this needs the safetensors package: pip install 'tfbuilder[hf]'") from None
+    return safetensors.torch
+
+
 def _recipe_name(hf_dir: Path) -> str:
     return re.sub(r"[^\w.\-]", "-", hf_dir.resolve().name) or "imported"
 
 
 def load_hf(hf_dir: str | Path) -> tuple[str, Any, torch.nn.Module, Any]:
     """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory."""
+    load_file = _safetensors().load_file
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     from ..builder import build_model
     from ..data.prepare import Vocab
@@ -170,15 +178,13 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
     out = _fresh_dir(Path(out))
     model = loaded.model
     if format == "safetensors":
-        from safetensors.torch import save_model
-
+        save_model = _safetensors().save_model
         save_model(model, str(out / "model.safetensors"))
         write_recipe(out, loaded.recipe.to_dict())
         (out / "tokenizer.json").write_text(loaded.vocab.to_json(), encoding="utf-8")
         return [out / "model.safetensors", out / "recipe.yaml", out / "tokenizer.json"]
     if format == "hf":
-        from safetensors.torch import save_file
-
+        save_file = _safetensors().save_file
         rules = weights.rules(family, loaded.recipe.model)
         tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -190,7 +196,7 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
             (out / "tokenizer.json").write_text(raw.to_str(), encoding="utf-8")
             written.append(out / "tokenizer.json")
         return written
-    from .onnx import export_onnx
+    from ..onnx_export import export_onnx
 
     path = export_onnx(model, loaded.recipe, out / "model.onnx")
     write_recipe(out, loaded.recipe.to_dict())

@@ -100,6 +100,9 @@ class DecoderSection(StackSection):
     )
 
 
+PositiveFloat = Annotated[float, Field(gt=0.0, le=1e6)]
+
+
 class InitSection(Section):
     """Initialisation. By default each component initialises itself (Xavier for attention, the paper's
     N(0, d^-1/2) embedding); ``std`` sets every linear and embedding weight to N(0, std), biases to 0."""
@@ -149,10 +152,10 @@ class ModelSection(Section):
     attention: Attention = Field(default_factory=_default("attention", "multihead"), description="attention")
     ffn: Ffn = Field(default_factory=_default("ffn", "mlp"), description="position-wise feed-forward")
     norm: Norm = Field(default_factory=_default("norm", "layernorm"), description="normalisation")
-    embed_scale: float | Literal["sqrt_d_model"] = Field(
+    embed_scale: PositiveFloat | Literal["sqrt_d_model"] = Field(
         "sqrt_d_model", description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)"
     )
-    output_scale: float | Literal["rsqrt_d_model"] = Field(
+    output_scale: PositiveFloat | Literal["rsqrt_d_model"] = Field(
         1.0, description="hidden states are multiplied by this before the output head: a number, or rsqrt_d_model (T5's d_model^-0.5 before its tied head)"
     )
     token_types: int = Field(

@@ -252,3 +252,21 @@ def test_export_hf_refuses_a_recipe_outside_the_families(tmp_path, capsys):
     assert main(["export", str(ckpt), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
     assert "model.placement" in capsys.readouterr().err
     assert not (tmp_path / "hf").exists()
+
+
+def test_imported_run_with_data_is_tested(saved, tmp_path, capsys):
+    """`--set data=...` adds what a config does not say, so that `tfbuilder test` scores the import."""
+    data = tmp_path / "text"
+    data.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for split in ("train", "val", "test"):
+        lines = [" ".join(str(int(i)) for i in torch.randint(0, V, (8,), generator=g)) for _ in range(6)]
+        (data / f"{split}.en").write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    spec = f"{{type: monolingual, path: {data}, lang: en, tokenizer: {{vocab_size: {V}}}, batch_size: 4}}"
+    assert main(["import-hf", str(saved["gpt2"][1]), "--out", str(run), "--set", f"data={spec}"]) == 0
+    capsys.readouterr()
+    assert main(["test", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "perplexity" in out and "6 examples" in out
+    assert main(["import-hf", str(saved["gpt2"][1]), "--out", str(tmp_path / "r2"), "--set", "model.d_model=8"]) == 2

@@ -113,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
     ih = sub.add_parser("import-hf", help="a Hugging Face model directory (GPT-2, BERT, T5, Llama) as a tfbuilder run directory")
     ih.add_argument("hf_dir", metavar="HF_DIR", help="a directory save_pretrained wrote: config.json, model.safetensors[, tokenizer.json]")
     ih.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory to write (must not exist, or be empty)")
+    _add_set(ih)
     ih.set_defaults(run=cmd_import_hf)
 
     ex = sub.add_parser("export", help="a checkpoint as safetensors, a Hugging Face directory, or ONNX")
@@ -418,7 +419,7 @@ def cmd_components(args: argparse.Namespace) -> int:
 def cmd_import_hf(args: argparse.Namespace) -> int:
     from .hf import import_hf
 
-    ckpt = import_hf(args.hf_dir, args.out)
+    ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
     print(f"wrote {ckpt.parent.parent} (recipe.yaml, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
     return 0
 

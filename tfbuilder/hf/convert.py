@@ -57,8 +57,9 @@ def _recipe_name(hf_dir: Path) -> str:
     return re.sub(r"[^\w.\-]", "-", hf_dir.resolve().name) or "imported"
 
 
-def load_hf(hf_dir: str | Path) -> tuple[str, Any, torch.nn.Module, Any]:
-    """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory."""
+def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Any, torch.nn.Module, Any]:
+    """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory.
+    ``overrides`` (``--set``) may add what a config does not say (data, optim, trainer), not change the model."""
     load_file = _safetensors().load_file
     from safetensors import SafetensorError
 
@@ -72,7 +73,10 @@ def load_hf(hf_dir: str | Path) -> tuple[str, Any, torch.nn.Module, Any]:
     if not isinstance(cfg, dict):
         raise UnsupportedConfig(f"{hf_dir / 'config.json'}: expected a JSON object")
     family, model_section = from_config(cfg)
-    recipe = recipe_from_dict({"name": _recipe_name(hf_dir), "model": model_section})
+    for override in overrides:
+        if override.split("=", 1)[0].strip().split(".")[0] in ("model", "name", "extends"):
+            raise TfbuilderError(f"--set {override}: the model comes from config.json and its weights; set data, optim or trainer keys")
+    recipe = recipe_from_dict({"name": _recipe_name(hf_dir), "model": model_section}, overrides)
     weights_file = hf_dir / "model.safetensors"
     if not weights_file.is_file():
         sharded = (hf_dir / "model.safetensors.index.json").is_file()
@@ -99,12 +103,12 @@ def load_hf(hf_dir: str | Path) -> tuple[str, Any, torch.nn.Module, Any]:
     return family, recipe, model.eval(), Vocab(tok, tok)
 
 
-def import_hf(hf_dir: str | Path, out: str | Path) -> Path:
+def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tuple[str, ...] = ()) -> Path:
     """Write a run directory from a Hugging Face model directory; returns its checkpoint's path."""
     from ..runs import write_recipe
 
     hf_dir, out = Path(hf_dir), Path(out)
-    family, recipe, model, vocab = load_hf(hf_dir)
+    family, recipe, model, vocab = load_hf(hf_dir, overrides)
     run_dir = _fresh_dir(out)
     write_recipe(run_dir, recipe.to_dict())
     (run_dir / "tokenizer.json").write_text(vocab.to_json(), encoding="utf-8")

@@ -28,21 +28,30 @@ sys.path.insert(0, str(ROOT))
 from tfbuilder.hf.convert import load_hf  # noqa: E402
 
 
-def step_time(model, ids: torch.Tensor, logits_of, steps: int, warmup: int) -> float:
-    times = []
+def one_step(model, ids: torch.Tensor, logits_of) -> float:
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    logits = logits_of(model, ids)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def step_times(ref, ours, ids: torch.Tensor, steps: int, warmup: int) -> tuple[float, float]:
+    """Median step time of each; the two alternate step by step, so that a busy moment of a shared
+    machine falls on both alike."""
+    theirs_t, ours_t = [], []
     for i in range(warmup + steps):
-        if ids.is_cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        logits = logits_of(model, ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-        if ids.is_cuda:
-            torch.cuda.synchronize()
+        a = one_step(ref, ids, lambda m, x: m(x).logits)
+        b = one_step(ours, ids, lambda m, x: m(x))
         if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+            theirs_t.append(a)
+            ours_t.append(b)
+    return statistics.median(theirs_t), statistics.median(ours_t)
 
 
 def main() -> None:
@@ -66,11 +75,10 @@ def main() -> None:
     ids = torch.randint(0, recipe.model.vocab_size, (args.batch, args.length), device=device)
     with torch.no_grad():
         diff = (ours(ids) - ref(ids).logits).abs().max().item()
-    theirs_s = step_time(ref, ids, lambda m, x: m(x).logits, args.steps, args.warmup)
-    ours_s = step_time(ours, ids, lambda m, x: m(x), args.steps, args.warmup)
+    theirs_s, ours_s = step_times(ref, ours, ids, args.steps, args.warmup)
     tokens = args.batch * args.length
     print(f"GPT-2 small shape, {args.layers} layers, batch {args.batch} x {args.length}, {args.device}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; median of {args.steps} steps after {args.warmup} warm-up")
+          f"{torch.get_num_threads()} threads; median of {args.steps} alternating steps after {args.warmup} warm-up")
     print()
     print("| model | forward+backward (ms) | tokens/s | vs transformers |")
     print("|---|---|---|---|")

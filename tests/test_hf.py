@@ -270,3 +270,35 @@ def test_imported_run_with_data_is_tested(saved, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "perplexity" in out and "6 examples" in out
     assert main(["import-hf", str(saved["gpt2"][1]), "--out", str(tmp_path / "r2"), "--set", "model.d_model=8"]) == 2
+
+
+ARCH_FAMILY = {"gpt2-small": "gpt2", "bert-base": "bert", "t5-small": "t5", "llama-small": "llama"}
+REFERENCE_CLASS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "T5ForConditionalGeneration", "llama": "LlamaForCausalLM"}
+
+
+@pytest.mark.parametrize("name", sorted(ARCH_FAMILY))
+def test_architecture_recipe_exports_to_its_reference(name, tmp_path):
+    """A model trained from a recipes/architectures/ file (shrunk) loads in transformers with equal logits."""
+    from tfbuilder.builder import build_model
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.hf.convert import checkpoint_dict
+
+    family = ARCH_FAMILY[name]
+    overrides = ["model.d_model=32", "model.attention.heads=4", "model.ffn.hidden=48", f"model.vocab_size={V}"]
+    overrides += {"gpt2": ["model.decoder.layers=2", "model.position.max_len=16"],
+                  "bert": ["model.encoder.layers=2", "model.position.max_len=16"],
+                  "t5": ["model.encoder.layers=2", "model.decoder.layers=1", "model.attention.key_dim=8", "model.attention.value_dim=8"],
+                  "llama": ["model.decoder.layers=2", "model.attention.kv_heads=2"]}[family]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / f"{name}.yaml", overrides)
+    torch.manual_seed(0)
+    model = build_model(recipe).eval()
+    with torch.no_grad():  # give every parameter (norms, biases, relative bias) a non-trivial value
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    export(tmp_path / "x.ckpt", format="hf", out=tmp_path / "hf")
+    ref = getattr(transformers, REFERENCE_CLASS[family]).from_pretrained(tmp_path / "hf")
+    inputs = batch(family)
+    compare(family, ours(model, family, inputs), theirs(ref, family, inputs), inputs)

@@ -139,12 +139,25 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Any, vocab: Any, *, source: 
 
 def _comparable(model_section: Any) -> dict:
     """A model section's data without what does not change the function (dropout, initialisation)."""
+    from ..components.ffn import glu_hidden
+
     data = model_section.model_dump(mode="json")
     data.pop("init", None)
     data.pop("dropout", None)
     for value in data.values():
         if isinstance(value, dict):
             value.pop("dropout", None)
+    # Widths left to their defaults are the widths they resolve to.
+    d, att, ffn = model_section.d_model, data["attention"], data["ffn"]
+    if att.get("type") == "multihead":
+        att["kv_heads"] = att.get("kv_heads") or att["heads"]
+        att["key_dim"] = att.get("key_dim") or d // att["heads"]
+        att["value_dim"] = att.get("value_dim") or d // att["heads"]
+    if ffn.get("type") == "mlp":
+        ffn["hidden"] = ffn.get("hidden") or 4 * d
+    elif ffn.get("type") in ("swiglu", "geglu", "reglu"):
+        ffn["hidden"] = glu_hidden(model_section.ffn, d)
+        ffn.pop("match_params", None)
     return data
 
 

@@ -121,7 +121,8 @@ class RotaryPosition(AttentionPosition):
         self.pairing = params.pairing
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1) rotated by pos * base^(-2i/k)."""
+        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1), or (x_i, x_i+k/2) with
+        ``pairing: half``, rotated by pos * base^(-2i/k)."""
         n, k = x.shape[-2], x.shape[-1]
         if k % 2:
             raise ValueError(f"rotary positions need an even key width per head, got {k}")

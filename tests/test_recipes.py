@@ -34,6 +34,9 @@ def shrunk(path) -> tfbuilder.Recipe:
     for part in ("encoder", "decoder"):
         if getattr(spec, part) is not None:
             overrides.append(f"model.{part}.layers=1")
+    heads = getattr(spec.attention, "heads", 1)
+    if 64 % heads and getattr(spec.attention, "key_dim", None) is None:  # e.g. GPT-2's and BERT's 12 heads
+        overrides.append("model.attention.heads=4")
     if getattr(spec.ffn, "hidden", None):
         overrides.append("model.ffn.hidden=96")
     return tfbuilder.load_recipe(path, overrides=overrides)
@@ -133,6 +136,8 @@ def analytic_parameters(spec) -> int:
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
     if spec.kind == "encoder":
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
+    total += spec.token_types * d + (norm(spec.norm) * sides if spec.embed_norm else 0)
+    total += spec.vocab_size if spec.head_bias else 0
     return total
 
 

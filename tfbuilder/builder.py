@@ -7,8 +7,8 @@ from torch import nn
 from . import registry
 from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
 from .errors import Problem, RecipeError
-from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, token_embedding
-from .recipe import ModelSection, Recipe, StackSection
+from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
+from .recipe import InitSection, ModelSection, Recipe, StackSection
 from .registry import BuildContext, ComponentParams
 from .sources import dotted_path
 
@@ -96,17 +96,34 @@ class _Builder:
         head_dim = getattr(attention, "key_dim", None) or self.spec.d_model // heads
         ctx = BuildContext(d_model=self.spec.d_model, causal=part == "decoder", heads=heads, head_dim=head_dim)
         position = self.component("position", self.spec.position, ctx, ("position",))
-        return Embedding(tokens, position, dropout=self.spec.dropout)
+        spec = self.spec
+        types = None
+        if spec.token_types:
+            types = nn.Embedding(spec.token_types, spec.d_model)
+            nn.init.normal_(types.weight, std=0.02)  # BERT's initializer_range
+        norm = self.norm(None, "embed") if spec.embed_norm else None
+        scale = None if spec.embed_scale == "sqrt_d_model" else spec.embed_scale
+        return Embedding(tokens, position, dropout=spec.dropout, scale=scale, types=types, norm=norm)
 
-    def output(self, tokens: nn.Embedding) -> nn.Linear:
-        out = nn.Linear(self.spec.d_model, self.spec.vocab_size, bias=False)
-        if self.spec.tie_output:
+    def output(self, tokens: nn.Embedding) -> OutputProjection:
+        spec = self.spec
+        scale = spec.d_model**-0.5 if spec.output_scale == "rsqrt_d_model" else spec.output_scale
+        out = OutputProjection(spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale)
+        if spec.tie_output:
             out.weight = tokens.weight
         else:
-            nn.init.normal_(out.weight, std=self.spec.d_model**-0.5)
+            nn.init.normal_(out.weight, std=spec.d_model**-0.5)
+        if out.bias is not None:
+            nn.init.zeros_(out.bias)
         return out
 
     def model(self) -> nn.Module:
+        model = self._model()
+        if self.spec.init.std is not None:
+            apply_init(model, self.spec.init)
+        return model
+
+    def _model(self) -> nn.Module:
         spec = self.spec
         tgt_tokens = token_embedding(spec.vocab_size, spec.d_model)
         if spec.kind == "encoder_decoder":
@@ -126,11 +143,38 @@ class _Builder:
         if spec.kind == "decoder":
             embed = self.embedding(tgt_tokens, part="decoder")
             return DecoderOnly(
-                embed=embed, decoder=self.stack("decoder", embed.position), head=self.output(tgt_tokens), pad_id=spec.pad_id
+                embed=embed,
+                decoder=self.stack("decoder", embed.position),
+                head=self.output(tgt_tokens),
+                pad_id=spec.pad_id,
             )
         embed = self.embedding(tgt_tokens, part="encoder")
         head = MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))
         return EncoderOnly(embed=embed, encoder=self.stack("encoder", embed.position), head=head, pad_id=spec.pad_id)
+
+
+def apply_init(model: nn.Module, init: InitSection) -> None:
+    """Every linear and embedding weight N(0, std), biases zero, norms left at their identity (GPT-2,
+    Radford et al. 2019; BERT, Devlin et al. 2019). With ``residual_scaling``, the projection that ends
+    each residual branch (attention ``to_out``, feed-forward ``ff_out``) gets std / sqrt(2 * layers),
+    so that the residual stream's variance does not grow with depth (GPT-2, sec. 2.3)."""
+    std = init.std
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    if not init.residual_scaling:
+        return
+    for stack in (getattr(model, part, None) for part in ("encoder", "decoder")):
+        if stack is None:
+            continue
+        scaled = std / (2 * len(stack.layers)) ** 0.5
+        for residual in (m for m in stack.modules() if isinstance(m, Residual)):
+            # The output projections are named by role in every built-in attention and feed-forward.
+            for name, linear in residual.inner.named_modules():
+                if isinstance(linear, nn.Linear) and name.rsplit(".", 1)[-1] in ("to_out", "ff_out"):
+                    nn.init.normal_(linear.weight, std=scaled)
 
 
 def count_parameters(module: nn.Module) -> int:

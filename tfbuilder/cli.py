@@ -203,6 +203,18 @@ def parser() -> argparse.ArgumentParser:
     _add_device(at)
     at.set_defaults(run=cmd_attention)
 
+    ih = sub.add_parser("import-hf", help="a Hugging Face model directory (GPT-2, BERT, T5, Llama) as a tfbuilder run directory")
+    ih.add_argument("hf_dir", metavar="HF_DIR", help="a directory save_pretrained wrote: config.json, model.safetensors[, tokenizer.json]")
+    ih.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory to write (must not exist, or be empty)")
+    _add_set(ih)
+    ih.set_defaults(run=cmd_import_hf)
+
+    ex = sub.add_parser("export", help="a checkpoint as safetensors, a Hugging Face directory, or ONNX")
+    ex.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
+    ex.add_argument("--format", required=True, choices=["safetensors", "hf", "onnx"])
+    ex.add_argument("--out", required=True, metavar="DIR", help="the directory to write (must not exist, or be empty)")
+    ex.set_defaults(run=cmd_export)
+
     j = sub.add_parser("schema", help="JSON Schema of recipes (for editors' YAML language servers)")
     j.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     j.set_defaults(run=cmd_schema)
@@ -595,6 +607,22 @@ def cmd_components(args: argparse.Namespace) -> int:
             for name, field in entry.params.model_fields.items():
                 if name != "type":
                     print(_describe_field(name, field))
+    return 0
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from .hf import import_hf
+
+    ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
+    print(f"wrote {ckpt.parent.parent} (recipe.yaml, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .hf import export
+
+    for path in export(args.checkpoint, format=args.format, out=args.out):
+        print(f"wrote {path}")
     return 0
 
 

@@ -24,18 +24,55 @@ Kind = Literal["encoder_decoder", "decoder", "encoder"]
 
 
 class Embedding(nn.Module):
-    """Token embedding times sqrt(d_model), plus positions, then dropout (Vaswani et al. 2017, sec. 3.4-3.5)."""
+    """Token embedding times ``scale`` (sqrt(d_model) in Vaswani et al. 2017, sec. 3.4-3.5), plus positions,
+    plus token types (BERT), then an optional norm (BERT, Devlin et al. 2019) and dropout."""
 
-    def __init__(self, tokens: nn.Embedding, position: nn.Module, *, dropout: float):
+    def __init__(
+        self,
+        tokens: nn.Embedding,
+        position: nn.Module,
+        *,
+        dropout: float,
+        scale: float | None = None,
+        types: nn.Embedding | None = None,
+        norm: nn.Module | None = None,
+    ):
         super().__init__()
         self.tokens = tokens
         self.position = position
-        self.scale = math.sqrt(tokens.embedding_dim)
+        self.scale = math.sqrt(tokens.embedding_dim) if scale is None else float(scale)
+        self.types = types
+        self.norm = norm
         self.drop = Dropout(dropout)
 
-    def forward(self, ids: Tensor, *, offset: int = 0) -> Tensor:
-        """``ids`` (b, n) int64 -> (b, n, d)."""
-        return self.drop(self.position(self.tokens(ids) * self.scale, offset=offset))
+    def forward(self, ids: Tensor, *, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
+        """``ids`` (b, n) int64, ``token_types`` (b, n) int64 or None (all type 0) -> (b, n, d)."""
+        x = self.tokens(ids)
+        if self.scale != 1.0:  # most modern models do not scale; skip a pass over the activations
+            x = x * self.scale
+        if self.types is not None:
+            x = x + (self.types(token_types) if token_types is not None else self.types.weight[0])
+        x = self.position(x, offset=offset)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.drop(x)
+
+
+class OutputProjection(nn.Linear):
+    """The pre-softmax projection; hidden states are multiplied by ``scale`` first (T5 scales by
+    d_model^-0.5 before its tied head, Raffel et al. 2020). State keys are nn.Linear's."""
+
+    def __init__(self, d_model: int, vocab_size: int, *, bias: bool, scale: float = 1.0):
+        super().__init__(d_model, vocab_size, bias=bias)
+        self.scale = float(scale)
+
+    def transform(self, x: Tensor) -> Tensor:
+        """What comes before the projection itself: the scale."""
+        return x * self.scale if self.scale != 1.0 else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (..., d) -> logits (..., vocab)."""
+        return super().forward(self.transform(x))
 
 
 def token_embedding(vocab_size: int, d_model: int) -> nn.Embedding:
@@ -70,7 +107,14 @@ class EncoderDecoder(nn.Module):
     kind: Kind = "encoder_decoder"
 
     def __init__(
-        self, *, src_embed: Embedding, tgt_embed: Embedding, encoder: Stack, decoder: Stack, head: nn.Module, pad_id: int
+        self,
+        *,
+        src_embed: Embedding,
+        tgt_embed: Embedding,
+        encoder: Stack,
+        decoder: Stack,
+        head: nn.Module,
+        pad_id: int | None,
     ):
         super().__init__()
         self.src_embed = src_embed
@@ -80,9 +124,9 @@ class EncoderDecoder(nn.Module):
         self.head = head
         self.pad_id = pad_id
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
-        """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j)."""
-        src_mask = masks.padding_mask(src, self.pad_id)
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j), None without a pad id."""
+        src_mask = None if self.pad_id is None else masks.padding_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
     def decode_features(
@@ -90,7 +134,8 @@ class EncoderDecoder(nn.Module):
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
         With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
-        Self-attention is causal by construction: right padding needs no mask (see :mod:`masks`)."""
+        Self-attention is causal by construction: right padding needs no mask (see :mod:`masks`), and
+        a start token equal to the pad id (T5) is an ordinary token."""
         x = self.tgt_embed(tgt, offset=offset)
         return self.decoder(x, memory=memory, memory_mask=memory_mask, cache=cache)
 
@@ -119,22 +164,28 @@ class DecoderOnly(nn.Module):
 
     kind: Kind = "decoder"
 
-    def __init__(self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int):
+    def __init__(
+        self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int | None
+    ):
         super().__init__()
         self.embed = embed
         self.decoder = decoder
         self.head = head
         self.pad_id = pad_id
 
-    def features(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
+    def features(
+        self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
+    ) -> Tensor:
         """``tokens`` (b, n) -> hidden states before the output head (b, n, d); with ``cache``,
         ``tokens`` continue the ``offset`` tokens fed before. Self-attention is causal by
         construction: right padding needs no mask (see :mod:`masks`)."""
-        return self.decoder(self.embed(tokens, offset=offset), cache=cache)
+        return self.decoder(self.embed(tokens, offset=offset, token_types=token_types), cache=cache)
 
-    def forward(self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0) -> Tensor:
+    def forward(
+        self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
+    ) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens, cache=cache, offset=offset))
+        return self.head(self.features(tokens, cache=cache, offset=offset, token_types=token_types))
 
     def new_cache(self) -> list[dict]:
         """An empty key/value cache for incremental decoding, one entry per decoder layer."""
@@ -146,17 +197,18 @@ class EncoderOnly(nn.Module):
 
     kind: Kind = "encoder"
 
-    def __init__(self, *, embed: Embedding, encoder: Stack, head: nn.Module, pad_id: int):
+    def __init__(self, *, embed: Embedding, encoder: Stack, head: nn.Module, pad_id: int | None):
         super().__init__()
         self.embed = embed
         self.encoder = encoder
         self.head = head
         self.pad_id = pad_id
 
-    def features(self, tokens: Tensor) -> Tensor:
-        """``tokens`` (b, n) -> hidden states before the masked-LM head (b, n, d)."""
-        return self.encoder(self.embed(tokens), mask=masks.padding_mask(tokens, self.pad_id))
+    def features(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
+        """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d)."""
+        mask = None if self.pad_id is None else masks.padding_mask(tokens, self.pad_id)
+        return self.encoder(self.embed(tokens, token_types=token_types), mask=mask)
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens))
+        return self.head(self.features(tokens, token_types=token_types))

@@ -103,6 +103,27 @@ class DecoderSection(StackSection):
     )
 
 
+PositiveFloat = Annotated[float, Field(gt=0.0, le=1e6)]
+
+
+class InitSection(Section):
+    """Initialisation. By default each component initialises itself (Xavier for attention, the paper's
+    N(0, d^-1/2) embedding); ``std`` sets every linear and embedding weight to N(0, std), biases to 0."""
+
+    std: float | None = Field(
+        None, gt=0.0, le=10.0, description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: each component's own"
+    )
+    residual_scaling: bool = Field(
+        False, description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, Radford et al. 2019)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "InitSection":
+        if self.residual_scaling and self.std is None:
+            fail("InitSection", [(("residual_scaling",), "residual_scaling needs init.std", True)])
+        return self
+
+
 class ModelSection(Section):
     """The architecture. Defaults are the paper's base model (Vaswani et al. 2017, Table 3 'base')."""
 
@@ -115,7 +136,9 @@ class ModelSection(Section):
     src_vocab_size: int | None = Field(
         None, ge=2, le=10_000_000, description="source vocabulary size when not shared; default vocab_size"
     )
-    pad_id: int = Field(0, ge=0, description="id of the padding token (masked as a key, ignored by the loss)")
+    pad_id: int | None = Field(
+        0, ge=0, description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, Llama)"
+    )
     d_model: int = Field(512, ge=1, le=65536, description="model width d_model")
     dropout: float = Field(0.1, ge=0.0, lt=1.0, description="P_drop: on embeddings+positions and every sub-layer output")
     placement: Literal["post", "pre", "sandwich"] = Field(
@@ -129,6 +152,18 @@ class ModelSection(Section):
     attention: Attention = Field(default_factory=_default("attention", "multihead"), description="attention")
     ffn: Ffn = Field(default_factory=_default("ffn", "mlp"), description="position-wise feed-forward")
     norm: Norm = Field(default_factory=_default("norm", "layernorm"), description="normalisation")
+    embed_scale: PositiveFloat | Literal["sqrt_d_model"] = Field(
+        "sqrt_d_model", description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)"
+    )
+    output_scale: PositiveFloat | Literal["rsqrt_d_model"] = Field(
+        1.0, description="hidden states are multiplied by this before the output head: a number, or rsqrt_d_model (T5's d_model^-0.5 before its tied head)"
+    )
+    token_types: int = Field(
+        0, ge=0, le=1024, description="token-type (segment) embeddings added to the input (BERT: 2); 0: none"
+    )
+    embed_norm: bool = Field(False, description="a norm (model.norm) after embeddings, positions and token types (BERT)")
+    head_bias: bool = Field(False, description="learn a bias on the output projection (BERT's masked-LM head)")
+    init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
     decoder: DecoderSection | None = Field(None, description="the decoder stack (kinds encoder_decoder and decoder)")
 
@@ -158,9 +193,13 @@ class ModelSection(Section):
                     self.src_vocab_size,
                 )
             )
+        if self.token_types and self.kind == "encoder_decoder":
+            problems.append((("token_types",), "token_types are for one-stack models (kinds decoder and encoder)", self.token_types))
+        if self.pad_id is None and self.kind == "encoder_decoder":
+            problems.append((("pad_id",), "an encoder_decoder model needs pad_id (source padding must be masked)", None))
         for name in ("vocab_size", "src_vocab_size"):
             size = getattr(self, name)
-            if size is not None and self.pad_id >= size:
+            if size is not None and self.pad_id is not None and self.pad_id >= size:
                 problems.append((("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id))
         fail("ModelSection", problems)
         return self
@@ -255,7 +294,10 @@ class Recipe(Section):
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and checkpoints keep)."""
-        return self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)
+        data = self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)
+        if self.model.pad_id is None:  # null is a value here (no padding token), not "the default"
+            data["model"]["pad_id"] = None
+        return data
 
 
 def _vocab_hint(data: dict) -> int:

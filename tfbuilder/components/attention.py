@@ -45,9 +45,14 @@ class MultiHeadAttention(nn.Module):
         qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
         bias: bool = Field(True, description="learn biases in the input and output projections")
+        scale: float | None = Field(
+            None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
+        )
 
         def check(self, dims: ModelDims) -> list[tuple[str, str]]:
             problems = []
+            if self.scale is not None and self.qk_norm:
+                problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
             if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
                 unset = " and ".join(n for n in ("key_dim", "value_dim") if getattr(self, n) is None)
                 problems.append(
@@ -68,6 +73,7 @@ class MultiHeadAttention(nn.Module):
         self.cross = ctx.cross
         self.causal = ctx.causal
         self.window = params.window
+        self.scale = params.scale if params.scale is not None else 1.0 / math.sqrt(self.key_dim)
         # Hooks of a position that acts inside self-attention (bound methods: the position module stays
         # owned by the embedding, not registered again under every layer).
         position = None if ctx.cross else ctx.position
@@ -172,7 +178,7 @@ class MultiHeadAttention(nn.Module):
             attn_mask = self.score_bias(n_q, n_k, offset, self.heads).to(q.dtype)
             # The boolean mask joins the additive bias: -inf where a query may not attend.
             attn_mask = attn_mask if mask is None else attn_mask.masked_fill(~mask, float("-inf"))
-        scale = 1.0 / math.sqrt(self.key_dim)
+        scale = self.scale
         if self.qk_scale is not None:
             # Cosine similarity times the learned temperature, folded into the queries so that
             # the fused kernel still runs (and the temperature gets its gradient through q).

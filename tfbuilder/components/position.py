@@ -121,6 +121,10 @@ class RotaryPosition(AttentionPosition):
         max_len: int = Field(
             4096, ge=1, le=1_000_000, description="positions whose cos/sin tables are precomputed; longer ones are computed on the fly"
         )
+        pairing: Literal["interleaved", "half"] = Field(
+            "interleaved",
+            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), GPT-NeoX's and Llama's",
+        )
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
@@ -130,9 +134,11 @@ class RotaryPosition(AttentionPosition):
         # Not persistent: functions of the params, so they stay out of checkpoints.
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+        self.pairing = params.pairing
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1) rotated by pos * base^(-2i/k)."""
+        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1), or (x_i, x_i+k/2) with
+        ``pairing: half``, rotated by pos * base^(-2i/k)."""
         n, k = x.shape[-2], x.shape[-1]
         if k % 2:
             raise ValueError(f"rotary positions need an even key width per head, got {k}")
@@ -142,6 +148,9 @@ class RotaryPosition(AttentionPosition):
             angles = rotary_angles(n, k, base=self.base, offset=offset, device=x.device)
             cos, sin = angles.cos(), angles.sin()
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        if self.pairing == "half":
+            first, second = x[..., : k // 2], x[..., k // 2 :]
+            return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
         even, odd = x[..., 0::2], x[..., 1::2]
         out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
         return out.flatten(-2)

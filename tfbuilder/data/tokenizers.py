@@ -111,6 +111,42 @@ class BPETokenizer:
         return json.dumps({"type": "bpe", "tokenizer": self._tok.to_str()})
 
 
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` used as it is (imported models): its own ids and special tokens,
+    which decoding skips. tfbuilder's start and end ids (1, 2) are not remapped onto it."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.vocab_size = tokenizer.get_vocab_size()
+
+    @classmethod
+    def from_str(cls, text: str) -> "HFTokenizer":
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_str(text))
+
+    @classmethod
+    def ids(cls, vocab_size: int) -> "HFTokenizer":
+        """Text is ids written out ("15 7 0"): for a model imported without its tokenizer."""
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        tok = Tokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token="0"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        return cls(tok)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True).strip()
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "hf", "tokenizer": self._tok.to_str()})
+
+
 def from_json(text: str) -> Tokenizer:
     """Rebuild a tokenizer from :meth:`to_json` output."""
     data = json.loads(text) if isinstance(text, str) else None
@@ -120,6 +156,8 @@ def from_json(text: str) -> Tokenizer:
         return CharTokenizer(data["chars"])
     if data.get("type") == "bpe" and isinstance(data.get("tokenizer"), str):
         return BPETokenizer.from_json(data["tokenizer"])
+    if data.get("type") == "hf":
+        return HFTokenizer.from_str(data["tokenizer"])
     raise DataError(f"unknown or damaged tokenizer (type {str(data.get('type'))[:40]!r})")
 
 

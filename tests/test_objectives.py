@@ -87,3 +87,23 @@ def test_every_objective_counts_only_real_targets_and_trains(kind):
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     assert torch.isfinite(result.loss) and result.loss > 0
+
+
+@pytest.mark.parametrize("recipe_file", ["t5-small.yaml", "bert-base.yaml", "gpt2-small.yaml"])
+def test_the_fused_loss_sees_what_the_head_computes(recipe_file):
+    """Heads with a scale before a tied projection (T5), a transform and a bias (BERT): the fused
+    loss equals the plain loss of the head's own logits."""
+    from conftest import ROOT
+
+    path = ROOT / "recipes" / "architectures" / recipe_file
+    stacks = {"encoder_decoder": ["encoder", "decoder"], "decoder": ["decoder"], "encoder": ["encoder"]}
+    small = ["model.d_model=32", "model.vocab_size=40", "model.dropout=0.0", "model.attention.heads=4"]
+    small += ["model.attention.key_dim=8", "model.attention.value_dim=8"]
+    small += [f"model.{part}.layers=1" for part in stacks[tfbuilder.load_recipe(path).model.kind]]
+    recipe = tfbuilder.load_recipe(path, small)
+    model = tfbuilder.build_model(recipe)
+    hidden = torch.randn(2, 5, 32)
+    target = torch.randint(1, 40, (2, 5))
+    fused = head_loss(model.head, hidden, target, epsilon=0.1, ignore=0)
+    plain = smoothed_cross_entropy(model.head(hidden).reshape(-1, 40), target.reshape(-1), 0.1, ignore=0)
+    torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-5, atol=1e-5)

@@ -97,12 +97,17 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear]:
     """Split an output head into what comes before its vocabulary projection (an MLM head's dense
-    layer and norm, a scale before a tied projection), and the projection's weight and bias."""
-    linear = head if isinstance(head, nn.Linear) else head.out
-    steps = [f for f in (getattr(head, "transform", None) if head is not linear else None, getattr(linear, "transform", None)) if f]
-    if not steps:
-        return (lambda x: x), linear
-    return (lambda x: steps[-1](steps[0](x)) if len(steps) == 2 else steps[0](x)), linear
+    layer and norm, a scale before a tied projection) and the projection itself."""
+    linear, before = (head, []) if isinstance(head, nn.Linear) else (head.out, [head.transform])
+    if hasattr(linear, "transform"):
+        before.append(linear.transform)
+
+    def transform(x: Tensor) -> Tensor:
+        for step in before:
+            x = step(x)
+        return x
+
+    return transform, linear
 
 
 def head_loss(head: nn.Module, hidden: Tensor, target: Tensor, *, epsilon: float, ignore: int) -> Result:

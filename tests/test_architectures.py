@@ -155,12 +155,21 @@ def test_t5_scales_before_its_tied_head_and_keeps_its_start_token():
 
 
 def test_no_pad_id_makes_id_zero_a_token():
-    recipe = tiny(ARCH / "gpt2-small.yaml", "model.decoder.layers=1", "model.dropout=0.0", "model.position.max_len=16")
+    """GPT-2 has no padding token: id 0 is a target the loss counts (with a pad id it is ignored).
+    Decoders never mask by id (causal attention needs no padding mask), so the logits agree."""
+    from tfbuilder.objectives import objective
+
+    small = ("model.decoder.layers=1", "model.dropout=0.0", "model.position.max_len=16")
+    recipe = tiny(ARCH / "gpt2-small.yaml", *small)
+    with_pad_recipe = tiny(ARCH / "gpt2-small.yaml", *small, "model.pad_id=0")
     model = tfbuilder.build_model(recipe).eval()
-    with_pad = tfbuilder.build_model(tiny(ARCH / "gpt2-small.yaml", "model.decoder.layers=1", "model.dropout=0.0", "model.position.max_len=16", "model.pad_id=0")).eval()
+    with_pad = tfbuilder.build_model(with_pad_recipe).eval()
     with_pad.load_state_dict(model.state_dict())
-    ids = torch.tensor([[7, 0, 9, 11]])
-    assert not torch.allclose(model(ids)[:, 2:], with_pad(ids)[:, 2:])  # id 0 is attended to only without pad_id
+    ids = torch.tensor([[7, 0, 9, 11, 0]])
+    torch.testing.assert_close(model(ids), with_pad(ids))
+    counted = objective(recipe, epsilon=0.0)(model, {"tokens": ids})
+    ignored = objective(with_pad_recipe, epsilon=0.0)(with_pad, {"tokens": ids})
+    assert (int(counted.tokens), int(ignored.tokens)) == (4, 2)  # targets 0 9 11 0
     assert tfbuilder.Recipe.model_validate(recipe.to_dict()).model.pad_id is None  # null survives a checkpoint
 
 

@@ -138,17 +138,22 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float, *, ig
     return Result((loss * valid).sum() / tokens.clamp(min=1), (nll * valid).sum().detach(), correct, tokens)
 
 
+def _ignored(model: nn.Module) -> int:
+    """The target id that does not count: the model's pad id, or one no token has (no pad id)."""
+    return -100 if model.pad_id is None else model.pad_id
+
+
 def seq2seq(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Result:
     """Teacher-forced translation: predict ``tgt_out`` from ``src`` and ``tgt_in``."""
     hidden = model.features(batch["src"], batch["tgt_in"])
-    return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=model.pad_id)
+    return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=_ignored(model))
 
 
 def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Result:
     """Next-token prediction on ``tokens`` (<s> x </s>)."""
     tokens = batch["tokens"]
     hidden = model.features(tokens[:, :-1])
-    return head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=model.pad_id)
+    return head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model))
 
 
 def masked_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, probability: float, vocab_size: int) -> Result:

@@ -173,7 +173,7 @@ def check_launcher(recipe: Recipe) -> list[Problem]:
 
 def trial_model(model: ModelSection) -> ModelSection:
     """``model`` with one layer per stack and a small vocabulary: the same shapes per layer, cheap."""
-    small = max(TRIAL_VOCAB, model.pad_id + 1)
+    small = max(TRIAL_VOCAB, (model.pad_id or 0) + 1)
     update: dict[str, Any] = {"vocab_size": min(model.vocab_size, small)}
     if model.src_vocab_size is not None:
         update["src_vocab_size"] = min(model.src_vocab_size, small)

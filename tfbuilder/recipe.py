@@ -25,7 +25,7 @@ from pydantic_core import PydanticCustomError
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
-from .sections import DataSection, OptimSection, Section, TrainerSection, fail
+from .sections import SPECIAL_TOKENS, DataSection, OptimSection, Section, TrainerSection, fail
 from .sources import Source, apply_overrides, dotted_path, load_source
 
 
@@ -279,6 +279,12 @@ class Recipe(Section):
                 )
             if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
                 problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
+            pad = SPECIAL_TOKENS.index("<pad>")
+            if self.model.pad_id is not None and self.model.pad_id != pad:
+                # One pad id for masks, loss and batches: the data's tokenizers pad with <pad>.
+                problems.append(
+                    (("model", "pad_id"), f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data", self.model.pad_id)
+                )
         if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
             problems.append(
                 (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)

@@ -185,3 +185,13 @@ def test_init_std_and_gpt2_residual_scaling():
     assert abs(model.embed.tokens.weight.std().item() - 0.02) < 0.001
     assert abs(model.embed.position.table.weight.std().item() - 0.02) < 0.001
     assert torch.equal(layer.self_attn.norm.weight, torch.ones(768))
+
+
+def test_a_model_without_pad_id_trains_only_on_unpadded_batches(tmp_path):
+    from tfbuilder.errors import TfbuilderError
+
+    small = ("model.decoder.layers=1", "model.position.max_len=16", f"trainer.output={tmp_path}")
+    data = "data={type: monolingual, path: %s, lang: en, tokenizer: {type: char, vocab_size: 50}}" % tmp_path
+    with pytest.raises(TfbuilderError, match="data.batch_size: 1"):
+        tfbuilder.fit(tiny(ARCH / "gpt2-small.yaml", *small, data, "data.max_tokens=512"))
+    assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -118,7 +118,9 @@ def evaluate(
     sizes = [len(s) + 2 for s in examples.src]
     nll = tokens = 0.0
     torch.manual_seed(0)  # the masked-LM objective draws its masks
-    for batch_ids in pack(sizes, sizes, sorted(range(len(sizes)), key=sizes.__getitem__), max_tokens=max_tokens, batch_size=None):
+    # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
+    unpadded = {"max_tokens": None, "batch_size": 1} if recipe.model.pad_id is None else {"max_tokens": max_tokens, "batch_size": None}
+    for batch_ids in pack(sizes, sizes, sorted(range(len(sizes)), key=sizes.__getitem__), **unpadded):
         batch = {k: v.to(device, non_blocking=True) for k, v in collate(batch_ids).items()}
         result = objective(model, batch)
         nll += float(result.nll)

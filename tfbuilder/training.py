@@ -396,6 +396,9 @@ def fit(
     after every optimizer step. Nothing is created before every check has passed."""
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
+    if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
+        # Padding would be indistinguishable from a token, and would count as a target.
+        raise TfbuilderError("model.pad_id is null (no padding token): train with data.batch_size: 1, or set model.pad_id")
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists

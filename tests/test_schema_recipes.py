@@ -29,14 +29,15 @@ SCHEMA_CANNOT = {
     # rules between fields
     "cross-field": {
         "betas_out_of_range", "decoder_for_encoder_kind", "heads_not_dividing", "heads_not_dividing_key_dim_only",
-        "missing_encoder", "missing_vocab_size", "monolingual_without_path", "pad_id_too_large", "parallel_without_path",
+        "missing_encoder", "missing_vocab_size", "monolingual_without_path", "pad_id_not_the_datas", "pad_id_too_large",
+        "parallel_without_path",
         "src_vocab_for_decoder_kind", "src_vocab_mismatch", "synthetic_lengths_absurd", "synthetic_without_task",
         "val_bleu_on_decoder",
     },
     # the pre-flight: building and stepping the model, this machine
     "pre-flight": {
         "learned_max_len_shorter_than_data", "learned_max_len_shorter_than_text", "model_too_large",
-        "num_nodes_without_launcher", "relative_bias_stack_heads", "rotary_odd_key_dim",
+        "num_nodes_without_launcher", "rotary_odd_key_dim",
     },
 }  # fmt: skip
 

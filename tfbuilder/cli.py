@@ -293,7 +293,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
         recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
     from .training import fit
 
-    _quiet_lightning()
     summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
     if summary is not None and _is_rank_zero():
         print("\n".join(summary.lines()))
@@ -491,7 +490,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{run.status:>9}  {run.dir}")
         return 0
     sweeps.write_plan(sweep)
-    _quiet_lightning()
+    from .training import quiet_lightning
+
+    quiet_lightning()
     failed = _run_with_progress(todo, sweep)
     finished, _ = reports.find_runs([sweep.dir])
     rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
@@ -573,16 +574,6 @@ def cmd_attention(args: argparse.Namespace) -> int:
     for path in write_maps(loaded, args.src, tgt=args.tgt, out_dir=Path(args.out), layers=args.layers):
         print(path)
     return 0
-
-
-def _quiet_lightning() -> None:
-    """Keep Lightning's start-up chatter (device lists, tips, a deprecation in its own code) off the
-    terminal: the summary says what happened. Warnings about the user's setup still show."""
-    import logging
-    import warnings
-
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
 def _is_rank_zero() -> bool:

@@ -155,6 +155,16 @@ def write_recipe(run_dir: Path, recipe_dict: dict) -> None:
     write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe_dict, sort_keys=False), what="recipe")
 
 
+def display_path(path: str | Path) -> str:
+    """How a path is shown to the user: relative to the working directory when it lies below it,
+    absolute otherwise (one rule for every path a command prints)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
 def run_dir_of(ckpt_path: Path) -> Path | None:
     """The run directory a checkpoint lies in (``<run>/checkpoints/x.ckpt``), or None for a loose file."""
     return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None

@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback
 from torch import nn
 
 from . import __version__, atomic, objectives, preflight
@@ -31,6 +31,7 @@ from .data.datamodule import DataModule
 from .data.prepare import Vocab, prepare
 from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
+from .progress import Progress
 from .recipe import Recipe
 from .runs import (
     RUN_DIR_ENV,
@@ -41,6 +42,7 @@ from .runs import (
     find_checkpoint,
     fits,
     model_state,
+    display_path,
     new_run_dir,
     read_checkpoint,
     run_dir_of,
@@ -249,7 +251,7 @@ class Summary:
     def lines(self) -> list[str]:
         best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f} (perplexity {self.best_val_ppl:.2f})"
         rows = [
-            ("run directory", self.run_dir),
+            ("run directory", display_path(self.run_dir)),
             ("steps", f"{self.steps:,} ({self.stopped})"),
             ("wall time", f"{self.seconds:.1f} s"),
             ("best validation loss", best),
@@ -259,10 +261,10 @@ class Summary:
             rows.append(("last validation BLEU", f"{self.last_val_bleu:.2f} (greedy, subset)"))
         rows += [("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)")]
         if self.best_checkpoint:
-            rows.append(("best checkpoint", f"{self.best_checkpoint} (step {self.best_step}, {self.monitor} {self.best_score:.4f})"))
+            rows.append(("best checkpoint", f"{display_path(self.best_checkpoint)} (step {self.best_step}, {self.monitor} {self.best_score:.4f})"))
         else:
             rows.append(("best checkpoint", "n/a"))
-        rows.append(("last checkpoint", f"{self.last_checkpoint} (step {self.last_val_step})"))
+        rows.append(("last checkpoint", f"{display_path(self.last_checkpoint)} (step {self.last_val_step})"))
         if self.ranks_agree is not None:
             rows.append(("ranks agree", "yes" if self.ranks_agree else "NO"))
         width = max(len(k) for k, _ in rows)
@@ -314,9 +316,8 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
             deterministic=t.deterministic,
             accumulate_grad_batches=optim.accumulate,
             gradient_clip_val=optim.grad_clip,
-            enable_progress_bar=t.progress,
-            # On a GPU the bar reads the metrics back (a sync) only every log_every steps.
-            callbacks=callbacks + ([TQDMProgressBar(refresh_rate=t.log_every if _accelerated(recipe) else 1)] if t.progress else []),
+            enable_progress_bar=False,  # progress.Progress shows the run
+            callbacks=callbacks,
             enable_model_summary=False,
             num_sanity_val_steps=0,
             use_distributed_sampler=False,  # the bucketing sampler splits batches across ranks itself
@@ -378,6 +379,15 @@ def _changes(before: dict, after: dict) -> dict[str, list]:
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def quiet_lightning() -> None:
+    """Keep Lightning's start-up chatter (device lists, tips and adverts, a deprecation in its own
+    code) off the terminal, from the CLI and the Python API alike: the progress display and the
+    summary say what happens. Warnings about the user's setup still show."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+
+
 def fit(
     recipe: Recipe,
     *,
@@ -401,6 +411,7 @@ def fit(
         raise TfbuilderError("model.pad_id is null (no padding token): train with data.batch_size: 1, or set model.pad_id")
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
+    quiet_lightning()
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -505,7 +516,9 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
     if t.max_epochs:
         per_epoch = datamodule._sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
         max_steps = min(max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
-    callbacks: list[Callback] = [guard] + ([StepHook(on_step)] if on_step else [])
+    # On an accelerator the display reads the loss back (a sync) only every log_every steps.
+    shown = Progress(run_dir=display_path(run_dir), every=t.log_every, read_every=t.log_every if accelerated else 1, quiet=not t.progress)
+    callbacks: list[Callback] = [guard, shown] + ([StepHook(on_step)] if on_step else [])
     trainer = _trainer(recipe, run_dir, callbacks, max_steps)
     ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts

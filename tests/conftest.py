@@ -11,7 +11,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
-# Multi30k lies beside the clone here and in CI; elsewhere point MULTI30K_DIR at a copy (README, "Multi30k").
+# Multi30k lies beside the clone here and in CI; elsewhere point MULTI30K_DIR at a copy (docs/multi30k.md, "Data").
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
 
 # The smallest model that still has every part: used wherever a test needs "some model".

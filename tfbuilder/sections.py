@@ -203,7 +203,7 @@ class TrainerSection(Section):
     num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
-    compile: bool = Field(False, description="torch.compile the model (slower on this CPU; opt-in)")
+    compile: bool = Field(False, description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)")
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")
     progress: bool = Field(True, description="show a progress bar")

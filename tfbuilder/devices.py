@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -45,3 +47,40 @@ def model_device(model: nn.Module) -> torch.device:
     for tensor in model.parameters():
         return tensor.device
     return torch.device("cpu")
+
+
+def count(devices: int | list[int] | str, *, gpu: bool) -> int:
+    """How many devices a ``trainer.devices`` setting uses on one node: ``auto`` is every GPU (one
+    process on a CPU), a list names GPU indices, a number is a count."""
+    if isinstance(devices, list):
+        return len(devices)
+    if devices == "auto":
+        return max(torch.cuda.device_count(), 1) if gpu else 1
+    return int(devices)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a SLURM allocation)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def idle_cores() -> int:
+    """Cores not already busy: usable cores minus the 1-minute load average, at least 1.
+
+    Threads that must share a core with another busy process wait on each other at every
+    parallel region; on 2 cores beside one busy process, 2 threads trained the quick start several
+    times slower than 1 (docs/getting-started.md, "Threads")."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        load = 0.0
+    return max(1, min(usable_cores(), round(usable_cores() - load)))
+
+
+def threads(setting: int | str) -> int:
+    """The CPU threads for ``trainer.threads`` (``auto``: :func:`idle_cores`)."""
+    return idle_cores() if setting == "auto" else int(setting)
+

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from . import devices
 from .errors import Problem, RecipeError
 from .recipe import ModelSection, Recipe
 from .sources import dotted_path
@@ -129,7 +130,7 @@ def machine_memory(recipe: Recipe) -> tuple[int, str]:
     wants_gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
     nodes = trainer.num_nodes
     if wants_gpu and torch.cuda.is_available():
-        count = torch.cuda.device_count() if trainer.devices == "auto" else trainer.devices
+        count = devices.count(trainer.devices, gpu=True)
         per = torch.cuda.get_device_properties(0).total_memory
         return per * count * nodes, f"{count * nodes} GPU(s) of {_gib(per)} each"
     try:

@@ -69,7 +69,7 @@ class Progress(Callback):
 
     ``live``: ``True`` redraws one line in place, ``False`` prints a line every ``every`` steps, and
     ``None`` chooses by whether ``stream`` is a terminal. ``quiet`` keeps only the start line and
-    the validation lines."""
+    the validation lines; ``detail`` ends the start line."""
 
     def __init__(
         self,
@@ -80,8 +80,10 @@ class Progress(Callback):
         stream: TextIO | None = None,
         live: bool | None = None,
         quiet: bool = False,
+        detail: str = "",
     ):
         self.run_dir = run_dir
+        self.detail = detail
         self.every = every
         self.read_every = read_every
         self.stream = stream
@@ -145,7 +147,7 @@ class Progress(Callback):
         step = trainer.global_step
         begin = f"from step {step:,}" if step else "from step 0"
         self.say(f"run directory: {self.run_dir}")
-        self.say(f"training {begin} to at most {trainer.max_steps:,} steps" + _limit(trainer))
+        self.say(f"training {begin} to at most {trainer.max_steps:,} steps" + _limit(trainer) + (f"; {self.detail}" if self.detail else ""))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
         if not trainer.is_global_zero or self.quiet:
@@ -175,9 +177,10 @@ class Progress(Callback):
         if not trainer.is_global_zero or trainer.sanity_checking:
             return
         metrics = trainer.callback_metrics
-        shown = [f"{name} {float(metrics[name]):.4g}" for name in ("val_loss", "val_ppl", "val_acc", "val_bleu") if name in metrics]
-        self.validation = "  ".join(shown[:1] + shown[3:])
-        self.say(f"validation at step {trainer.global_step:,}: " + ", ".join(shown))
+        formats = {"val_loss": "{:.4f}", "val_ppl": "{:.2f}", "val_acc": "{:.2%}", "val_bleu": "{:.2f}"}
+        shown = {name: f"{name} {form.format(float(metrics[name]))}" for name, form in formats.items() if name in metrics}
+        self.validation = "  ".join(shown[name] for name in ("val_loss", "val_bleu") if name in shown)
+        self.say(f"validation at step {trainer.global_step:,}: " + ", ".join(shown.values()))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero and self.interactive and self.width:

@@ -198,7 +198,9 @@ class TrainerSection(Section):
     log_every: int = Field(50, ge=1, description="log training metrics (and check the loss is finite) every this many steps")
     precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind (auto: a GPU when present)")
-    devices: Annotated[int, Field(ge=1, le=4096)] | Literal["auto"] = Field("auto", description="devices (or CPU processes) per node")
+    devices: Annotated[int, Field(ge=1, le=4096)] | Annotated[list[Annotated[int, Field(ge=0, le=4095)]], Field(min_length=1, max_length=4096)] | Literal["auto"] = Field(
+        "auto", description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is the second GPU)"
+    )
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
     num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
@@ -206,7 +208,14 @@ class TrainerSection(Section):
     compile: bool = Field(False, description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)")
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")
-    progress: bool = Field(True, description="show a progress bar")
+    progress: bool = Field(
+        True, description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)"
+    )
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
+        "auto",
+        description="CPU threads of the training process; auto: the cores not already busy (cores minus the load average, at least 1), "
+        "since threads fighting another process for a core run many times slower",
+    )
 
     @field_validator("precision", mode="before")
     @classmethod
@@ -216,6 +225,8 @@ class TrainerSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerSection":
+        if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
+            fail("TrainerSection", [(("devices",), f"devices {self.devices} names a device twice", self.devices)])
         if self.monitor == "val_bleu" and not self.val_bleu:
             fail("TrainerSection", [(("monitor",), "monitor: val_bleu needs trainer.val_bleu: N (sentences translated at each validation)", self.monitor)])
         return self

@@ -24,7 +24,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from . import __version__, atomic, objectives, preflight
+from . import __version__, atomic, devices, objectives, preflight
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
@@ -282,10 +282,7 @@ def _accelerated(recipe: Recipe) -> bool:
 
 
 def _world(recipe: Recipe) -> int:
-    devices = recipe.trainer.devices
-    if devices == "auto":
-        devices = torch.cuda.device_count() if recipe.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else 1
-    return max(1, int(devices)) * recipe.trainer.num_nodes
+    return devices.count(recipe.trainer.devices, gpu=_accelerated(recipe)) * recipe.trainer.num_nodes
 
 
 def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int) -> L.Trainer:
@@ -343,12 +340,15 @@ class StepHook(Callback):
 def _probe(recipe: Recipe) -> None:
     """Fail on an accelerator, precision or strategy this machine lacks before any run directory exists."""
     t = recipe.trainer
+    if isinstance(t.devices, list) and not _accelerated(recipe):
+        where = "accelerator: cpu" if t.accelerator == "cpu" else "this machine has no GPU"
+        raise TfbuilderError(f"trainer.devices {t.devices} names GPUs by index, but training runs on the CPU ({where}): give a number of processes")
     try:
         L.Trainer(
             accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, precision=t.precision,
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         )
-    except (ValueError, RuntimeError, MisconfigurationException) as exc:
+    except (TypeError, ValueError, RuntimeError, MisconfigurationException) as exc:
         raise TfbuilderError(f"trainer: {exc}") from None
 
 
@@ -517,7 +517,12 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
         per_epoch = datamodule._sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
         max_steps = min(max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
     # On an accelerator the display reads the loss back (a sync) only every log_every steps.
-    shown = Progress(run_dir=display_path(run_dir), every=t.log_every, read_every=t.log_every if accelerated else 1, quiet=not t.progress)
+    threads = devices.threads(t.threads)
+    torch.set_num_threads(threads)
+    shown = Progress(
+        run_dir=display_path(run_dir), every=t.log_every, read_every=t.log_every if accelerated else 1, quiet=not t.progress,
+        detail=f"{threads} CPU thread{'s' if threads > 1 else ''} (trainer.threads: {t.threads})",
+    )
     callbacks: list[Callback] = [guard, shown] + ([StepHook(on_step)] if on_step else [])
     trainer = _trainer(recipe, run_dir, callbacks, max_steps)
     ours = RUN_DIR_ENV not in os.environ

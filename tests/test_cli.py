@@ -47,6 +47,43 @@ def test_components_lists_every_registered_type_with_params(capsys):
                     assert f"{name}: " in out and field.description in out
 
 
+def test_components_show_whole_first_paragraphs():
+    """Each component's description is its docstring's first paragraph, whole: it ends a sentence."""
+    for family in registry.FAMILIES:
+        for entry in registry.entries(family):
+            assert entry.doc.endswith((".", ")")), (entry.family, entry.name, entry.doc)
+            first = entry.cls.__doc__.strip().split("\n\n")[0]
+            assert entry.doc == " ".join(first.split())
+
+
+def test_every_option_of_every_command_is_described():
+    import argparse
+
+    from tfbuilder.cli import parser
+
+    root = parser()
+    commands = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction)).choices
+    undescribed = [
+        (name, action.option_strings or action.dest)
+        for name, command in commands.items()
+        for action in command._actions
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert undescribed == []
+    assert len(commands) >= 15
+
+
+def test_version_names_tfbuilder_torch_and_lightning(capsys):
+    import tfbuilder
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"tfbuilder {tfbuilder.__version__} (torch ")
+    assert "lightning " in out and "Python " in out
+
+
 def test_schema_is_valid_json_schema_that_accepts_recipes_and_rejects_typos(tmp_path):
     out = tmp_path / "schema.json"
     assert main(["schema", "--output", str(out)]) == 0

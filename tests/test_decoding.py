@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import select
 import subprocess
 import sys
 
@@ -55,9 +57,10 @@ def test_beam_of_one_is_greedy(seed):
     assert decoding.beam_search(model, src, beam=1, max_len_b=6) == decoding.greedy(model, src, max_len_b=6)
 
 
-def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float, limit: int) -> list[int]:
+def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float, limit: int, nbest: int | None = None):
     """Beam search written plainly: one input, no cache (the whole prefix re-run each step), every
-    candidate scored, stopping once ``beam`` hypotheses have ended or at the length limit."""
+    candidate scored, stopping once ``beam`` hypotheses have ended or at the length limit. Returns
+    the best hypothesis, or with ``nbest`` the best (score, hypothesis) pairs."""
     src = torch.tensor([src_row])
     live = [(0.0, [BOS])]
     ended: list[tuple[float, list[int]]] = []
@@ -76,7 +79,7 @@ def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float,
         live = [c for c in cands if c[1][-1] != EOS][:beam]
         if len(ended) >= beam or step + 1 >= limit:
             break
-    return max(ended)[1]
+    return max(ended)[1] if nbest is None else sorted(ended, key=lambda e: -e[0])[:nbest]
 
 
 @pytest.mark.parametrize(
@@ -93,6 +96,48 @@ def test_beam_search_equals_a_plain_reference(attention, alpha):
         got = decoding.beam_search(model, pad(rows), beam=3, alpha=alpha, max_len_a=0, max_len_b=8)
         want = [reference_beam_search(model, r, beam=3, alpha=alpha, limit=8) for r in rows]
     assert got == want
+
+
+def test_nbest_equals_the_plain_reference():
+    torch.manual_seed(7)
+    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model())).eval()
+    rows = [torch.randint(5, 53, (n,)).tolist() + [EOS] for n in (2, 6, 4, 7)]
+    with torch.no_grad():
+        got = decoding.beam_search_nbest(model, pad(rows), beam=4, nbest=3, alpha=0.6, max_len_a=0, max_len_b=8)
+        want = [reference_beam_search(model, r, beam=4, alpha=0.6, limit=8, nbest=3) for r in rows]
+    assert [[h for _, h in found] for found in got] == [[h for _, h in found] for found in want]
+    for found, expected in zip(got, want):
+        assert [s for s, _ in found] == pytest.approx([s for s, _ in expected], abs=1e-4)
+        assert [s for s, _ in found] == sorted((s for s, _ in found), reverse=True)
+    assert [found[0][1] for found in got] == decoding.beam_search(model, pad(rows), beam=4, alpha=0.6, max_len_a=0, max_len_b=8)
+    with pytest.raises(ValueError, match="nbest"):
+        decoding.beam_search_nbest(model, pad(rows), beam=2, nbest=3)
+
+
+def test_sampled_translations_carry_their_log_probability():
+    torch.manual_seed(3)
+    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model())).eval()
+    src = pad([torch.randint(5, 53, (n,)).tolist() + [EOS] for n in (3, 6)])
+    # Temperature 0 is greedy.
+    cold = decoding.sample_translations(model, src, n=1, temperature=0.0, max_len_b=6)
+    assert [found[0][1] for found in cold] == decoding.greedy(model, src, max_len_b=6)
+    # Each sample's score is the model's log-probability of its tokens and the closing </s>.
+    drawn = decoding.sample_translations(model, src, n=5, temperature=1.5, generator=torch.Generator().manual_seed(0), max_len_b=6)
+    assert [len(found) for found in drawn] == [5, 5]
+    with torch.no_grad():
+        for row, found in zip(src, drawn):
+            assert [s for s, _ in found] == sorted((s for s, _ in found), reverse=True)
+            for score, ids in found:
+                tgt = torch.tensor([[BOS, *ids]])
+                logp = model(row[None], tgt)[0].log_softmax(-1)
+                # An output cut at the length limit ends with a forced </s>: counted too.
+                want = sum(float(logp[t, w]) for t, w in enumerate([*ids, EOS]))
+                assert score == pytest.approx(want, abs=1e-4), ids
+    # The same seed draws the same samples; top-k 1 leaves one choice: the greedy one.
+    again = decoding.sample_translations(model, src, n=5, temperature=1.5, generator=torch.Generator().manual_seed(0), max_len_b=6)
+    assert again == drawn
+    top1 = decoding.sample_translations(model, src, n=2, top_k=1, generator=torch.Generator().manual_seed(1), max_len_b=6)
+    assert [[ids for _, ids in found] for found in top1] == [[g, g] for g in decoding.greedy(model, src, max_len_b=6)]
 
 
 def test_cross_attention_groups_beams_over_one_source():
@@ -196,17 +241,72 @@ def test_translate_command_streams_lines_in_order(copy_checkpoint, tmp_path):
     assert main(["translate", copy_checkpoint, "--input", str(src), "--output", str(out)]) == 2  # never overwritten
 
 
+def test_translate_answers_each_line_of_a_slow_pipe_before_the_next(copy_checkpoint):
+    """A program that writes one line and waits for its answer gets it (no batching wait)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tfbuilder", "translate", copy_checkpoint, "--beam", "2"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        for line in ["abc", "hgf", "a"]:
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, f"no answer to {line!r} while the pipe stays open"
+            assert proc.stdout.readline().decode().rstrip("\n") == line
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+
+
+def test_translate_nbest_and_sampling(copy_checkpoint, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("abc\nfedcb\n")
+    assert main(["translate", copy_checkpoint, "--beam", "4", "--nbest", "3", "--input", str(src)]) == 0
+    rows = [line.split(" ||| ") for line in capsys.readouterr().out.splitlines()]
+    assert [r[0] for r in rows] == ["0", "0", "0", "1", "1", "1"]
+    assert [rows[0][1], rows[3][1]] == ["abc", "fedcb"]  # the best first
+    scores = [float(r[2]) for r in rows]
+    assert scores[:3] == sorted(scores[:3], reverse=True) and scores[3:] == sorted(scores[3:], reverse=True)
+    assert len({r[1] for r in rows[:3]}) == 3  # three different candidates
+
+    sampled = ["translate", copy_checkpoint, "--sample", "--nbest", "4", "--temperature", "2", "--seed", "5", "--input", str(src)]
+    assert main(sampled) == 0
+    first = capsys.readouterr().out
+    assert main(sampled) == 0
+    assert capsys.readouterr().out == first  # the seed fixes the draws
+    assert len(first.splitlines()) == 8
+
+    assert main(["translate", copy_checkpoint, "--beam", "2", "--nbest", "3", "--input", str(src)]) == 2
+    assert "--nbest 3 needs a beam at least as wide" in capsys.readouterr().err
+    assert main(["translate", copy_checkpoint, "--batch-size", "1", "--max-tokens", "8", "--input", str(src)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["abc", "fedcb"]
+
+
 def test_test_command_scores_and_saves_json(copy_checkpoint, capsys):
     import json
     from pathlib import Path
 
     assert main(["test", copy_checkpoint, "--split", "val", "--beam", "2"]) == 0  # a run directory: its best.ckpt
     out = capsys.readouterr().out
-    assert "sacreBLEU (beam 2)" in out and "chrF" in out and "perplexity" in out
+    # A copy task is not language: exact match and token accuracy, no BLEU (0 for any one-word line).
+    assert re.search(r"exact match \(beam 2\)\s+(9[5-9]|100)\.\d\d% of outputs", out), out
+    assert re.search(r"token accuracy\s+(9[89]|100)\.\d\d%", out), out
+    assert "not computed: a synthetic task" in out and "chrF" not in out
     saved = json.loads(next(Path(copy_checkpoint).glob("test-val-best-beam2.json")).read_text())
-    assert saved["chrf"] > 95  # a copy model: near-perfect output (BLEU is 0 on one-word lines: no 4-grams)
-    assert saved["bleu_signature"].startswith("nrefs:1")
+    assert saved["exact_match"] >= 0.95 and saved["accuracy"] >= 0.98 and saved["bleu"] is None
     assert saved["perplexity"] < 1.5
+
+
+def test_bleu_fits_the_data():
+    from tfbuilder.evaluation import bleu_tokenize
+    from tfbuilder.sections import DataSection
+
+    assert bleu_tokenize(DataSection.model_validate({"type": "synthetic", "task": "copy"})) is None
+    text = {"type": "parallel", "path": "d", "src_lang": "de", "tgt_lang": "en"}
+    assert bleu_tokenize(DataSection.model_validate({**text, "tokenizer": {"type": "char"}})) == "char"
+    assert bleu_tokenize(DataSection.model_validate({**text, "tokenizer": {"type": "bpe"}})) == "13a"
 
 
 @pytest.mark.parametrize("verb", ["translate", "test", "generate"])

@@ -9,7 +9,7 @@ import math
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -86,6 +86,16 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_sampling(p: argparse.ArgumentParser, *, what: str) -> None:
+    p.add_argument("--temperature", type=_temperature, default=1.0, help=f"softmax temperature of {what} (default 1; 0 always takes the most likely token)")
+    p.add_argument("--top-k", type=_positive_int, metavar="K", help=f"{what} draws from the K most likely tokens only (default: all)")
+    p.add_argument(
+        "--top-p", type=_probability, metavar="P",
+        help=f"nucleus sampling: {what} draws from the most likely tokens holding this share of probability, in (0, 1] (default 1)",
+    )
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random draws (default 0: the same output each run)")
+
+
 def _add_checkpoint(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint",
@@ -97,30 +107,46 @@ def _add_checkpoint(p: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace):
     """The checkpoint a scoring command uses, named on standard error (the output says what it scored)."""
-    from .runs import choose_checkpoint, load_checkpoint
+    from .runs import choose_checkpoint, display_path, load_checkpoint
 
     loaded = load_checkpoint(choose_checkpoint(args.checkpoint, args.which), device=getattr(args, "device", None))
-    print(f"checkpoint: {loaded.path} (step {loaded.step:,})", file=sys.stderr)
+    print(f"checkpoint: {display_path(loaded.path)} (step {loaded.step:,})", file=sys.stderr)
     return loaded
+
+
+def version_line() -> str:
+    """``tfbuilder 0.1.0 (torch 2.13.0, lightning 2.6.0, Python 3.11.9)``, without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    from . import __version__
+
+    return f"tfbuilder {__version__} (torch {installed('torch')}, lightning {installed('lightning')}, Python {sys.version.split()[0]})"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tfbuilder", description="Declarative transformers from YAML recipes.")
+    p.add_argument("--version", action="version", version=version_line(), help="the versions of tfbuilder, torch and lightning, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     v = sub.add_parser("validate", help="check recipes; print OK or every problem (exit 0 or 2)")
-    v.add_argument("recipes", nargs="+", metavar="RECIPE")
+    v.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe files (YAML)")
     _add_set(v)
     v.set_defaults(run=cmd_validate)
 
     s = sub.add_parser("show", help="the resolved recipe, the module tree and parameter counts")
-    s.add_argument("recipe", metavar="RECIPE")
+    s.add_argument("recipe", metavar="RECIPE", help="a recipe file (YAML)")
     s.add_argument("--depth", type=_count, default=4, help="depth of the module tree (default 4)")
     _add_set(s)
     s.set_defaults(run=cmd_show)
 
     f = sub.add_parser("fit", help="train a recipe (or resume a run) through Lightning")
-    f.add_argument("recipe", nargs="?", metavar="RECIPE")
+    f.add_argument("recipe", nargs="?", metavar="RECIPE", help="the recipe to train (not with --resume: a run keeps its recipe)")
     f.add_argument("--resume", metavar="RUN_OR_CKPT", help="continue a run directory or checkpoint")
     f.add_argument("--init-from", metavar="CHECKPOINT", help="start a new run from these weights (fresh optimizer and schedule)")
     f.add_argument("--force", action="store_true", help="resume a run directory that was copied or moved")
@@ -128,16 +154,27 @@ def parser() -> argparse.ArgumentParser:
     f.set_defaults(run=cmd_fit)
 
     av = sub.add_parser("average", help="average the weights of a run's last N kept checkpoints (Vaswani et al. sec. 6.1)")
-    av.add_argument("run_dir", metavar="RUN_DIR")
+    av.add_argument("run_dir", metavar="RUN_DIR", help="a run directory trained with trainer.keep_last")
     av.add_argument("--last", type=int, default=5, metavar="N", help="how many of the kept checkpoints (default 5)")
     av.add_argument("--out", metavar="FILE", help="where to write (default RUN_DIR/checkpoints/averaged.ckpt; never overwritten)")
     av.set_defaults(run=cmd_average)
 
-    t = sub.add_parser("translate", help="translate lines with a checkpoint (stdin to stdout by default)")
+    t = sub.add_parser(
+        "translate",
+        help="translate lines with a checkpoint (stdin to stdout by default; typed or piped lines are answered as they come)",
+    )
     t.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(t)
     t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
-    t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty (default 0.6, the paper's)")
+    t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
+    t.add_argument(
+        "--nbest", type=_positive_int, default=1, metavar="N",
+        help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' (line numbers from 0; at most the beam, or N samples)",
+    )
+    t.add_argument("--sample", action="store_true", help="draw translations at random from the model instead of searching")
+    _add_sampling(t, what="--sample")
+    t.add_argument("--batch-size", type=_positive_int, metavar="N", help="at most N sentences per batch (default: no limit but --max-tokens)")
+    t.add_argument("--max-tokens", type=_positive_int, default=6000, metavar="N", help="at most N source tokens per batch, all beams together (default 6000)")
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
     t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
@@ -147,36 +184,33 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="continue a prompt with a decoder-only checkpoint")
     g.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(g)
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new", type=_count, default=100)
-    g.add_argument("--temperature", type=_temperature, default=1.0, help="0 is greedy")
-    g.add_argument("--top-k", type=_positive_int)
-    g.add_argument("--top-p", type=_probability, help="nucleus sampling: keep the most likely tokens holding this share, in (0, 1]")
-    g.add_argument("--seed", type=_seed, default=0)
+    g.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    g.add_argument("--max-new", type=_count, default=100, metavar="N", help="at most N new tokens (default 100; fewer when </s> comes)")
+    _add_sampling(g, what="generation")
     _add_device(g)
     g.set_defaults(run=cmd_generate)
 
     e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
     e.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(e)
-    e.add_argument("--split", default="test", choices=["train", "val", "test"])
-    e.add_argument("--beam", type=_positive_int, default=4)
-    e.add_argument("--alpha", type=_finite, default=0.6)
+    e.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split of the recipe's data (default test)")
+    e.add_argument("--beam", type=_positive_int, default=4, help="beam size of the translations scored (1: greedy; default 4, the paper's)")
+    e.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     _add_device(e)
     e.set_defaults(run=cmd_test)
 
     df = sub.add_parser("diff", help="the resolved differences between two recipes, key by key")
-    df.add_argument("a", metavar="A.yaml")
-    df.add_argument("b", metavar="B.yaml")
+    df.add_argument("a", metavar="A.yaml", help="the first recipe")
+    df.add_argument("b", metavar="B.yaml", help="the second recipe")
     df.set_defaults(run=cmd_diff)
 
     c = sub.add_parser("components", help="registered components with their params")
-    c.add_argument("family", nargs="?", choices=registry.FAMILIES)
+    c.add_argument("family", nargs="?", choices=registry.FAMILIES, help="only this family (default all)")
     c.set_defaults(run=cmd_components)
 
     w = sub.add_parser("sweep", help="train recipes over seeds into one directory; write a comparison report")
-    w.add_argument("recipes", nargs="+", metavar="RECIPE")
+    w.add_argument("recipes", nargs="+", metavar="RECIPE", help="the recipes to compare (the first is the baseline unless --baseline)")
     w.add_argument("--seeds", type=_positive_int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
     w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
     w.add_argument("--beam", type=_positive_int, default=4, help="beam of the validation BLEU after training (default 4)")
@@ -187,7 +221,7 @@ def parser() -> argparse.ArgumentParser:
     w.set_defaults(run=cmd_sweep)
 
     cp = sub.add_parser("compare", help="the sweep report from existing runs (run, sweep or output directories)")
-    cp.add_argument("dirs", nargs="+", metavar="RUN_DIR")
+    cp.add_argument("dirs", nargs="+", metavar="RUN_DIR", help="run directories, sweep directories or output directories holding runs")
     cp.add_argument("--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)")
     cp.add_argument("--beam", type=_positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
     cp.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
@@ -211,7 +245,10 @@ def parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="a checkpoint as safetensors, a Hugging Face directory, or ONNX")
     ex.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
-    ex.add_argument("--format", required=True, choices=["safetensors", "hf", "onnx"])
+    ex.add_argument(
+        "--format", required=True, choices=["safetensors", "hf", "onnx"],
+        help="safetensors: the weights; hf: a Hugging Face model directory (GPT-2, BERT, T5, Llama shapes); onnx: the forward pass",
+    )
     ex.add_argument("--out", required=True, metavar="DIR", help="the directory to write (must not exist, or be empty)")
     ex.set_defaults(run=cmd_export)
 
@@ -309,48 +346,56 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from .evaluation import translate_lines
+    import torch
 
-    # Arguments first: a bad path is reported before a checkpoint is loaded.
+    from .devices import model_device
+    from .evaluation import Search, decoding_model, translate_batch
+    from .streams import NotText, batches
+
+    # Arguments first: a bad path or option is reported before a checkpoint is loaded.
     if args.input is not None and args.input != "-":
         _readable_file(args.input, "--input")
     if args.output is not None:
         _new_file(args.output, "--output")
+    try:
+        search = Search(
+            beam=args.beam, alpha=args.alpha, nbest=args.nbest, sample=args.sample,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        )
+    except ValueError as exc:
+        raise TfbuilderError(str(exc)) from None
     loaded = _load(args)
     if loaded.recipe.model.kind != "encoder_decoder":
         raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
-    # Lines end at \n (or \r\n) only, as in training data: never at U+2028, U+0085 or a form feed.
-    if args.input and args.input != "-":
-        source = open(args.input, encoding="utf-8", newline="\n")
-    else:
-        source = sys.stdin
-        if hasattr(source, "reconfigure"):
-            source.reconfigure(newline="\n")
-    name = args.input if args.input and args.input != "-" else "standard input"
+    from_file = args.input and args.input != "-"
+    source = open(args.input, "rb") if from_file else sys.stdin.buffer
+    name = args.input if from_file else "standard input"
     try:
         sink = open(args.output, "x", encoding="utf-8") if args.output else sys.stdout
     except FileExistsError:
         raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
     except OSError as exc:
         raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
+    model = decoding_model(loaded.model, args.precision)
+    generator = torch.Generator(device=model_device(model)).manual_seed(args.seed) if args.sample else None
+    number = 0
     with contextlib.ExitStack() as stack:  # close what we opened, never the standard streams
         for stream in (source, sink):
-            if stream not in (sys.stdin, sys.stdout):
+            if stream not in (sys.stdin.buffer, sys.stdout):
                 stack.enter_context(stream)
         try:
-            for line in translate_lines(
-                loaded, _lines(source), beam=args.beam, alpha=args.alpha, chunk=64 if source is sys.stdin else 512, precision=args.precision
-            ):
-                sink.write(line + "\n")
-                sink.flush()
-        except UnicodeDecodeError:
-            raise TfbuilderError(f"{name} is not UTF-8 text") from None
+            for lines in batches(source, most=args.batch_size or 512):
+                found = translate_batch(model, loaded.vocab, lines, search=search, max_tokens=args.max_tokens, batch_size=args.batch_size, generator=generator)
+                for candidates in found:
+                    if args.nbest == 1:
+                        sink.write(candidates[0][0] + "\n")
+                    else:
+                        sink.writelines(f"{number} ||| {text} ||| {score:.4f}\n" for text, score in candidates)
+                    number += 1
+                sink.flush()  # each batch's answers now: someone may be waiting for them
+        except NotText as exc:
+            raise TfbuilderError(f"{name} {exc}") from None
     return 0
-
-
-def _lines(source) -> Iterator[str]:
-    for line in source:
-        yield line[:-2] if line.endswith("\r\n") else line.rstrip("\n")
 
 
 def _readable_file(path: str, flag: str) -> None:
@@ -395,22 +440,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     from .evaluation import evaluate
+    from .runs import display_path
 
     loaded = _load(args)
     try:
         scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha, precision=args.precision)
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
-    rows = [("checkpoint", f"{loaded.path} (step {loaded.step:,})"), ("split", f"{scores.split} ({scores.examples:,} examples)")]
+    rows = [("checkpoint", f"{display_path(loaded.path)} (step {loaded.step:,})"), ("split", f"{scores.split} ({scores.examples:,} examples)")]
     rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
+    rows += [("token accuracy", f"{scores.accuracy:.2%} (teacher forcing)")]
+    search = f"beam {scores.beam}" + (", bf16" if args.precision == "bf16" else "")
+    if scores.exact_match is not None:
+        rows += [(f"exact match ({search})", f"{scores.exact_match:.2%} of outputs equal their reference")]
     if scores.bleu is not None:
-        search = f"beam {scores.beam}" + (", bf16" if args.precision == "bf16" else "")
-        rows += [(f"sacreBLEU ({search})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
-        rows += [("signature", scores.bleu_signature), ("decoding time", f"{scores.seconds_decoding:.1f} s")]
+        level = "character-level " if scores.bleu_tokenize == "char" else ""
+        rows += [(f"{level}sacreBLEU ({search})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
+        rows += [("signature", scores.bleu_signature)]
+    elif scores.exact_match is not None:
+        rows += [("sacreBLEU", "not computed: a synthetic task's outputs are not language (exact match and accuracy are the scores)")]
+    if scores.seconds_decoding is not None:
+        rows += [("decoding time", f"{scores.seconds_decoding:.1f} s")]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     out = _save_scores_new(loaded, scores)
-    print(f"{'saved'.ljust(width)}  {out}")
+    print(f"{'saved'.ljust(width)}  {display_path(out)}")
     return 0
 
 

@@ -46,6 +46,36 @@ def _max_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
 def greedy(model: nn.Module, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50) -> list[list[int]]:
     """Greedy translation of ``src`` (b, j); each output stops at </s>, or is cut to ``a * len(src) + b``
     tokens counting the closing </s>. Returns the ids without <s> and </s>."""
+    pick = lambda logits: logits.argmax(dim=-1)  # noqa: E731
+    return [ids for _, ids in _left_to_right(model, src, pick, max_len_a=max_len_a, max_len_b=max_len_b)]
+
+
+@torch.no_grad()
+def sample_translations(
+    model: nn.Module,
+    src: Tensor,
+    *,
+    n: int = 1,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+) -> list[list[tuple[float, list[int]]]]:
+    """``n`` sampled translations of each row of ``src`` (b, j), each with its log-probability under
+    the model: temperature, top-k and nucleus (top-p, Holtzman et al. 2020) sampling, as
+    :func:`sample` draws them; lengths are limited as in :func:`greedy`. Returns, per input, the
+    ``n`` samples (score, ids without <s> and </s>), most likely first."""
+    rows = src.repeat_interleave(n, dim=0)
+    pick = lambda logits: _draw(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # noqa: E731
+    drawn = _left_to_right(model, rows, pick, max_len_a=max_len_a, max_len_b=max_len_b)
+    return [sorted(drawn[i * n : (i + 1) * n], key=lambda d: -d[0]) for i in range(src.shape[0])]
+
+
+def _left_to_right(model: nn.Module, src: Tensor, pick, *, max_len_a: float, max_len_b: int) -> list[tuple[float, list[int]]]:
+    """One token at a time, ``pick(logits) -> (rows,)`` choosing it, until </s> or the length limit.
+    Returns (log-probability under the model, ids) per row; finished rows leave the batch."""
     model.eval()
     b = src.shape[0]
     limits = _max_lengths(src, model.pad_id, max_len_a, max_len_b)
@@ -53,12 +83,15 @@ def greedy(model: nn.Module, src: Tensor, *, max_len_a: float = 1.0, max_len_b: 
     cache = model.new_cache()
     alive = torch.arange(b, device=src.device)  # which input each remaining row belongs to
     out: list[list[int]] = [[] for _ in range(b)]
+    score = torch.zeros(b, dtype=torch.float64, device=src.device)
     token = torch.full((b, 1), BOS, dtype=torch.long, device=src.device)
     for step in range(int(limits.max())):
         logits = model.decode(token, memory, memory_mask, cache=cache, offset=step)[:, -1]
-        token = logits.argmax(dim=-1, keepdim=True)
         last = step + 1 >= limits[alive]  # the limit counts the closing </s>
-        done = (token[:, 0] == EOS) | last
+        chosen = torch.where(last, torch.full_like(alive, EOS), pick(logits))
+        score.index_add_(0, alive, logits.float().log_softmax(-1).gather(1, chosen[:, None])[:, 0].double())
+        token = chosen[:, None]
+        done = (chosen == EOS) | last
         for row, i in enumerate(alive.tolist()):
             if not done[row]:
                 out[i].append(int(token[row, 0]))
@@ -69,7 +102,7 @@ def greedy(model: nn.Module, src: Tensor, *, max_len_a: float = 1.0, max_len_b: 
             alive, token, memory = alive[keep], token[keep], memory[keep]
             memory_mask = memory_mask[keep] if memory_mask is not None else None
             reorder(cache, keep)
-    return out
+    return list(zip(score.tolist(), out))
 
 
 @torch.no_grad()
@@ -83,10 +116,29 @@ def beam_search(
     max_len_b: int = 50,
 ) -> list[list[int]]:
     """Beam search with the GNMT length penalty ((5 + |y|) / 6) ^ alpha (Wu et al. 2016), as in
-    Vaswani et al. 2017 (beam 4, alpha 0.6, max length = input length + 50). An input's search ends
-    when ``beam`` hypotheses have ended, or earlier when no live hypothesis can still beat the best
-    ended one (an exact bound: the result is the same). Returns the best hypothesis per input,
-    without <s> and </s>."""
+    Vaswani et al. 2017 (beam 4, alpha 0.6, max length = input length + 50). Returns the best
+    hypothesis per input, without <s> and </s> (see :func:`beam_search_nbest`)."""
+    found = beam_search_nbest(model, src, beam=beam, nbest=1, alpha=alpha, max_len_a=max_len_a, max_len_b=max_len_b)
+    return [candidates[0][1] for candidates in found]
+
+
+@torch.no_grad()
+def beam_search_nbest(
+    model: nn.Module,
+    src: Tensor,
+    *,
+    beam: int = 4,
+    nbest: int = 1,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+) -> list[list[tuple[float, list[int]]]]:
+    """The ``nbest`` (at most ``beam``) best hypotheses of a beam search per input, best first, each
+    as (length-normalised log-probability, ids without <s> and </s>). An input's search ends when
+    ``beam`` hypotheses have ended, or earlier when no live hypothesis can still beat the
+    ``nbest``-th best ended one (an exact bound: the result is the same)."""
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest ({nbest}) must be between 1 and the beam ({beam})")
     model.eval()
     b, device = src.shape[0], src.device
     limits = _max_lengths(src, model.pad_id, max_len_a, max_len_b)
@@ -99,8 +151,8 @@ def beam_search(
     scores[:, 0] = 0.0  # all beams start identical: keep one
     tokens = torch.full((b * beam, 1), BOS, dtype=torch.long, device=device)
     ended_count = torch.zeros(b, dtype=torch.long, device=device)  # ended hypotheses kept per input
-    best = torch.full((b,), float("-inf"), device=device)  # best ended score per input (normalised)
-    best_hyp: list[list[int]] = [[] for _ in range(b)]
+    bar = torch.full((b,), float("-inf"), device=device)  # the nbest-th best ended score per input (normalised)
+    ended: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     first_beams = torch.arange(2 * beam, device=device) < beam
     for step in range(int(limits.max())):
         n = len(alive)
@@ -122,9 +174,9 @@ def beam_search(
             if ended_count[i] < beam:
                 ended_count[i] += 1
                 score = float(top_scores[r, c]) / penalty
-                if score > best[i]:
-                    best[i] = score
-                    best_hyp[i] = tokens[r * beam + origin[r, c], 1:].tolist()
+                ended[i].append((score, tokens[r * beam + origin[r, c], 1:].tolist()))
+                if len(ended[i]) >= nbest:
+                    bar[i] = sorted((s for s, _ in ended[i]), reverse=True)[nbest - 1]
         # The best `beam` candidates that did not end continue.
         live_scores = top_scores.masked_fill(is_eos, float("-inf"))
         live_scores, pick = live_scores.topk(beam, dim=1)
@@ -133,7 +185,7 @@ def beam_search(
         # tokens, so its normalised score is at most its score now over one of those penalties.
         now = live_scores[:, 0]
         bound = torch.maximum(now / ((5.0 + limits[alive]) / 6.0) ** alpha, now / ((5.0 + step + 2) / 6.0) ** alpha)
-        done = last | (ended_count[alive] >= beam) | (best[alive] >= bound)
+        done = last | (ended_count[alive] >= beam) | (bar[alive] >= bound)
         keep = (~done).nonzero().squeeze(1)
         if len(keep) == 0:
             break
@@ -146,7 +198,8 @@ def beam_search(
             memory_mask = memory_mask[keep] if memory_mask is not None else None
             reorder(cache, keep, parts=("cross",))
         reorder(cache, select, parts=("self",))
-    return best_hyp
+    # sorted() is stable: of equal scores the hypothesis that ended first comes first, as before.
+    return [sorted(found, key=lambda h: -h[0])[:nbest] or [(float("-inf"), [])] for found in ended]
 
 
 @torch.no_grad()

@@ -67,18 +67,65 @@ def decoding_model(model: nn.Module, precision: Precision) -> nn.Module:
 
 
 def _translate_chunk(model, vocab, lines: list[str], *, beam: int, alpha: float, max_tokens: int) -> list[str]:
+    found = translate_batch(model, vocab, lines, search=Search(beam=beam, alpha=alpha), max_tokens=max_tokens)
+    return [candidates[0][0] for candidates in found]
+
+
+@dataclass(frozen=True)
+class Search:
+    """How translations are found: beam search (``beam`` 1 is greedy) with the GNMT length penalty
+    ``alpha``, or, with ``sample``, drawing (``temperature``, ``top_k``, ``top_p``); ``nbest``
+    candidates per sentence."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    nbest: int = 1
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.sample and self.nbest > self.beam:
+            raise ValueError(f"--nbest {self.nbest} needs a beam at least as wide (--beam {self.beam})")
+
+
+def translate_batch(
+    model: nn.Module,
+    vocab: Vocab,
+    lines: list[str],
+    *,
+    search: Search = Search(),
+    max_tokens: int = 6000,
+    batch_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[list[tuple[str, float]]]:
+    """The ``search.nbest`` best candidates (text, score) for each of ``lines``, best first. Lines are
+    sorted by length into batches of at most ``max_tokens`` source tokens (and ``batch_size``
+    sentences). Scores: the length-normalised log-probability beam search ranks by; for samples,
+    their log-probability."""
     ids = vocab.src.encode_batch(lines)
     sizes = [len(x) + 1 for x in ids]
     order = sorted(range(len(ids)), key=lambda i: sizes[i])
-    out = [""] * len(lines)
-    # Beams multiply the decoder's batch: keep the budget about the same whatever the beam.
+    out: list[list[tuple[str, float]]] = [[] for _ in lines]
+    # Beams (and samples) multiply the decoder's batch: keep the budget about the same.
+    width = search.nbest if search.sample else search.beam
     device = model_device(model)
-    for batch in pack(sizes, sizes, order, max_tokens=max(max_tokens // max(beam, 1), max(sizes)), batch_size=None):
+    for batch in pack(sizes, sizes, order, max_tokens=max(max_tokens // max(width, 1), max(sizes)), batch_size=batch_size):
         src = pad([ids[i] for i in batch], eos=True).to(device, non_blocking=True)
-        hyps = decoding.greedy(model, src) if beam == 1 else decoding.beam_search(model, src, beam=beam, alpha=alpha)
-        for i, hyp in zip(batch, hyps):
-            out[i] = vocab.tgt.decode(hyp)
+        for i, candidates in zip(batch, _search(model, src, search, generator)):
+            out[i] = [(vocab.tgt.decode(hyp), score) for score, hyp in candidates]
     return out
+
+
+def _search(model: nn.Module, src: torch.Tensor, search: Search, generator) -> list[list[tuple[float, list[int]]]]:
+    if search.sample:
+        return decoding.sample_translations(
+            model, src, n=search.nbest, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p, generator=generator
+        )
+    if search.beam == 1:  # greedy: the most likely token each step (temperature 0), with its score
+        return decoding.sample_translations(model, src, n=1, temperature=0.0)
+    return decoding.beam_search_nbest(model, src, beam=search.beam, nbest=search.nbest, alpha=search.alpha)
 
 
 @dataclass
@@ -93,6 +140,9 @@ class Scores:
     beam: int | None = None
     seconds_decoding: float | None = None
     precision: str | None = None
+    accuracy: float | None = None  # share of target tokens predicted right (teacher forcing)
+    exact_match: float | None = None  # share of outputs equal to their reference
+    bleu_tokenize: str | None = None  # sacreBLEU's tokenizer: 13a (words), or char for character-level data
 
 
 @torch.no_grad()
@@ -116,7 +166,7 @@ def evaluate(
     objective = objectives.objective(recipe, epsilon=0.0)
     collate = Collate(examples)
     sizes = [len(s) + 2 for s in examples.src]
-    nll = tokens = 0.0
+    nll = tokens = correct = 0.0
     torch.manual_seed(0)  # the masked-LM objective draws its masks
     # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
     unpadded = {"max_tokens": None, "batch_size": 1} if recipe.model.pad_id is None else {"max_tokens": max_tokens, "batch_size": None}
@@ -125,22 +175,42 @@ def evaluate(
         result = objective(model, batch)
         nll += float(result.nll)
         tokens += int(result.tokens)
+        correct += float(result.correct)
     loss = nll / max(tokens, 1)
-    scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)))
+    scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)), accuracy=correct / max(tokens, 1))
     if kind == "encoder_decoder":
-        import sacrebleu
-
         sources, references = prepared.raw[split]
         start = time.perf_counter()
         hypotheses = list(translate_lines(loaded, sources, beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision))
         scores.seconds_decoding = time.perf_counter() - start
-        bleu = sacrebleu.metrics.BLEU()
-        scores.bleu = bleu.corpus_score(hypotheses, [references]).score
-        scores.bleu_signature = str(bleu.get_signature())
-        scores.chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score
         scores.beam = beam
         scores.precision = precision
+        scores.exact_match = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
+        _text_scores(scores, hypotheses, references, data)
     return scores
+
+
+def bleu_tokenize(data) -> str | None:
+    """The sacreBLEU tokenizer that fits the data: 13a (words) for text, ``char`` for character-level
+    text, and none for synthetic tasks, whose outputs are not language (exact match and token
+    accuracy tell there; their BLEU is 0 for any one-symbol output, right or wrong)."""
+    if data.type == "synthetic":
+        return None
+    return "char" if data.tokenizer.type == "char" else "13a"
+
+
+def _text_scores(scores: Scores, hypotheses: list[str], references: list[str], data) -> None:
+    """sacreBLEU and chrF where they mean something (see :func:`bleu_tokenize`)."""
+    import sacrebleu
+
+    tokenize = bleu_tokenize(data)
+    if tokenize is None:
+        return
+    bleu = sacrebleu.metrics.BLEU(tokenize=tokenize)
+    scores.bleu = bleu.corpus_score(hypotheses, [references]).score
+    scores.bleu_signature = str(bleu.get_signature())
+    scores.bleu_tokenize = tokenize
+    scores.chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score
 
 
 def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32") -> Path:

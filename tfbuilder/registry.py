@@ -72,7 +72,9 @@ class Entry:
 
     @property
     def doc(self) -> str:
-        return (self.cls.__doc__ or "").strip().splitlines()[0] if self.cls.__doc__ else ""
+        """The docstring's first paragraph on one line (whole sentences: what it is, the paper)."""
+        first = (self.cls.__doc__ or "").strip().split("\n\n")[0]
+        return " ".join(first.split())
 
 
 class RegistryError(Exception):

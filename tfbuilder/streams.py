@@ -1,0 +1,97 @@
+"""Lines of text in batches that never wait for input that has not come.
+
+A file is read ``most`` lines at a time (large batches decode fastest). A terminal or a pipe is
+read as it arrives: a batch is every complete line already written, so someone typing a sentence,
+or a program writing one line and waiting for its answer, gets the answer at once, while a fast
+pipe (``cat file | ...``) still fills batches. Lines end at ``\\n`` (a ``\\r\\n`` ending is removed
+too), never at other Unicode line breaks: the same rule as the training data.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+from collections.abc import Iterator
+from typing import BinaryIO
+
+READ_BYTES = 1 << 16
+MAX_LINE_BYTES = 1 << 20  # a line longer than this is not a sentence: refused, not buffered
+
+
+class NotText(ValueError):
+    """The input is not UTF-8 text, or has a line too long to be one."""
+
+
+def _line(raw: bytes) -> str:
+    text = raw.decode("utf-8")
+    return text[:-1] if text.endswith("\r") else text
+
+
+def is_regular_file(stream: BinaryIO) -> bool:
+    """Whether ``stream`` reads a regular file (everything is there already: read in big batches)."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (OSError, AttributeError, ValueError):  # no file descriptor: an in-memory stream
+        return True
+
+
+def batches(stream: BinaryIO, *, most: int) -> Iterator[list[str]]:
+    """Batches of at most ``most`` lines of ``stream`` (binary), in order; see the module docstring.
+    Raises :class:`NotText` for a line that is not UTF-8."""
+    try:
+        if is_regular_file(stream):
+            yield from _file_batches(stream, most)
+        else:
+            yield from _arriving_batches(stream.fileno(), most)
+    except UnicodeDecodeError:
+        raise NotText("is not UTF-8 text") from None
+
+
+def _too_long() -> NotText:
+    return NotText(f"has a line longer than {MAX_LINE_BYTES:,} bytes")
+
+
+def _file_batches(stream: BinaryIO, most: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise _too_long()
+        batch.append(_line(raw[:-1] if raw.endswith(b"\n") else raw))
+        if len(batch) >= most:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _arriving_batches(fd: int, most: int) -> Iterator[list[str]]:
+    pending = b""  # a line not yet ended
+    ready: list[str] = []
+    ended = False
+    while not ended or ready:
+        if not ended and (not ready or _readable_now(fd)):
+            data = os.read(fd, READ_BYTES)  # blocks only while no complete line is waiting
+            if data:
+                *complete, pending = (pending + data).split(b"\n")
+                if len(pending) > MAX_LINE_BYTES or any(len(raw) > MAX_LINE_BYTES for raw in complete):
+                    raise _too_long()
+                ready.extend(_line(raw) for raw in complete)
+                if len(ready) < most and _readable_now(fd):
+                    continue  # more is already there: fill the batch first
+            else:
+                ended = True
+                if pending:
+                    ready.append(_line(pending))
+                    pending = b""
+        if ready:
+            batch, ready = ready[:most], ready[most:]
+            yield batch
+
+
+def _readable_now(fd: int) -> bool:
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+__all__ = ["NotText", "batches", "is_regular_file"]

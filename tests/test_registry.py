@@ -18,6 +18,7 @@ from tfbuilder import registry
 from tfbuilder.cli import main
 from tfbuilder.recipe import ModelSection, json_schema
 from tfbuilder.registry import ComponentParams, RegistryError
+from tfbuilder.runs import CheckpointError, read_checkpoint
 
 
 @pytest.fixture
@@ -142,8 +143,19 @@ def test_entry_point_plugin_registers_on_load(tmp_path, monkeypatch):
         spec = ModelSection.model_validate(tiny_model(norm={"type": "demo_plugin_norm"}))
         model = tfbuilder.build_model(spec)
         assert type(model.encoder.layers[0].ffn.norm).__name__ == "DemoNorm"
+        # Checkpoints record who provides each component; without the package, loading says what to install.
+        records = registry.provenance([params for _, params in spec.components()])
+        assert {"family": "norm", "type": "demo_plugin_norm", "module": "tfb_plugin_demo", "package": "tfb-plugin-demo", "version": "1.0"} in records
+        assert {"family": "attention", "type": "multihead", "module": "tfbuilder.components.attention", "package": "tfbuilder", "version": tfbuilder.__version__} in records
+        ckpt = tmp_path / "plugin.ckpt"
+        torch.save({"tfbuilder": {"recipe": {"model": spec.model_dump(mode="json")}, "vocab": "{}", "components": records}, "state_dict": {}}, ckpt)
+        assert read_checkpoint(ckpt)["tfbuilder"]["components"] == records  # installed: loads
+        registry.unregister("norm", "demo_plugin_norm")
+        with pytest.raises(CheckpointError, match=r"norm type 'demo_plugin_norm' comes from the package tfb-plugin-demo 1\.0, which is not installed here: pip install 'tfb-plugin-demo==1\.0'"):
+            read_checkpoint(ckpt)
+        assert main(["test", str(ckpt)]) == 2
     finally:
-        if "demo_plugin_norm" in registry.types("norm"):
+        if "demo_plugin_norm" in registry.types("norm"):  # (unregistered above unless a check failed first)
             registry.unregister("norm", "demo_plugin_norm")
         sys.modules.pop("tfb_plugin_demo", None)
 

@@ -69,6 +69,8 @@ class Entry:
     cls: type
     params: type[ComponentParams]
     source: str
+    package: str | None = None  # the installed distribution that registered it ("tfbuilder" for built-ins)
+    package_version: str | None = None
 
     @property
     def doc(self) -> str:
@@ -84,6 +86,7 @@ class RegistryError(Exception):
 _entries: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
 _loaded = False
 _version = 0
+_provider: tuple[str | None, str | None] = (None, None)  # the distribution whose entry point is loading
 C = TypeVar("C", bound=type)
 
 
@@ -123,7 +126,8 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
             f"{family} type '{name}' is already registered by {existing.source} ({existing.cls.__name__})"
         )
     params.family = family
-    _entries[family][name] = Entry(family, name, cls, params, source)
+    package, package_version = ("tfbuilder", _own_version()) if source.startswith("tfbuilder.") else _provider
+    _entries[family][name] = Entry(family, name, cls, params, source, package, package_version)
     _version += 1
 
 
@@ -151,17 +155,55 @@ def load_plugins() -> list[str]:
     A plugin that fails to import is reported as a warning and skipped, so one broken package
     does not break every recipe.
     """
+    global _provider
     loaded = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        # What registers while the entry point loads is recorded as this distribution's (checkpoints
+        # keep it, so that loading one without the package can say which to install).
+        _provider = (ep.dist.name, ep.dist.version) if ep.dist is not None else (None, None)
         try:
             target = ep.load()
+            if callable(target) and not isinstance(target, type):
+                target()  # an entry point may name a function that registers components
         except Exception as exc:  # a broken third-party package must not take tfbuilder down
             warnings.warn(f"tfbuilder plugin '{ep.name}' ({ep.value}) failed to load: {exc}", stacklevel=2)
             continue
-        if callable(target) and not isinstance(target, type):
-            target()  # an entry point may name a function that registers components
+        finally:
+            _provider = (None, None)
         loaded.append(ep.name)
     return loaded
+
+
+def _own_version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def provenance(params: list[ComponentParams]) -> list[dict[str, str | None]]:
+    """Where each component type of ``params`` comes from: family, type, module, and the package
+    (with its version) that registered it; one record per distinct type, sorted."""
+    records = set()
+    for p in params:
+        entry = get(p.family, p.type)
+        records.add((entry.family, entry.name, entry.source, entry.package, entry.package_version))
+    keys = ("family", "type", "module", "package", "version")
+    return [dict(zip(keys, record)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
+
+
+def missing(records: list[dict]) -> list[str]:
+    """For recorded components (see :func:`provenance`) not registered here: what to install."""
+    load()
+    problems = []
+    for r in records:
+        if not isinstance(r, dict) or r.get("family") not in FAMILIES or r.get("type") in _entries[r["family"]]:
+            continue
+        if r.get("package"):
+            need = f"pip install '{r['package']}=={r['version']}'" if r.get("version") else f"pip install '{r['package']}'"
+            problems.append(f"{r['family']} type '{r['type']}' comes from the package {r['package']} {r.get('version') or ''}".rstrip() + f", which is not installed here: {need}")
+        else:
+            problems.append(f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} (not an installed package): import it before loading")
+    return problems
 
 
 def get(family: str, name: str) -> Entry:

@@ -98,6 +98,11 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path}: damaged checkpoint: its recipe or vocabulary is missing")
     if not isinstance(data["state_dict"], dict) or not all(isinstance(v, torch.Tensor) for v in data["state_dict"].values()):
         raise CheckpointError(f"{path}: damaged checkpoint: its weights are not a mapping of tensors")
+    from .registry import missing
+
+    absent = missing(meta.get("components") or [])
+    if absent:
+        raise CheckpointError(f"{path}: the model needs components this installation lacks: " + "; ".join(absent))
     return data
 
 

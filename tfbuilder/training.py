@@ -24,7 +24,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from . import __version__, atomic, devices, objectives, preflight
+from . import __version__, atomic, devices, objectives, preflight, registry
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
@@ -207,6 +207,7 @@ class Task(L.LightningModule):
             "elapsed": self.elapsed(),
             "run_dir": self.run_dir,
             "history": self.history + [{**self.invocation, "to_step": self.global_step}],
+            "components": registry.provenance([params for _, params in self.recipe.model.components()]),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

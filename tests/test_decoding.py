@@ -283,6 +283,11 @@ def test_translate_nbest_and_sampling(copy_checkpoint, tmp_path, capsys):
     assert main(["translate", copy_checkpoint, "--batch-size", "1", "--max-tokens", "8", "--input", str(src)]) == 0
     assert capsys.readouterr().out.splitlines() == ["abc", "fedcb"]
 
+    src.write_text("abc\nazbz\u00fc\n")  # the copy model knows a..j only
+    assert main(["translate", copy_checkpoint, "--input", str(src)]) == 0
+    err = capsys.readouterr().err
+    assert "translate: line 1: not in the vocabulary, read as <unk>: 'z' '\u00fc'" in err and "line 0" not in err
+
 
 def test_test_command_scores_and_saves_json(copy_checkpoint, capsys):
     import json

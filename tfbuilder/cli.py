@@ -385,6 +385,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
                 stack.enter_context(stream)
         try:
             for lines in batches(source, most=args.batch_size or 512):
+                _warn_unknown(loaded.vocab.src, lines, first=number)
                 found = translate_batch(model, loaded.vocab, lines, search=search, max_tokens=args.max_tokens, batch_size=args.batch_size, generator=generator)
                 for candidates in found:
                     if args.nbest == 1:
@@ -396,6 +397,17 @@ def cmd_translate(args: argparse.Namespace) -> int:
         except NotText as exc:
             raise TfbuilderError(f"{name} {exc}") from None
     return 0
+
+
+def _warn_unknown(tokenizer, lines: list[str], *, first: int) -> None:
+    """Say which characters the model cannot read (they become <unk>), line by line, on stderr."""
+    from .data.tokenizers import unknown
+
+    for number, line in enumerate(lines, start=first):
+        missing = unknown(tokenizer, line)
+        if missing:
+            shown = " ".join(repr(c) for c in missing[:10]) + (" ..." if len(missing) > 10 else "")
+            print(f"translate: line {number}: not in the vocabulary, read as <unk>: {shown}", file=sys.stderr)
 
 
 def _readable_file(path: str, flag: str) -> None:

@@ -55,6 +55,10 @@ class CharTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def unknown(self, text: str) -> list[str]:
+        """The distinct characters of ``text`` outside the vocabulary (read as <unk>), in order."""
+        return list(dict.fromkeys(c for c in text if c not in self._ids))
+
     def decode(self, ids: Iterable[int]) -> str:
         n = len(SPECIAL_TOKENS)
         return "".join(self.chars[i - n] for i in ids if i >= n and i - n < len(self.chars))
@@ -166,3 +170,11 @@ def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
     if kind == "char":
         return CharTokenizer.train(texts, vocab_size)
     return BPETokenizer.train(texts, vocab_size)
+
+
+def unknown(tokenizer: Tokenizer, text: str) -> list[str]:
+    """What of ``text`` ``tokenizer`` can only read as <unk> (nothing for byte-level BPE, which has
+    every byte)."""
+    find = getattr(tokenizer, "unknown", None)
+    return find(text) if find is not None else []
+

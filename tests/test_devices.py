@@ -100,7 +100,41 @@ def test_sampling_makes_no_tensor_off_the_models_device():
     _, model = _model("decoder")
     with FactoryWatch() as watch:
         decoding.sample(model, torch.randint(5, 53, (2, 3)), max_new=5, top_k=5, top_p=0.9)
-    assert not watch.found, watch.found
+    _, model = _model("encoder_decoder")
+    with FactoryWatch() as watch2:
+        decoding.sample_translations(model, torch.randint(5, 53, (2, 4)), n=3, top_k=5, max_len_b=5)
+        decoding.beam_search_nbest(model, torch.randint(5, 53, (2, 4)), beam=3, nbest=2, max_len_b=5)
+    assert not watch.found and not watch2.found, watch.found + watch2.found
+
+
+def test_gpus_are_chosen_by_index_and_threads_by_idle_cores(monkeypatch):
+    from pydantic import ValidationError
+
+    from tfbuilder.sections import TrainerSection
+
+    assert TrainerSection.model_validate({"devices": [1]}).devices == [1]
+    assert devices.count([0, 2], gpu=True) == 2 and devices.count(3, gpu=False) == 3 and devices.count("auto", gpu=False) == 1
+    with pytest.raises(ValidationError, match="names a device twice"):
+        TrainerSection.model_validate({"devices": [0, 0]})
+    with pytest.raises(ValidationError):
+        TrainerSection.model_validate({"devices": [-1]})
+    # auto: the usable cores minus the load average, at least one.
+    monkeypatch.setattr(devices, "usable_cores", lambda: 8)
+    for load, want in ((0.0, 8), (2.6, 5), (7.9, 1), (30.0, 1)):
+        monkeypatch.setattr(devices.os, "getloadavg", lambda load=load: (load, load, load))
+        assert devices.threads("auto") == want
+    assert devices.threads(3) == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")
+def test_gpu_indices_on_a_cpu_are_a_clear_error(tmp_path):
+    from conftest import ROOT
+    from tfbuilder.training import fit
+
+    recipe = tfbuilder.load_recipe(ROOT / "recipes" / "quickstart.yaml", [f"trainer.output={tmp_path}", "trainer.devices=[1]"])
+    with pytest.raises(TfbuilderError, match=r"trainer.devices \[1\] names GPUs by index, but training runs on the CPU"):
+        fit(recipe)
+    assert not any(tmp_path.iterdir())  # refused before any run directory exists
 
 
 def test_the_watch_sees_a_factory_without_device():

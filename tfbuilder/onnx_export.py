@@ -55,7 +55,6 @@ def export_onnx(model: nn.Module, recipe: Any, path: Path) -> Path:
     model = model.eval()
     inputs = example_inputs(model, recipe.model.vocab_size)
     names = list(inputs)
-    dynamic = {name: {0: "batch", 1: f"{name}_length"} for name in names}
     batch = torch.export.Dim("batch", min=1, max=4096)
     shapes = tuple({0: batch, 1: torch.export.Dim(f"{name}_length", min=2, max=MAX_LENGTH)} for name in names)
     with torch.no_grad():

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from .. import __version__
 from ..errors import TfbuilderError

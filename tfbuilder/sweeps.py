@@ -24,6 +24,7 @@ import yaml
 from .diffing import flatten
 from .errors import TfbuilderError
 from .recipe import Recipe, load_recipe, recipe_from_dict
+from .runs import scores_file as checkpoint_scores
 
 Status = Literal["finished", "evaluate", "resume", "new"]
 # Keys that say where and how a run is shown, not what it trains: they may differ between invocations.
@@ -98,7 +99,7 @@ def best_checkpoint(run_dir: Path) -> Path:
 
 def scores_file(run_dir: Path, beam: int) -> Path:
     """The validation scores a sweep computes for a run (the file ``tfbuilder test --split val`` writes)."""
-    return run_dir / f"test-val-{best_checkpoint(run_dir).stem}-beam{beam}.json"
+    return checkpoint_scores(run_dir, "val", best_checkpoint(run_dir).stem, beam=beam)
 
 
 def status(run: Run, bleu_beam: int | None) -> Status:

@@ -20,7 +20,7 @@ from .data.collate import Collate, pad
 from .data.prepare import Vocab, prepare
 from .data.tokenizers import EOS
 from .devices import model_device
-from .runs import Loaded, scores_file
+from .runs import Loaded, run_dir_of, scores_file
 
 Precision = Literal["32", "bf16"]
 
@@ -146,7 +146,7 @@ def evaluate(
 def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32") -> Path:
     """Where :func:`save_scores` writes: :func:`tfbuilder.runs.scores_file` of the checkpoint's run
     directory (the checkpoint's own folder for a loose file)."""
-    run_dir = loaded.path.parent.parent if loaded.path.parent.name == "checkpoints" else loaded.path.parent
+    run_dir = run_dir_of(loaded.path) or loaded.path.parent
     return scores_file(run_dir, split, loaded.path.stem, beam=beam, precision=precision)
 
 

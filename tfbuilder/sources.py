@@ -60,6 +60,15 @@ class Source:
                 return found
         return None
 
+    def forget(self, path: Key, *, below_only: bool = False) -> None:
+        """Drop the recorded places of ``path`` and everything below it (only below it with
+        ``below_only``): its value is being replaced, and the old places would point at text that no
+        longer says what the data holds."""
+        start = len(path) + 1 if below_only else len(path)
+        for table in (self.values, self.keys):
+            for k in [k for k in table if len(k) >= start and k[: len(path)] == path]:
+                del table[k]
+
     def problem(self, path: Key, message: str, *, key: bool = False) -> Problem:
         where = self.mark(path, key=key)
         dotted = dotted_path(path)
@@ -379,11 +388,6 @@ def merge(base: Source, top: Source) -> Source:
     """Deep-merge ``top`` over ``base``: mappings merge key by key, anything else replaces."""
     out = Source(copy.deepcopy(base.data), dict(base.values), dict(base.keys))
 
-    def drop_below(path: Key) -> None:
-        for table in (out.values, out.keys):
-            for k in [k for k in table if k[: len(path)] == path and len(k) > len(path)]:
-                del table[k]
-
     def visit(dst: dict, src: dict, path: Key) -> None:
         for key, value in src.items():
             p = path + (key,)
@@ -392,7 +396,7 @@ def merge(base: Source, top: Source) -> Source:
                 out.keys[p] = top.keys.get(p, out.keys.get(p))
                 visit(dst[key], value, p)
             else:
-                drop_below(p)
+                out.forget(p, below_only=True)
                 dst[key] = copy.deepcopy(value)
                 for table, mine in ((out.values, top.values), (out.keys, top.keys)):
                     for k, m in mine.items():
@@ -476,15 +480,10 @@ def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Sour
                 continue
         if last == "type" and isinstance(node, dict) and node.get("type") not in (None, value):
             node.clear()  # a new component type starts from its own defaults (see _retyped)
-            parent = tuple(parts[:-1])
-            for table in (src.values, src.keys):
-                for k in [k for k in table if k[: len(parent)] == parent and len(k) > len(parent)]:
-                    del table[k]
+            src.forget(tuple(parts[:-1]), below_only=True)
         node[last] = value
         path = tuple(parts)
-        for table in (src.values, src.keys):
-            for k in [k for k in table if k[: len(path)] == path]:
-                del table[k]
+        src.forget(path)
         src.values[path] = Mark(label, 1, col)
         src.keys[path] = Mark(label, 1, 1)
     if problems:

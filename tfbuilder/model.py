@@ -126,7 +126,7 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
         """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j), None without a pad id."""
-        src_mask = None if self.pad_id is None else masks.padding_mask(src, self.pad_id)
+        src_mask = masks.key_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
     def decode_features(
@@ -206,7 +206,7 @@ class EncoderOnly(nn.Module):
 
     def features(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
         """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d)."""
-        mask = None if self.pad_id is None else masks.padding_mask(tokens, self.pad_id)
+        mask = masks.key_mask(tokens, self.pad_id)
         return self.encoder(self.embed(tokens, token_types=token_types), mask=mask)
 
     def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:

@@ -101,7 +101,17 @@ class MLMHead(nn.Module):
         return self.out(self.transform(x))
 
 
-class EncoderDecoder(nn.Module):
+class IncrementalDecoding:
+    """What the kinds with a decoder share: a key/value cache for decoding one token at a time."""
+
+    decoder: Stack
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
+        return [{} for _ in self.decoder.layers]
+
+
+class EncoderDecoder(IncrementalDecoding, nn.Module):
     """The sequence-to-sequence transformer of Vaswani et al. 2017: ``model(src, tgt) -> logits``."""
 
     kind: Kind = "encoder_decoder"
@@ -133,7 +143,7 @@ class EncoderDecoder(nn.Module):
         self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
-        With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
+        With ``cache`` (see :meth:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
         Self-attention is causal by construction: right padding needs no mask (see :mod:`masks`), and
         a start token equal to the pad id (T5) is an ordinary token."""
         x = self.tgt_embed(tgt, offset=offset)
@@ -145,10 +155,6 @@ class EncoderDecoder(nn.Module):
         """``tgt`` (b, i) and the encoder's output -> logits (b, i, vocab)."""
         return self.head(self.decode_features(tgt, memory, memory_mask, cache=cache, offset=offset))
 
-    def new_cache(self) -> list[dict]:
-        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
-        return [{} for _ in self.decoder.layers]
-
     def features(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Hidden states before the output head (b, i, d): training applies the head only where needed."""
         memory, memory_mask = self.encode(src)
@@ -159,7 +165,7 @@ class EncoderDecoder(nn.Module):
         return self.head(self.features(src, tgt))
 
 
-class DecoderOnly(nn.Module):
+class DecoderOnly(IncrementalDecoding, nn.Module):
     """A decoder-only (GPT-like) language model: ``model(tokens) -> logits`` for the next token."""
 
     kind: Kind = "decoder"
@@ -186,10 +192,6 @@ class DecoderOnly(nn.Module):
     ) -> Tensor:
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
         return self.head(self.features(tokens, cache=cache, offset=offset, token_types=token_types))
-
-    def new_cache(self) -> list[dict]:
-        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
-        return [{} for _ in self.decoder.layers]
 
 
 class EncoderOnly(nn.Module):

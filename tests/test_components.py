@@ -65,7 +65,14 @@ def test_encoder_is_bidirectional():
 def test_a_stack_may_have_its_own_heads_and_positions_follow_it(position):
     """Positions acting inside attention take the heads and key width of the stack they feed."""
     spec = tiny_model(position={"type": position})
-    spec["decoder"] = {"layers": 2, "attention": {"type": "multihead", "heads": 2, "key_dim": 8, "value_dim": 8}}
+    spec["decoder"] = {"layers": 2, "attention": {"type": "multihead", "heads": 2, "key_dim": 6, "value_dim": 8}}
     model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
     src, tgt = torch.randint(1, 53, (2, 7)), torch.randint(1, 53, (2, 5))
     assert model(src, tgt).shape == (2, 5, 53)
+    for embed, heads, key_dim in ((model.src_embed, 4, 8), (model.tgt_embed, 2, 6)):  # 32 / 4 = 8; the decoder's own 6
+        if position == "relative_bias":
+            assert embed.position.table.embedding_dim == heads
+        elif position == "alibi":
+            assert embed.position.slopes.shape == (heads,)
+        else:
+            assert 2 * embed.position.cos.shape[1] == key_dim

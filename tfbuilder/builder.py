@@ -52,14 +52,22 @@ class _Builder:
             norm_out=self.norm(stack, where) if sandwich else None,
         )
 
+    def attention_shape(self, part: str) -> tuple[int, int]:
+        """Heads and key width per head of the ``part`` stack's self-attention: what its layers and
+        the position module of the side feeding it are built for (read here only, so they agree)."""
+        attention = self.spec.self_attention(part)
+        heads = getattr(attention, "heads", 1)
+        return heads, getattr(attention, "key_dim", None) or self.spec.d_model // heads
+
     def stack(self, part: str, position: nn.Module) -> Stack:
         """The encoder or decoder stack; ``position`` is its side's position module (attention may use it)."""
         spec = self.spec
         section = getattr(spec, part)
         decoder = part == "decoder"
-        attention = section.attention or spec.attention
+        attention = spec.self_attention(part)
         cross_params = getattr(section, "cross_attention", None) or attention
         ffn = section.ffn or spec.ffn
+        heads, head_dim = self.attention_shape(part)
         layers = []
         for index in range(section.layers):
             ctx = BuildContext(
@@ -68,7 +76,8 @@ class _Builder:
                 causal=decoder,
                 layer=index,
                 num_layers=section.layers,
-                heads=attention.heads if hasattr(attention, "heads") else 1,
+                heads=heads,
+                head_dim=head_dim,
                 position=position,
             )
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
@@ -90,10 +99,7 @@ class _Builder:
     def embedding(self, tokens: nn.Embedding, *, part: str) -> Embedding:
         """Token embedding plus the position module of the side that feeds the ``part`` stack
         (positions acting inside attention take that stack's heads and key width)."""
-        section = getattr(self.spec, part, None)
-        attention = (section.attention if section is not None else None) or self.spec.attention
-        heads = getattr(attention, "heads", 1)
-        head_dim = getattr(attention, "key_dim", None) or self.spec.d_model // heads
+        heads, head_dim = self.attention_shape(part)
         ctx = BuildContext(d_model=self.spec.d_model, causal=part == "decoder", heads=heads, head_dim=head_dim)
         position = self.component("position", self.spec.position, ctx, ("position",))
         spec = self.spec

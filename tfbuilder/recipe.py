@@ -218,6 +218,11 @@ class ModelSection(Section):
                     found.append(((part, field), params))
         return found
 
+    def self_attention(self, part: str) -> ComponentParams:
+        """The self-attention of the ``part`` stack (encoder or decoder): its own, else ``model.attention``."""
+        stack = getattr(self, part)
+        return (stack.attention if stack is not None else None) or self.attention
+
     @property
     def uses_final_norm(self) -> bool:
         return self.placement != "post" if self.final_norm is None else self.final_norm

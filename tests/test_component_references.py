@@ -12,7 +12,7 @@ from tfbuilder import registry
 from tfbuilder.components.attention import MultiHeadAttention
 from tfbuilder.components.ffn import MLP, MixtureOfExperts, SwiGLU, glu_hidden
 from tfbuilder.components.norm import RMSNorm, ScaleNorm
-from tfbuilder.components.position import ALiBiPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
+from tfbuilder.components.position import ALiBiPosition, AttentionPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
 from tfbuilder.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
@@ -137,7 +137,8 @@ def test_kept_attention_weights_give_the_fast_paths_output(position, extra):
     pos = registry.build("position", registry.get("position", position).params(), ctx)
     if isinstance(pos, RelativeBiasPosition):
         nn.init.normal_(pos.table.weight)
-    attn = attention(BuildContext(d_model=D, causal=True, heads=4, position=pos), heads=4, **extra)
+    in_attention = pos if isinstance(pos, AttentionPosition) else None  # what the builder gives attention
+    attn = attention(BuildContext(d_model=D, causal=True, heads=4, position=in_attention), heads=4, **extra)
     x = torch.randn(2, 6, D)
     mask = tfbuilder.masks.causal_mask(6)
     fast = attn(x, mask=mask)

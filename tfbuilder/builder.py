@@ -6,6 +6,7 @@ from torch import nn
 
 from . import registry
 from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
+from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
 from .recipe import InitSection, ModelSection, Recipe, StackSection
@@ -60,8 +61,10 @@ class _Builder:
         return heads, getattr(attention, "key_dim", None) or self.spec.d_model // heads
 
     def stack(self, part: str, position: nn.Module) -> Stack:
-        """The encoder or decoder stack; ``position`` is its side's position module (attention may use it)."""
+        """The encoder or decoder stack; ``position`` is its side's position module, given to
+        self-attention when it acts there (an :class:`AttentionPosition`)."""
         spec = self.spec
+        in_attention = position if isinstance(position, AttentionPosition) else None
         section = getattr(spec, part)
         decoder = part == "decoder"
         attention = spec.self_attention(part)
@@ -78,7 +81,7 @@ class _Builder:
                 num_layers=section.layers,
                 heads=heads,
                 head_dim=head_dim,
-                position=position,
+                position=in_attention,
             )
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
             ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)

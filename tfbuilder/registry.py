@@ -12,9 +12,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # only named in annotations: this module imports no component
+    from .components.position import AttentionPosition
 
 FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
 ENTRY_POINT_GROUP = "tfbuilder.components"
@@ -57,7 +60,9 @@ class BuildContext:
     num_layers: int = 1
     heads: int = 1  # the stack's attention heads (positions that bias attention need it)
     head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
-    position: Any = None  # the stack's position module: attention asks it to rotate or bias scores
+    # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
+    # the interface between the two is documented on AttentionPosition (components/position.py).
+    position: AttentionPosition | None = None
 
 
 @dataclass(frozen=True)

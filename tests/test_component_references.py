@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -80,18 +82,52 @@ def test_moe_with_one_expert_and_top_1_is_the_plain_ffn():
     assert moe.aux_loss.item() == pytest.approx(1.0)  # perfectly "balanced" over one expert
 
 
-def test_moe_balancing_loss_is_lowest_when_balanced():
+def switch_loss(logits: list[list[float]]) -> float:
+    """The Switch Transformer's balancing loss written out (Fedus et al. 2021, eq. 4-6) for router
+    logits (tokens x experts): N * sum_i f_i * P_i, f_i the share of tokens whose top expert is i and
+    P_i the mean router probability of expert i."""
+    experts = len(logits[0])
+    probs = [[math.exp(v) / sum(math.exp(u) for u in row) for v in row] for row in logits]
+    top = [row.index(max(row)) for row in logits]
+    f = [top.count(i) / len(logits) for i in range(experts)]
+    p = [sum(row[i] for row in probs) / len(logits) for i in range(experts)]
+    return experts * sum(fi * pi for fi, pi in zip(f, p))
+
+
+def routed(moe: MixtureOfExperts, choices: list[int], margin: float = 2.0) -> list[list[float]]:
+    """Hand-set router logits: token t (a one-hot input) scores ``margin`` for expert ``choices[t]``
+    and 0 for the others. Runs ``moe`` on those tokens and returns the logits it was given."""
+    experts = len(moe.experts)
+    logits = [[margin if e == c else 0.0 for e in range(experts)] for c in choices]
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, : len(choices)] = torch.tensor(logits).T
+    moe(torch.eye(len(choices), D)[None])
+    return logits
+
+
+def test_moe_balancing_loss_is_the_switch_formula():
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=2, hidden=16, aux_weight=0.05), BuildContext(d_model=D))
+    logits = [[1.0, -0.5, 2.0, 0.3], [0.2, 0.1, -1.0, 3.0], [2.5, 2.4, 0.0, -2.0], [0.0, 1.5, 1.0, 0.5], [-1.0, 0.0, 0.5, 0.4]]
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, :5] = torch.tensor(logits).T
+    moe(torch.eye(5, D)[None])
+    assert moe.aux_loss.item() == pytest.approx(switch_loss(logits), rel=1e-6)
+    assert moe.auxiliary_loss().item() == pytest.approx(0.05 * switch_loss(logits), rel=1e-6)  # what training adds
+
+
+def test_moe_balancing_loss_is_lowest_when_routing_is_uniform():
     moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=1, hidden=16), BuildContext(d_model=D))
-    with torch.no_grad():
-        moe.router.weight.zero_()
-        moe.router.weight[0] = 10.0  # everything to expert 0
-    x = torch.rand(64, D) + 0.1
-    moe(x)
-    skewed = moe.aux_loss.item()
-    with torch.no_grad():
-        moe.router.weight.zero_()
-    moe(x)
-    assert skewed > 3.5 and moe.aux_loss.item() == pytest.approx(1.0)
+    # Ever more of the eight tokens go to expert 0: uniform first, all on one expert last.
+    routings = [[0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 2, 3, 0, 1, 2, 3], [0, 0, 0, 3, 0, 0, 2, 3], [0, 0, 0, 0, 0, 0, 2, 3], [0] * 8]
+    losses = []
+    for choices in routings:
+        logits = routed(moe, choices)
+        assert moe.aux_loss.item() == pytest.approx(switch_loss(logits), rel=1e-6)
+        losses.append(moe.aux_loss.item())
+    assert losses[0] == pytest.approx(1.0)  # uniform: N * sum_i (1/N) * (1/N) * N
+    assert losses == sorted(losses) and losses[-1] > 2.0, losses
 
 
 def test_glu_matches_the_mlp_parameter_count():

@@ -203,12 +203,40 @@ def test_a_given_run_directory_is_shared_and_never_reused(tmp_path, monkeypatch)
         fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=2")))
 
 
-def test_moe_balancing_loss_is_trained_and_logged(tmp_path):
+@pytest.mark.filterwarnings("ignore:You are trying to `self.log()`")
+def test_a_training_step_adds_the_moe_balancing_losses_to_the_objective():
+    """The step's loss is the objective plus, for every mixture-of-experts layer, aux_weight times the
+    Switch loss of the router logits that layer saw (recomputed here by hand)."""
+    from test_component_references import switch_loss
+
+    from tfbuilder.components.ffn import MixtureOfExperts
+    from tfbuilder.objectives import objective
+    from tfbuilder.training import Task
+
+    moe = "model.ffn={type: moe, experts: 3, top_k: 1, hidden: 32, aux_weight: 0.1}"
+    recipe = tfbuilder.load_recipe(QUICKSTART, [moe, "model.encoder.layers=1", "model.decoder.layers=1"])
+    model = tfbuilder.build_model(recipe)
+    task = Task(recipe, model, "{}")
+    routers = [m.router for m in model.modules() if isinstance(m, MixtureOfExperts)]
+    seen: list[list[list[float]]] = []
+    hooks = [r.register_forward_hook(lambda module, args, out: seen.append(out.tolist())) for r in routers]
+    ids = torch.randint(5, 15, (4, 7))
+    batch = {"src": ids, "tgt_in": ids, "tgt_out": ids}
+    task.on_before_batch_transfer(batch, 0)
+    loss = task.training_step(batch, 0)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(routers) == 2  # the encoder's and the decoder's feed-forward
+    plain = objective(recipe, epsilon=recipe.optim.label_smoothing)(model, batch).loss  # deterministic: no dropout
+    assert loss.item() == pytest.approx(plain.item() + sum(0.1 * switch_loss(logits) for logits in seen), rel=1e-6)
+
+
+def test_moe_balancing_loss_is_logged(tmp_path):
     moe = ["model.ffn={type: moe, experts: 3, top_k: 1, hidden: 32}", "trainer.max_steps=6", "trainer.val_every=6"]
     summary = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.log_every=2", *moe)))
     with open(os.path.join(summary.run_dir, "metrics.csv")) as f:
         logged = [float(r["moe_aux_loss"]) for r in csv.DictReader(f) if r.get("moe_aux_loss")]
-    assert logged and all(value > 0 for value in logged)
+    assert len(logged) == 3  # at every log_every-th of the 6 steps
 
 
 @pytest.mark.parametrize("recipe_name", ["decoder-lm.yaml", "encoder-mlm.yaml"])

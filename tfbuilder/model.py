@@ -19,6 +19,7 @@ from .dropout import Dropout
 
 from . import masks
 from .blocks import Stack
+from .registry import AuxiliaryLoss
 
 Kind = Literal["encoder_decoder", "decoder", "encoder"]
 
@@ -101,6 +102,17 @@ class MLMHead(nn.Module):
         return self.out(self.transform(x))
 
 
+class AuxiliaryLosses:
+    """What every kind shares: the auxiliary losses its components computed in the last forward."""
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """The sum of the weighted auxiliary losses of the last forward (the load-balancing losses of
+        mixture-of-experts layers, see :class:`~tfbuilder.registry.AuxiliaryLoss`), or None when no
+        component has one. Training adds it to the objective."""
+        losses = [m.auxiliary_loss() for m in self.modules() if isinstance(m, AuxiliaryLoss)]
+        return sum(losses) if losses else None
+
+
 class IncrementalDecoding:
     """What the kinds with a decoder share: a key/value cache for decoding one token at a time."""
 
@@ -111,7 +123,7 @@ class IncrementalDecoding:
         return [{} for _ in self.decoder.layers]
 
 
-class EncoderDecoder(IncrementalDecoding, nn.Module):
+class EncoderDecoder(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     """The sequence-to-sequence transformer of Vaswani et al. 2017: ``model(src, tgt) -> logits``."""
 
     kind: Kind = "encoder_decoder"
@@ -165,7 +177,7 @@ class EncoderDecoder(IncrementalDecoding, nn.Module):
         return self.head(self.features(src, tgt))
 
 
-class DecoderOnly(IncrementalDecoding, nn.Module):
+class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     """A decoder-only (GPT-like) language model: ``model(tokens) -> logits`` for the next token."""
 
     kind: Kind = "decoder"
@@ -194,7 +206,7 @@ class DecoderOnly(IncrementalDecoding, nn.Module):
         return self.head(self.features(tokens, cache=cache, offset=offset, token_types=token_types))
 
 
-class EncoderOnly(nn.Module):
+class EncoderOnly(AuxiliaryLosses, nn.Module):
     """An encoder-only (BERT-like) model with a masked-LM head: ``model(tokens) -> logits``."""
 
     kind: Kind = "encoder"

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args, get
 
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:  # only named in annotations: this module imports no component
+if TYPE_CHECKING:  # only named in annotations: this module imports no component (nor torch)
+    from torch import Tensor
+
     from .components.position import AttentionPosition
 
 FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
@@ -63,6 +65,16 @@ class BuildContext:
     # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
     # the interface between the two is documented on AttentionPosition (components/position.py).
     position: AttentionPosition | None = None
+
+
+class AuxiliaryLoss:
+    """Interface of a component whose forward also computes a loss for the training objective (the
+    load-balancing loss of a mixture of experts). :meth:`auxiliary_loss` returns it, already weighted,
+    for the component's last forward; a model sums them in ``model.auxiliary_loss()`` and training
+    adds that sum to the objective (evaluation scores without it)."""
+
+    def auxiliary_loss(self) -> Tensor:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

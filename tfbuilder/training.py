@@ -93,7 +93,6 @@ class Task(L.LightningModule):
         self._clock = 0.0
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
-        self._routed = [m for m in model.modules() if hasattr(m, "aux_loss") and hasattr(m, "aux_weight")]
         self.bad_step: torch.Tensor | None = None  # first step with a non-finite loss (0: none)
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
         self.history: list[dict] = []  # earlier invocations (from the resumed checkpoint)
@@ -112,8 +111,8 @@ class Task(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         result = self.objective(self.model, batch)
-        if self._routed:  # mixture-of-experts layers add their load-balancing losses
-            aux = sum(m.aux_weight * m.aux_loss for m in self._routed)
+        aux = self.model.auxiliary_loss()  # mixture-of-experts layers add their load-balancing losses
+        if aux is not None:
             self.log("moe_aux_loss", aux)
             result.loss = result.loss + aux
         self.note_finite(result.loss)

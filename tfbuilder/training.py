@@ -493,8 +493,9 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
     workers = recipe.data.workers
     if workers == "auto":
         workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if accelerated else 0
-    datamodule = DataModule(prepared, recipe.data, seed=recipe.trainer.seed, workers=workers, pin_memory=accelerated)
-    datamodule.position_source = lambda: task.batches_seen
+    datamodule = DataModule(
+        prepared, recipe.data, seed=recipe.trainer.seed, workers=workers, pin_memory=accelerated, position_source=lambda: task.batches_seen
+    )
 
     t = recipe.trainer
     ckpt_dir = run_dir / "checkpoints"

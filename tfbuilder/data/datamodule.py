@@ -17,7 +17,15 @@ class DataModule(L.LightningDataModule):
     """Serves prepared splits; the training sampler is infinite and resumable (``position``)."""
 
     def __init__(
-        self, prepared: Prepared, data: DataSection, *, seed: int, batch_size_default: int = 32, workers: int = 0, pin_memory: bool = False
+        self,
+        prepared: Prepared,
+        data: DataSection,
+        *,
+        seed: int,
+        batch_size_default: int = 32,
+        workers: int = 0,
+        pin_memory: bool = False,
+        position_source: Callable[[], int] = lambda: 0,
     ):
         super().__init__()
         self.workers = workers  # batches are built in worker processes, off the training step's path
@@ -26,8 +34,9 @@ class DataModule(L.LightningDataModule):
         self.data = data
         self.seed = seed
         self.batch_size_default = batch_size_default
-        # Where training resumes: called when the first batch is drawn, after a checkpoint is restored.
-        self.position_source: Callable[[], int] = lambda: 0
+        # Where training resumes (batches consumed so far): called when the first batch is drawn, after
+        # a checkpoint is restored.
+        self.position_source = position_source
         self.train_sampler: BucketBatchSampler | None = None
 
     def _sampler(self, split: str, *, train: bool) -> BucketBatchSampler:

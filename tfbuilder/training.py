@@ -503,7 +503,7 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
     guard.record = invocation
     max_steps = t.max_steps
     if t.max_epochs:
-        per_epoch = datamodule._sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
+        per_epoch = datamodule.sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
         max_steps = min(max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
     callbacks: list[Callback] = [guard] + ([StepHook(on_step)] if on_step else [])
     trainer = _trainer(recipe, run_dir, callbacks, max_steps)

@@ -39,7 +39,9 @@ class DataModule(L.LightningDataModule):
         self.position_source = position_source
         self.train_sampler: BucketBatchSampler | None = None
 
-    def _sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
+    def sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
+        """The bucketing batch sampler of ``split``: shuffled and endless for training, this rank's
+        share once a trainer is attached (rank 0 of 1 before)."""
         src, tgt = lengths(self.prepared.splits[split])
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -57,7 +59,7 @@ class DataModule(L.LightningDataModule):
         )
 
     def loader(self, split: str, *, train: bool = False) -> DataLoader:
-        sampler = self._sampler(split, train=train)
+        sampler = self.sampler(split, train=train)
         if train:
             sampler.start = self.position_source
             self.train_sampler = sampler

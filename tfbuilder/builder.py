@@ -35,8 +35,7 @@ class _Builder:
         except (ValueError, TypeError) as exc:
             # A component refusing its params is a recipe problem: report it where it was written.
             loc = ("model",) + where
-            src = self.recipe._source if self.recipe is not None else None
-            problem = src.problem(loc, str(exc)) if src is not None else Problem(str(exc), dotted_path(loc))
+            problem = self.recipe.problem(loc, str(exc)) if self.recipe is not None else Problem(str(exc), dotted_path(loc))
             raise RecipeError([problem]) from exc
 
     def norm(self, stack: StackSection | None, where: str) -> nn.Module:

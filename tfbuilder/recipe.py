@@ -303,6 +303,16 @@ class Recipe(Section):
         """The file this recipe was loaded from, if any."""
         return self._path
 
+    @property
+    def source(self) -> Source | None:
+        """Where each value was written (file, line, column, or the ``--set`` override), for a recipe
+        loaded from YAML or data; None for one built in Python."""
+        return self._source
+
+    def problem(self, path: tuple, message: str) -> Problem:
+        """A problem at ``path`` (keys into the recipe), placed where that value was written when known."""
+        return self._source.problem(path, message) if self._source is not None else Problem(message, dotted_path(path))
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and checkpoints keep)."""
         data = self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)

@@ -37,7 +37,6 @@ class DataModule(L.LightningDataModule):
         # Where training resumes (batches consumed so far): called when the first batch is drawn, after
         # a checkpoint is restored.
         self.position_source = position_source
-        self.train_sampler: BucketBatchSampler | None = None
 
     def sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
         """The bucketing batch sampler of ``split``: shuffled and endless for training, this rank's
@@ -62,7 +61,6 @@ class DataModule(L.LightningDataModule):
         sampler = self.sampler(split, train=train)
         if train:
             sampler.start = self.position_source
-            self.train_sampler = sampler
         data = self.prepared.splits[split]
         # The dataset yields indices; Collate looks the examples up, so a batch is built in one go.
         return DataLoader(

@@ -98,7 +98,6 @@ class RegistryError(Exception):
 
 _entries: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
 _loaded = False
-_version = 0
 C = TypeVar("C", bound=type)
 
 
@@ -117,7 +116,6 @@ def register(family: str, name: str) -> Callable[[C], C]:
 
 
 def _add(family: str, name: str, cls: type, *, source: str) -> None:
-    global _version
     if family not in FAMILIES:
         raise RegistryError(f"unknown family '{family}' (families: {', '.join(FAMILIES)})")
     params = getattr(cls, "Params", None)
@@ -139,14 +137,11 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
         )
     params.family = family
     _entries[family][name] = Entry(family, name, cls, params, source)
-    _version += 1
 
 
 def unregister(family: str, name: str) -> None:
     """Remove a registration (for tests and interactive work)."""
-    global _version
     del _entries[family][name]
-    _version += 1
 
 
 def load() -> None:
@@ -193,12 +188,6 @@ def types(family: str) -> list[str]:
 def entries(family: str) -> list[Entry]:
     load()
     return [_entries[family][n] for n in sorted(_entries[family])]
-
-
-def version() -> int:
-    """Changes whenever a registration is added or removed (schemas are cached on it)."""
-    load()
-    return _version
 
 
 def build(family: str, params: ComponentParams, ctx: BuildContext) -> Any:

@@ -70,18 +70,10 @@ class _Builder:
         cross_params = getattr(section, "cross_attention", None) or attention
         ffn = section.ffn or spec.ffn
         heads, head_dim = self.attention_shape(part)
+        ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
+        cross_ctx = BuildContext(d_model=spec.d_model, cross=True)
         layers = []
-        for index in range(section.layers):
-            ctx = BuildContext(
-                d_model=spec.d_model,
-                dropout=spec.dropout,
-                causal=decoder,
-                layer=index,
-                num_layers=section.layers,
-                heads=heads,
-                head_dim=head_dim,
-                position=in_attention,
-            )
+        for _ in range(section.layers):
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
             ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
             if not decoder:
@@ -89,9 +81,6 @@ class _Builder:
                 continue
             cross = None
             if spec.kind == "encoder_decoder":
-                cross_ctx = BuildContext(
-                    d_model=spec.d_model, dropout=spec.dropout, cross=True, layer=index, num_layers=section.layers
-                )
                 where = (part, "cross_attention" if section.cross_attention else "attention")
                 cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part)
             layers.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))

@@ -55,11 +55,8 @@ class BuildContext:
     """What a component learns at build time instead of repeating it in its params."""
 
     d_model: int
-    dropout: float = 0.0
     causal: bool = False
     cross: bool = False
-    layer: int = 0
-    num_layers: int = 1
     heads: int = 1  # the stack's attention heads (positions that bias attention need it)
     head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
     # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:

@@ -1,7 +1,7 @@
 """Training through Lightning: the LightningModule, the Trainer it is given, and :func:`fit`.
 
-The model stays a plain ``nn.Module``; this module and callbacks.py are the only ones (with the CLI)
-that import Lightning.
+The model stays a plain ``nn.Module``. Lightning is imported by this module, callbacks.py,
+metrics_log.py, data/datamodule.py and the CLI, and by no other.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from torch import nn
 
 
 @dataclass(frozen=True)
-class Row:
+class ModuleRow:
     """One line of the tree: depth, name, class, distinct parameters it owns, and a note."""
 
     depth: int
@@ -23,10 +23,10 @@ def owners(model: nn.Module) -> dict[int, str]:
     return {id(p): name for name, p in model.named_parameters()}
 
 
-def tree(model: nn.Module, *, max_depth: int = 3) -> list[Row]:
+def tree(model: nn.Module, *, max_depth: int = 3) -> list[ModuleRow]:
     """Rows for ``model`` and its children down to ``max_depth``; runs of alike layers collapse."""
     first = owners(model)
-    rows: list[Row] = []
+    rows: list[ModuleRow] = []
 
     def count(module: nn.Module, prefix: str) -> tuple[int, list[str]]:
         total, tied = 0, []
@@ -41,7 +41,7 @@ def tree(model: nn.Module, *, max_depth: int = 3) -> list[Row]:
     def visit(module: nn.Module, name: str, prefix: str, depth: int) -> None:
         total, tied = count(module, prefix)
         note = ("tied to " + ", ".join(tied)) if tied and total == 0 else ""
-        rows.append(Row(depth, name, type(module).__name__, total, note))
+        rows.append(ModuleRow(depth, name, type(module).__name__, total, note))
         if depth >= max_depth:
             return
         children = list(module.named_children())
@@ -59,7 +59,7 @@ def tree(model: nn.Module, *, max_depth: int = 3) -> list[Row]:
     return rows
 
 
-def format_tree(rows: list[Row]) -> str:
+def format_tree(rows: list[ModuleRow]) -> str:
     """The rows as an indented table with right-aligned counts."""
     labels = [f"{'  ' * r.depth}{r.name}: {r.kind}" for r in rows]
     width = max(len(label) for label in labels)

@@ -21,15 +21,15 @@ from tfbuilder.registry import BuildContext
 D = 32
 
 
-def test_rmsnorm_equals_torch():
-    ours = RMSNorm(RMSNorm.Params(eps=1e-6), BuildContext(d_model=D))
-    ref = nn.RMSNorm(D, eps=1e-6)
+def test_rmsnorm_is_the_papers_formula_with_its_eps():
+    """g * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019, eq. 4), on inputs small enough that eps
+    matters (tfbuilder's RMSNorm is torch's: what is checked is the formula and that eps reaches it)."""
+    ours = RMSNorm(RMSNorm.Params(eps=1e-2), BuildContext(d_model=D))
     with torch.no_grad():
         ours.weight.uniform_(0.5, 1.5)
-        ref.weight.copy_(ours.weight)
-    x = torch.randn(3, 5, D)
-    torch.testing.assert_close(ours(x), ref(x))
-    torch.testing.assert_close(ours(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * ours.weight)
+    x = 0.05 * torch.randn(3, 5, D)  # mean square about 2.5e-3, a quarter of eps
+    torch.testing.assert_close(ours(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-2).sqrt() * ours.weight)
+    assert not torch.allclose(ours(x), x / x.pow(2).mean(-1, keepdim=True).sqrt() * ours.weight, atol=1e-3)
 
 
 def test_scalenorm_is_g_times_unit_vector():
@@ -159,11 +159,26 @@ def test_gqa_equals_multihead_with_shared_key_value_heads():
     assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
 
 
-def test_gqa_with_kv_heads_equal_heads_is_multihead():
-    a, b = attention(heads=4, kv_heads=4), attention(heads=4)
-    b.load_state_dict(a.state_dict())
+@pytest.mark.parametrize("kv_heads", [1, 2], ids=["multi-query", "grouped-query"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_gqa_is_torch_multihead_attention_with_repeated_key_value_heads(kv_heads, causal):
+    """Grouped-query attention (Ainslie et al. 2023) is plain multi-head attention whose key and value
+    heads are each repeated for heads / kv_heads consecutive query heads: checked against
+    nn.MultiheadAttention given those repeated projections."""
+    ours = attention(BuildContext(d_model=D, causal=causal), heads=4, kv_heads=kv_heads)
+    ref = nn.MultiheadAttention(D, 4, batch_first=True).eval()
+    dk, group = D // 4, 4 // kv_heads
+    with torch.no_grad():
+        wq, wk, wv = ours.to_qkv.weight.split([4 * dk, kv_heads * dk, kv_heads * dk])
+        bq, bk, bv = ours.to_qkv.bias.split([4 * dk, kv_heads * dk, kv_heads * dk])
+        repeat = lambda w: w.unflatten(0, (kv_heads, dk)).repeat_interleave(group, dim=0).flatten(0, 1)  # noqa: E731
+        ref.in_proj_weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
+        ref.in_proj_bias.copy_(torch.cat([bq, repeat(bk), repeat(bv)]))
+        ref.out_proj.load_state_dict(ours.to_out.state_dict())
     x = torch.randn(2, 7, D)
-    torch.testing.assert_close(a(x), b(x))
+    look_ahead = torch.ones(7, 7, dtype=torch.bool).triu(1) if causal else None  # True = may not attend
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x, x, x, attn_mask=look_ahead, need_weights=False)[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("position", ["none", "rotary", "alibi", "relative_bias"])
@@ -197,10 +212,42 @@ def test_sliding_window_sees_only_nearby_keys():
     assert not torch.allclose(attn(x, mask=mask)[0, 3], attn(changed, mask=mask)[0, 3])
 
 
-def test_sandwich_placement_normalises_before_and_after():
-    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model(placement="sandwich")))
+class Recording(nn.Module):
+    """Stands in for a norm or a sub-layer: appends its name to ``log`` and applies ``fn``."""
+
+    def __init__(self, name: str, fn, log: list[str]):
+        super().__init__()
+        self.name, self.fn, self.log = name, fn, log
+
+    def forward(self, x, **kwargs):
+        self.log.append(self.name)
+        return self.fn(x)
+
+
+@pytest.mark.parametrize(
+    "placement, order, formula",
+    [
+        ("post", ["inner", "norm"], lambda x: 2 * (x + (x + 3))),  # Norm(x + f(x)), Vaswani et al. 2017
+        ("pre", ["norm", "inner"], lambda x: x + (2 * x + 3)),  # x + f(Norm(x)), Xiong et al. 2020
+        ("sandwich", ["norm", "inner", "norm_out"], lambda x: x + 5 * (2 * x + 3)),  # x + Norm'(f(Norm(x))), Ding et al. 2021
+    ],
+)
+def test_norm_placement_applies_the_norms_in_the_papers_order(placement, order, formula):
+    """Each residual block, as the builder makes it for the placement, with its norms and sub-layer
+    replaced by recording stand-ins (norm: 2x, sub-layer: x + 3, second norm: 5x)."""
+    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model(placement=placement)))
     block = model.encoder.layers[0].self_attn
-    assert block.norm_out is not None and model.encoder.final_norm is not None
+    log: list[str] = []
+    block.norm = Recording("norm", lambda x: 2 * x, log)
+    block.inner = Recording("inner", lambda x: x + 3, log)
+    if placement == "sandwich":
+        block.norm_out = Recording("norm_out", lambda x: 5 * x, log)
+    else:
+        assert block.norm_out is None
+    x = torch.randn(2, 3, D)
+    torch.testing.assert_close(block(x), formula(x))
+    assert log == order
+    assert (model.encoder.final_norm is not None) == (placement != "post")  # pre-norm stacks end with a norm
 
 
 def test_every_component_cites_its_source():

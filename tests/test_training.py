@@ -18,7 +18,7 @@ import tfbuilder
 from conftest import ROOT
 from tfbuilder.cli import main
 from tfbuilder.recipe import recipe_from_dict
-from tfbuilder.runs import CheckpointError, load_checkpoint, read_checkpoint
+from tfbuilder.runs import CheckpointError, load_checkpoint, model_state, read_checkpoint
 from tfbuilder.training import fit
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
@@ -175,15 +175,41 @@ def test_fit_without_data_section_is_refused(tmp_path):
         fit(recipe)
 
 
+# `tfbuilder fit` that also saves each rank's final weights (Lightning starts the other rank by
+# running this same file again).
+DDP_DRIVER = """
+import os, sys
+import torch
+from tfbuilder import training
+from tfbuilder.cli import main
+
+train_end = training.Task.on_train_end
+def save_weights(self):
+    train_end(self)
+    state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+    torch.save(state, os.path.join(os.environ["WEIGHTS_DIR"], f"rank-{self.global_rank}.pt"))
+training.Task.on_train_end = save_weights
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
     sets = small(tmp_path, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_steps=6", "trainer.val_every=3")
-    cmd = [sys.executable, "-m", "tfbuilder", "fit", str(QUICKSTART), *sum((["--set", o] for o in sets), [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    driver = tmp_path / "ddp_driver.py"
+    driver.write_text(DDP_DRIVER)
+    cmd = [sys.executable, str(driver), "fit", str(QUICKSTART), *sum((["--set", o] for o in sets), [])]
+    env = {**os.environ, "WEIGHTS_DIR": str(tmp_path)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"^ranks agree +yes$", proc.stdout, re.M), proc.stdout
     runs = list((tmp_path / "runs" / "quickstart").iterdir())
     assert len(runs) == 1  # both ranks wrote into one run directory
     assert json.loads((runs[0] / "summary.json").read_text())["ranks_agree"] is True
+    # Every tensor of both ranks' final weights is equal, and equal to the last checkpoint's.
+    rank0, rank1 = (torch.load(tmp_path / f"rank-{r}.pt", weights_only=True) for r in (0, 1))
+    saved = model_state(read_checkpoint(runs[0] / "checkpoints" / "last.ckpt"))
+    assert rank0.keys() == rank1.keys() == saved.keys()
+    assert all(torch.equal(rank0[k], rank1[k]) and torch.equal(rank0[k], saved[k]) for k in rank0)
 
 
 @pytest.mark.slow

@@ -41,17 +41,6 @@ def val_metrics(run_dir) -> list[dict]:
         return [row for row in csv.DictReader(f) if row.get("val_acc")]
 
 
-def test_copy_task_is_learned(tmp_path):
-    schedule = ["optim.schedule.type=constant", "optim.schedule.warmup=50", "optim.lr=1e-3", "model.placement=pre"]
-    recipe = tfbuilder.load_recipe(QUICKSTART, small(tmp_path, *schedule, "trainer.max_steps=400", "trainer.val_every=400"))
-    summary = fit(recipe)
-    final = val_metrics(summary.run_dir)[-1]
-    # A model that cannot see the source (or sees the answer) cannot land here: chance is 1/10 per token.
-    assert float(final["val_acc"]) > 0.95, final
-    assert summary.best_val_loss < 0.3
-    assert summary.steps == 400
-
-
 def test_resume_ends_bit_equal_to_an_uninterrupted_run(tmp_path):
     common = small(tmp_path, "model.dropout=0.1", "trainer.val_every=10", "trainer.deterministic=true")
     full = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=30"]))
@@ -213,10 +202,14 @@ def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
 
 
 @pytest.mark.slow
-def test_quickstart_recipe_reaches_99_percent(tmp_path):
-    """The README's promise, kept: the quickstart recipe as shipped (its time is in the fit summary)."""
+def test_quickstart_recipe_learns_the_copy_task_to_99_percent(tmp_path):
+    """The README's promise, kept: the quickstart recipe as shipped (its time is in the fit summary).
+    (It is also the test that training learns: the fast subset has the translation BLEU test below.)"""
     summary = fit(tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path}", "trainer.progress=false"]))
-    assert float(val_metrics(summary.run_dir)[-1]["val_acc"]) >= 0.99
+    final = val_metrics(summary.run_dir)[-1]
+    # A model that cannot see the source (or sees the answer) cannot land here: chance is 1/10 per token.
+    assert float(final["val_acc"]) >= 0.99, final
+    assert summary.best_val_loss < 0.3 and summary.steps == 1200
 
 
 def test_a_given_run_directory_is_shared_and_never_reused(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Generated over the registry: the training computation (features and loss) compiles as one graph,
-and batches of varying shape cause a small, bounded number of recompilations.
+for every registered component, kind, placement and attention variant, and batches of varying
+shape cause a small, bounded number of recompilations.
 
 Run with dynamo's ``eager`` backend: graph capture is what is tested (on any machine), not code
 generation. A graph break would make ``fullgraph=True`` raise.
@@ -22,21 +23,30 @@ from tfbuilder.recipe import Recipe
 VOCAB = tiny_model()["vocab_size"]
 
 
+ATTENTION_VARIANTS = [{}, {"kv_heads": 2}, {"window": 3}, {"qk_norm": True}, {"dropout": 0.1}]
+PLACEMENTS = ["post", "pre", "sandwich"]
+
+
 def _cases() -> list:
-    cases = [
-        pytest.param({family: {"type": name}}, "encoder_decoder", id=f"{family}-{name}")
-        for family in registry.FAMILIES
-        for name in registry.types(family)
-    ]
-    cases += [pytest.param({}, kind, id=f"kind-{kind}") for kind in KINDS if kind != "encoder_decoder"]
-    cases += [pytest.param({"placement": p}, "encoder_decoder", id=f"placement-{p}") for p in ("pre", "sandwich")]
-    variants = {"gqa": {"kv_heads": 2}, "window": {"window": 3}, "qk_norm": {"qk_norm": True}, "dropout": {"dropout": 0.1}}
-    cases += [
-        pytest.param({"attention": {"type": "multihead", "heads": 4, **v}}, "decoder", id=f"attention-{name}")
-        for name, v in variants.items()
-    ]
-    cases.append(pytest.param({"ffn": {"type": "moe", "capacity_factor": 1.5}}, "decoder", id="moe-capacity"))
-    cases.append(pytest.param({"dropout": 0.1, "position": {"type": "rotary"}}, "decoder", id="dropout-rotary"))
+    """Every registered type of every family, every model kind, placement and attention variant
+    (grouped-query, sliding window, qk-norm, attention dropout), with and without the model's dropout:
+    combined into as few models as cover them all, case i taking the i-th of each (cycling). Tracing
+    is what costs here; a graph break anywhere in a model fails its case, named by all it combines."""
+    types = {family: registry.types(family) for family in registry.FAMILIES}
+    count = max(len(KINDS), len(PLACEMENTS), len(ATTENTION_VARIANTS), *map(len, types.values()))
+    cases = []
+    for i in range(count):
+        changes: dict = {family: {"type": names[i % len(names)]} for family, names in types.items()}
+        if changes["attention"]["type"] == "multihead":
+            changes["attention"].update(heads=4, **ATTENTION_VARIANTS[i % len(ATTENTION_VARIANTS)])
+        if changes["ffn"]["type"] == "moe":
+            changes["ffn"]["capacity_factor"] = 1.5  # (compiled, the dispatch is the static one either way)
+        changes["placement"] = PLACEMENTS[i % len(PLACEMENTS)]
+        changes["dropout"] = 0.1 * (i % 2)
+        kind = list(KINDS)[i % len(KINDS)]
+        name = "-".join([kind, changes["placement"], *(c["type"] for c in (changes[f] for f in registry.FAMILIES))])
+        variant = "-".join(f"{k}={v}" for k, v in changes["attention"].items() if k not in ("type", "heads"))
+        cases.append(pytest.param(changes, kind, id=name + (f"-{variant}" if variant else "") + ("-dropout" if i % 2 else "")))
     return cases
 
 

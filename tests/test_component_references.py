@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -12,22 +14,22 @@ from tfbuilder import registry
 from tfbuilder.components.attention import MultiHeadAttention
 from tfbuilder.components.ffn import MLP, MixtureOfExperts, SwiGLU, glu_hidden
 from tfbuilder.components.norm import RMSNorm, ScaleNorm
-from tfbuilder.components.position import ALiBiPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
+from tfbuilder.components.position import ALiBiPosition, AttentionPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
 from tfbuilder.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
 D = 32
 
 
-def test_rmsnorm_equals_torch():
-    ours = RMSNorm(RMSNorm.Params(eps=1e-6), BuildContext(d_model=D))
-    ref = nn.RMSNorm(D, eps=1e-6)
+def test_rmsnorm_is_the_papers_formula_with_its_eps():
+    """g * x / sqrt(mean(x^2) + eps) (Zhang & Sennrich 2019, eq. 4), on inputs small enough that eps
+    matters (tfbuilder's RMSNorm is torch's: what is checked is the formula and that eps reaches it)."""
+    ours = RMSNorm(RMSNorm.Params(eps=1e-2), BuildContext(d_model=D))
     with torch.no_grad():
         ours.weight.uniform_(0.5, 1.5)
-        ref.weight.copy_(ours.weight)
-    x = torch.randn(3, 5, D)
-    torch.testing.assert_close(ours(x), ref(x))
-    torch.testing.assert_close(ours(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * ours.weight)
+    x = 0.05 * torch.randn(3, 5, D)  # mean square about 2.5e-3, a quarter of eps
+    torch.testing.assert_close(ours(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-2).sqrt() * ours.weight)
+    assert not torch.allclose(ours(x), x / x.pow(2).mean(-1, keepdim=True).sqrt() * ours.weight, atol=1e-3)
 
 
 def test_scalenorm_is_g_times_unit_vector():
@@ -80,18 +82,52 @@ def test_moe_with_one_expert_and_top_1_is_the_plain_ffn():
     assert moe.aux_loss.item() == pytest.approx(1.0)  # perfectly "balanced" over one expert
 
 
-def test_moe_balancing_loss_is_lowest_when_balanced():
+def switch_loss(logits: list[list[float]]) -> float:
+    """The Switch Transformer's balancing loss written out (Fedus et al. 2021, eq. 4-6) for router
+    logits (tokens x experts): N * sum_i f_i * P_i, f_i the share of tokens whose top expert is i and
+    P_i the mean router probability of expert i."""
+    experts = len(logits[0])
+    probs = [[math.exp(v) / sum(math.exp(u) for u in row) for v in row] for row in logits]
+    top = [row.index(max(row)) for row in logits]
+    f = [top.count(i) / len(logits) for i in range(experts)]
+    p = [sum(row[i] for row in probs) / len(logits) for i in range(experts)]
+    return experts * sum(fi * pi for fi, pi in zip(f, p))
+
+
+def routed(moe: MixtureOfExperts, choices: list[int], margin: float = 2.0) -> list[list[float]]:
+    """Hand-set router logits: token t (a one-hot input) scores ``margin`` for expert ``choices[t]``
+    and 0 for the others. Runs ``moe`` on those tokens and returns the logits it was given."""
+    experts = len(moe.experts)
+    logits = [[margin if e == c else 0.0 for e in range(experts)] for c in choices]
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, : len(choices)] = torch.tensor(logits).T
+    moe(torch.eye(len(choices), D)[None])
+    return logits
+
+
+def test_moe_balancing_loss_is_the_switch_formula():
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=2, hidden=16, aux_weight=0.05), BuildContext(d_model=D))
+    logits = [[1.0, -0.5, 2.0, 0.3], [0.2, 0.1, -1.0, 3.0], [2.5, 2.4, 0.0, -2.0], [0.0, 1.5, 1.0, 0.5], [-1.0, 0.0, 0.5, 0.4]]
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[:, :5] = torch.tensor(logits).T
+    moe(torch.eye(5, D)[None])
+    assert moe.aux_loss.item() == pytest.approx(switch_loss(logits), rel=1e-6)
+    assert moe.auxiliary_loss().item() == pytest.approx(0.05 * switch_loss(logits), rel=1e-6)  # what training adds
+
+
+def test_moe_balancing_loss_is_lowest_when_routing_is_uniform():
     moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=1, hidden=16), BuildContext(d_model=D))
-    with torch.no_grad():
-        moe.router.weight.zero_()
-        moe.router.weight[0] = 10.0  # everything to expert 0
-    x = torch.rand(64, D) + 0.1
-    moe(x)
-    skewed = moe.aux_loss.item()
-    with torch.no_grad():
-        moe.router.weight.zero_()
-    moe(x)
-    assert skewed > 3.5 and moe.aux_loss.item() == pytest.approx(1.0)
+    # Ever more of the eight tokens go to expert 0: uniform first, all on one expert last.
+    routings = [[0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 2, 3, 0, 1, 2, 3], [0, 0, 0, 3, 0, 0, 2, 3], [0, 0, 0, 0, 0, 0, 2, 3], [0] * 8]
+    losses = []
+    for choices in routings:
+        logits = routed(moe, choices)
+        assert moe.aux_loss.item() == pytest.approx(switch_loss(logits), rel=1e-6)
+        losses.append(moe.aux_loss.item())
+    assert losses[0] == pytest.approx(1.0)  # uniform: N * sum_i (1/N) * (1/N) * N
+    assert losses == sorted(losses) and losses[-1] > 2.0, losses
 
 
 def test_glu_matches_the_mlp_parameter_count():
@@ -123,11 +159,26 @@ def test_gqa_equals_multihead_with_shared_key_value_heads():
     assert sum(p.numel() for p in gqa.parameters()) < sum(p.numel() for p in mha.parameters())
 
 
-def test_gqa_with_kv_heads_equal_heads_is_multihead():
-    a, b = attention(heads=4, kv_heads=4), attention(heads=4)
-    b.load_state_dict(a.state_dict())
+@pytest.mark.parametrize("kv_heads", [1, 2], ids=["multi-query", "grouped-query"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_gqa_is_torch_multihead_attention_with_repeated_key_value_heads(kv_heads, causal):
+    """Grouped-query attention (Ainslie et al. 2023) is plain multi-head attention whose key and value
+    heads are each repeated for heads / kv_heads consecutive query heads: checked against
+    nn.MultiheadAttention given those repeated projections."""
+    ours = attention(BuildContext(d_model=D, causal=causal), heads=4, kv_heads=kv_heads)
+    ref = nn.MultiheadAttention(D, 4, batch_first=True).eval()
+    dk, group = D // 4, 4 // kv_heads
+    with torch.no_grad():
+        wq, wk, wv = ours.to_qkv.weight.split([4 * dk, kv_heads * dk, kv_heads * dk])
+        bq, bk, bv = ours.to_qkv.bias.split([4 * dk, kv_heads * dk, kv_heads * dk])
+        repeat = lambda w: w.unflatten(0, (kv_heads, dk)).repeat_interleave(group, dim=0).flatten(0, 1)  # noqa: E731
+        ref.in_proj_weight.copy_(torch.cat([wq, repeat(wk), repeat(wv)]))
+        ref.in_proj_bias.copy_(torch.cat([bq, repeat(bk), repeat(bv)]))
+        ref.out_proj.load_state_dict(ours.to_out.state_dict())
     x = torch.randn(2, 7, D)
-    torch.testing.assert_close(a(x), b(x))
+    look_ahead = torch.ones(7, 7, dtype=torch.bool).triu(1) if causal else None  # True = may not attend
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x, x, x, attn_mask=look_ahead, need_weights=False)[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("position", ["none", "rotary", "alibi", "relative_bias"])
@@ -137,7 +188,8 @@ def test_kept_attention_weights_give_the_fast_paths_output(position, extra):
     pos = registry.build("position", registry.get("position", position).params(), ctx)
     if isinstance(pos, RelativeBiasPosition):
         nn.init.normal_(pos.table.weight)
-    attn = attention(BuildContext(d_model=D, causal=True, heads=4, position=pos), heads=4, **extra)
+    in_attention = pos if isinstance(pos, AttentionPosition) else None  # what the builder gives attention
+    attn = attention(BuildContext(d_model=D, causal=True, heads=4, position=in_attention), heads=4, **extra)
     x = torch.randn(2, 6, D)
     mask = tfbuilder.masks.causal_mask(6)
     fast = attn(x, mask=mask)
@@ -160,10 +212,42 @@ def test_sliding_window_sees_only_nearby_keys():
     assert not torch.allclose(attn(x, mask=mask)[0, 3], attn(changed, mask=mask)[0, 3])
 
 
-def test_sandwich_placement_normalises_before_and_after():
-    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model(placement="sandwich")))
+class Recording(nn.Module):
+    """Stands in for a norm or a sub-layer: appends its name to ``log`` and applies ``fn``."""
+
+    def __init__(self, name: str, fn, log: list[str]):
+        super().__init__()
+        self.name, self.fn, self.log = name, fn, log
+
+    def forward(self, x, **kwargs):
+        self.log.append(self.name)
+        return self.fn(x)
+
+
+@pytest.mark.parametrize(
+    "placement, order, formula",
+    [
+        ("post", ["inner", "norm"], lambda x: 2 * (x + (x + 3))),  # Norm(x + f(x)), Vaswani et al. 2017
+        ("pre", ["norm", "inner"], lambda x: x + (2 * x + 3)),  # x + f(Norm(x)), Xiong et al. 2020
+        ("sandwich", ["norm", "inner", "norm_out"], lambda x: x + 5 * (2 * x + 3)),  # x + Norm'(f(Norm(x))), Ding et al. 2021
+    ],
+)
+def test_norm_placement_applies_the_norms_in_the_papers_order(placement, order, formula):
+    """Each residual block, as the builder makes it for the placement, with its norms and sub-layer
+    replaced by recording stand-ins (norm: 2x, sub-layer: x + 3, second norm: 5x)."""
+    model = tfbuilder.build_model(ModelSection.model_validate(tiny_model(placement=placement)))
     block = model.encoder.layers[0].self_attn
-    assert block.norm_out is not None and model.encoder.final_norm is not None
+    log: list[str] = []
+    block.norm = Recording("norm", lambda x: 2 * x, log)
+    block.inner = Recording("inner", lambda x: x + 3, log)
+    if placement == "sandwich":
+        block.norm_out = Recording("norm_out", lambda x: 5 * x, log)
+    else:
+        assert block.norm_out is None
+    x = torch.randn(2, 3, D)
+    torch.testing.assert_close(block(x), formula(x))
+    assert log == order
+    assert (model.encoder.final_norm is not None) == (placement != "post")  # pre-norm stacks end with a norm
 
 
 def test_every_component_cites_its_source():

@@ -1,4 +1,6 @@
-"""The vanilla recipe is torch.nn.Transformer: same weights in, same outputs out (eval mode)."""
+"""The vanilla recipe is torch.nn.Transformer: same weights in, same outputs out (eval and training
+mode, any pad id). Per-head widths other than d_model / heads, which nn.Transformer cannot express,
+are checked against the model written out from the paper with its attention as einsums."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import tfbuilder
@@ -58,7 +61,7 @@ def copy_weights_from(ref: nn.Transformer, model: nn.Module) -> None:
                 ours.final_norm.load_state_dict(theirs.norm.state_dict())
 
 
-def reference_logits(ref: nn.Transformer, table: torch.Tensor, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+def reference_logits(ref: nn.Transformer, table: torch.Tensor, src: torch.Tensor, tgt: torch.Tensor, pad: int = PAD) -> torch.Tensor:
     d = ref.d_model
     src_x = table[src] * math.sqrt(d) + paper_sinusoids(src.shape[1], d)
     tgt_x = table[tgt] * math.sqrt(d) + paper_sinusoids(tgt.shape[1], d)
@@ -68,39 +71,25 @@ def reference_logits(ref: nn.Transformer, table: torch.Tensor, src: torch.Tensor
         src_x,
         tgt_x,
         tgt_mask=causal,
-        src_key_padding_mask=src == PAD,
-        tgt_key_padding_mask=tgt == PAD,
-        memory_key_padding_mask=src == PAD,
+        src_key_padding_mask=src == pad,
+        tgt_key_padding_mask=tgt == pad,
+        memory_key_padding_mask=src == pad,
         tgt_is_causal=True,
     )
     return out @ table.T  # tied pre-softmax projection
 
 
-def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    src = torch.randint(1, vocab, (3, 11))
-    tgt = torch.randint(1, vocab, (3, 9))
-    src[0, 7:] = PAD  # sources of different lengths
-    src[2, 4:] = PAD
-    tgt[1, 5:] = PAD  # and targets
+def padded_batch(vocab: int, pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.randint(0, vocab, (3, 11))
+    tgt = torch.randint(0, vocab, (3, 9))
+    src[src == pad] = tgt[tgt == pad] = pad + 1  # real tokens are never the pad id (0 among them when it is not)
+    src[0, 7:] = pad  # sources of different lengths
+    src[2, 4:] = pad
+    tgt[1, 5:] = pad  # and targets
     return src, tgt
 
 
-@pytest.mark.parametrize(
-    "placement, activation, final_norm",
-    [("post", "relu", False), ("pre", "relu", True), ("post", "gelu", True)],
-    ids=["vanilla-post-relu", "pre-norm", "gelu-final-norm"],
-)
-def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm):
-    # The vanilla recipe at its full width and depth; only the vocabulary is smaller.
-    overrides = [
-        "data.tokenizer.vocab_size=301",
-        f"model.placement={placement}",
-        f"model.ffn.activation={activation}",
-        f"model.final_norm={str(final_norm).lower()}",
-    ]
-    recipe = tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml", overrides=overrides)
-    spec = recipe.model
-    model = tfbuilder.build_model(recipe).eval()
+def nn_transformer_for(spec, *, activation: str = "relu", norm_first: bool = False, final_norm: bool = False) -> nn.Transformer:
     ref = nn.Transformer(
         d_model=spec.d_model,
         nhead=spec.attention.heads,
@@ -110,11 +99,33 @@ def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm)
         dropout=spec.dropout,
         activation=activation,
         batch_first=True,
-        norm_first=placement == "pre",
-    ).eval()
+        norm_first=norm_first,
+    )
     if not final_norm:  # the paper's post-norm stacks end with the last layer's norm, no extra one
         ref.encoder.norm = None
         ref.decoder.norm = None
+    return ref
+
+
+@pytest.mark.parametrize(
+    "placement, activation, final_norm, mode",
+    [("post", "relu", False, "eval"), ("pre", "relu", True, "eval"), ("post", "gelu", True, "eval"), ("post", "relu", False, "train")],
+    ids=["vanilla-post-relu", "pre-norm", "gelu-final-norm", "training-mode"],
+)
+def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm, mode):
+    # The vanilla recipe at its full width and depth; only the vocabulary is smaller. In training mode
+    # (dropout 0, so that both are deterministic) both take their training code paths.
+    overrides = [
+        "data.tokenizer.vocab_size=301",
+        f"model.placement={placement}",
+        f"model.ffn.activation={activation}",
+        f"model.final_norm={str(final_norm).lower()}",
+    ]
+    overrides += ["model.dropout=0.0"] if mode == "train" else []
+    recipe = tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml", overrides=overrides)
+    spec = recipe.model
+    model = tfbuilder.build_model(recipe).train(mode == "train")
+    ref = nn_transformer_for(spec, activation=activation, norm_first=placement == "pre", final_norm=final_norm).train(mode == "train")
     copy_weights_from(ref, model)
     src, tgt = padded_batch(spec.vocab_size)
     with torch.no_grad():
@@ -126,6 +137,93 @@ def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm)
     real = tgt != PAD
     assert not real.all()
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
+
+
+def small_vanilla(*overrides: str):
+    """The vanilla recipe, narrower and shallower (two layers a stack), without its data section."""
+    base = ["data=null", "model.vocab_size=101", "model.dropout=0.0", "model.d_model=64", "model.ffn.hidden=128"]
+    base += ["model.attention.key_dim=16", "model.attention.value_dim=16", "model.attention.heads=4"]
+    base += ["model.encoder.layers=2", "model.decoder.layers=2"]
+    return tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml", overrides=base + list(overrides))
+
+
+def test_a_pad_id_other_than_0_masks_what_nn_transformer_masks():
+    pad = 7
+    recipe = small_vanilla(f"model.pad_id={pad}")
+    model = tfbuilder.build_model(recipe).eval()
+    ref = nn_transformer_for(recipe.model).eval()
+    copy_weights_from(ref, model)
+    src, tgt = padded_batch(101, pad)
+    src[1, 0] = tgt[0, 2] = 0  # id 0 is an ordinary token here
+    with torch.no_grad():
+        ours = model(src, tgt)
+        theirs = reference_logits(ref, model.src_embed.tokens.weight, src, tgt, pad)
+        wrong = reference_logits(ref, model.src_embed.tokens.weight, src, tgt, PAD)  # masking id 0 instead
+    real = tgt != pad
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ours[real], wrong[real], atol=1e-4)
+
+
+def written_out_logits(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, pad: int = PAD) -> torch.Tensor:
+    """The post-norm encoder-decoder of the paper written out with the model's weights: attention as
+    einsums over per-head widths d_k and d_v of any size (Table 3 rows A and B), LayerNorm(x +
+    Sublayer(x)) (sec. 5.4), ReLU feed-forward (sec. 3.3), tied embeddings scaled by sqrt(d_model)
+    plus sinusoids (sec. 3.4-3.5)."""
+    table = model.src_embed.tokens.weight
+    d = table.shape[1]
+
+    def embed(ids):
+        return table[ids] * math.sqrt(d) + paper_sinusoids(ids.shape[1], d)
+
+    def attention(block, x, context, allowed):  # allowed: (b or 1, i or 1, j), True where a query may look
+        a = block.inner
+        h, dk, dv = a.heads, a.key_dim, a.value_dim
+        if context is None:
+            q, k, v = a.to_qkv(x).split([h * dk, h * dk, h * dv], dim=-1)
+        else:
+            q, (k, v) = a.to_q(x), a.to_kv(context).split([h * dk, h * dv], dim=-1)
+        q, k, v = q.unflatten(-1, (h, dk)), k.unflatten(-1, (h, dk)), v.unflatten(-1, (h, dv))
+        scores = torch.einsum("bihk,bjhk->bhij", q, k) / math.sqrt(dk)
+        weights = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=-1)
+        return a.to_out(torch.einsum("bhij,bjhv->bihv", weights, v).flatten(-2))
+
+    def norm(block, x):
+        return F.layer_norm(x, (d,), block.norm.weight, block.norm.bias, block.norm.eps)
+
+    def ffn(block, x):
+        return block.inner.ff_out(torch.relu(block.inner.ff_in(x)))
+
+    keys = (src != pad)[:, None, :]
+    x = embed(src)
+    for layer in model.encoder.layers:
+        x = norm(layer.self_attn, x + attention(layer.self_attn, x, None, keys))
+        x = norm(layer.ffn, x + ffn(layer.ffn, x))
+    n = tgt.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    y = embed(tgt)
+    for layer in model.decoder.layers:
+        y = norm(layer.self_attn, y + attention(layer.self_attn, y, None, causal))
+        y = norm(layer.cross_attn, y + attention(layer.cross_attn, y, x, keys))
+        y = norm(layer.ffn, y + ffn(layer.ffn, y))
+    return y @ table.T
+
+
+def test_per_head_widths_nn_transformer_cannot_express_equal_the_written_out_model():
+    src, tgt = padded_batch(101)
+    real = tgt != PAD
+    # The written-out reference is nn.Transformer where nn.Transformer applies (d_k = d_v = 64 / 4) ...
+    model = tfbuilder.build_model(small_vanilla()).eval()
+    ref = nn_transformer_for(small_vanilla().model).eval()
+    copy_weights_from(ref, model)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            written_out_logits(model, src, tgt)[real], reference_logits(ref, model.src_embed.tokens.weight, src, tgt)[real], atol=1e-5, rtol=1e-5
+        )
+    # ... and the model equals it where nn.Transformer cannot go: d_k = 24, d_v = 40 with 4 heads of 64.
+    wide = tfbuilder.build_model(small_vanilla("model.attention.key_dim=24", "model.attention.value_dim=40")).eval()
+    assert wide.encoder.layers[0].self_attn.inner.to_qkv.out_features == 4 * (24 + 24 + 40)
+    with torch.no_grad():
+        torch.testing.assert_close(wide(src, tgt)[real], written_out_logits(wide, src, tgt)[real], atol=1e-5, rtol=1e-5)
 
 
 def test_parity_fails_when_a_weight_differs():

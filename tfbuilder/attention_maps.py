@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .data.tokenizers import BOS, EOS, Tokenizer
+from .data.tokenizers import BOS, EOS, MASK, PAD, UNK, Tokenizer
 from .devices import model_device
 from .errors import TfbuilderError
 from .runs import Loaded
 
 METADATA_KEY = "tfbuilder:weights"
-_SPECIAL = {0: "<pad>", BOS: "<s>", EOS: "</s>", 3: "<unk>", 4: "<mask>"}
+_SPECIAL = {PAD: "<pad>", BOS: "<s>", EOS: "</s>", UNK: "<unk>", MASK: "<mask>"}
 
 
 class AttentionMapError(TfbuilderError):

@@ -49,7 +49,7 @@ class EncoderLayer(nn.Module):
         self.self_attn = self_attn
         self.ffn = ffn
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache: dict | None = None) -> Tensor:
+    def forward(self, x: Tensor, *, mask: Tensor | None = None) -> Tensor:
         """``x`` (b, n, d), ``mask`` broadcastable to (b, h, n, n) -> (b, n, d)."""
         return self.ffn(self.self_attn(x, mask=mask))
 
@@ -92,7 +92,7 @@ class Stack(nn.Module):
 
     def forward(self, x: Tensor, *, cache: list[dict] | None = None, **kwargs) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` (masks, memory) go to every layer, and
-        ``cache[i]`` to layer i when decoding incrementally."""
+        ``cache[i]`` to (decoder) layer i when decoding incrementally."""
         for i, layer in enumerate(self.layers):
-            x = layer(x, cache=None if cache is None else cache[i], **kwargs)
+            x = layer(x, **kwargs) if cache is None else layer(x, cache=cache[i], **kwargs)
         return x if self.final_norm is None else self.final_norm(x)

@@ -6,6 +6,7 @@ from torch import nn
 
 from . import registry
 from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
+from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
 from .recipe import InitSection, ModelSection, Recipe, StackSection
@@ -34,8 +35,7 @@ class _Builder:
         except (ValueError, TypeError) as exc:
             # A component refusing its params is a recipe problem: report it where it was written.
             loc = ("model",) + where
-            src = self.recipe._source if self.recipe is not None else None
-            problem = src.problem(loc, str(exc)) if src is not None else Problem(str(exc), dotted_path(loc))
+            problem = self.recipe.problem(loc, str(exc)) if self.recipe is not None else Problem(str(exc), dotted_path(loc))
             raise RecipeError([problem]) from exc
 
     def norm(self, stack: StackSection | None, where: str) -> nn.Module:
@@ -52,25 +52,28 @@ class _Builder:
             norm_out=self.norm(stack, where) if sandwich else None,
         )
 
+    def attention_shape(self, part: str) -> tuple[int, int]:
+        """Heads and key width per head of the ``part`` stack's self-attention: what its layers and
+        the position module of the side feeding it are built for (read here only, so they agree)."""
+        attention = self.spec.self_attention(part)
+        heads = getattr(attention, "heads", 1)
+        return heads, getattr(attention, "key_dim", None) or self.spec.d_model // heads
+
     def stack(self, part: str, position: nn.Module) -> Stack:
-        """The encoder or decoder stack; ``position`` is its side's position module (attention may use it)."""
+        """The encoder or decoder stack; ``position`` is its side's position module, given to
+        self-attention when it acts there (an :class:`AttentionPosition`)."""
         spec = self.spec
+        in_attention = position if isinstance(position, AttentionPosition) else None
         section = getattr(spec, part)
         decoder = part == "decoder"
-        attention = section.attention or spec.attention
+        attention = spec.self_attention(part)
         cross_params = getattr(section, "cross_attention", None) or attention
         ffn = section.ffn or spec.ffn
+        heads, head_dim = self.attention_shape(part)
+        ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
+        cross_ctx = BuildContext(d_model=spec.d_model, cross=True)
         layers = []
-        for index in range(section.layers):
-            ctx = BuildContext(
-                d_model=spec.d_model,
-                dropout=spec.dropout,
-                causal=decoder,
-                layer=index,
-                num_layers=section.layers,
-                heads=attention.heads if hasattr(attention, "heads") else 1,
-                position=position,
-            )
+        for _ in range(section.layers):
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
             ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
             if not decoder:
@@ -78,9 +81,6 @@ class _Builder:
                 continue
             cross = None
             if spec.kind == "encoder_decoder":
-                cross_ctx = BuildContext(
-                    d_model=spec.d_model, dropout=spec.dropout, cross=True, layer=index, num_layers=section.layers
-                )
                 where = (part, "cross_attention" if section.cross_attention else "attention")
                 cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part)
             layers.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
@@ -90,10 +90,7 @@ class _Builder:
     def embedding(self, tokens: nn.Embedding, *, part: str) -> Embedding:
         """Token embedding plus the position module of the side that feeds the ``part`` stack
         (positions acting inside attention take that stack's heads and key width)."""
-        section = getattr(self.spec, part, None)
-        attention = (section.attention if section is not None else None) or self.spec.attention
-        heads = getattr(attention, "heads", 1)
-        head_dim = getattr(attention, "key_dim", None) or self.spec.d_model // heads
+        heads, head_dim = self.attention_shape(part)
         ctx = BuildContext(d_model=self.spec.d_model, causal=part == "decoder", heads=heads, head_dim=head_dim)
         position = self.component("position", self.spec.position, ctx, ("position",))
         spec = self.spec

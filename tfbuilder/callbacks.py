@@ -1,4 +1,4 @@
-"""The Lightning side of a run you can trust (with training.py, the only Lightning code here).
+"""The Lightning side of a run you can trust (see training.py for the modules that import Lightning).
 
 - :class:`AtomicCheckpointIO` writes every checkpoint atomically and never writes non-finite weights.
 - :class:`RunGuard` checkpoints at every validation (``last.ckpt`` is always the latest validated

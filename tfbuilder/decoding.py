@@ -8,6 +8,8 @@ and values are computed once per source.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -140,66 +142,125 @@ def beam_search_nbest(
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest ({nbest}) must be between 1 and the beam ({beam})")
     model.eval()
-    b, device = src.shape[0], src.device
     limits = _max_lengths(src, model.pad_id, max_len_a, max_len_b)
     # The beams of one input share its source: memory and cross-attention keys/values stay one row
     # per input (cross-attention groups the beams' queries), and only follow the batch as it shrinks.
     memory, memory_mask = model.encode(src)
     cache = model.new_cache()
-    alive = torch.arange(b, device=device)  # inputs still searching
-    scores = torch.full((b, beam), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: keep one
-    tokens = torch.full((b * beam, 1), BOS, dtype=torch.long, device=device)
-    ended_count = torch.zeros(b, dtype=torch.long, device=device)  # ended hypotheses kept per input
-    bar = torch.full((b,), float("-inf"), device=device)  # the nbest-th best ended score per input (normalised)
-    ended: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    first_beams = torch.arange(2 * beam, device=device) < beam
+    search = _BeamSearch.start(src.shape[0], beam=beam, nbest=nbest, alpha=alpha, limits=limits, device=src.device)
     for step in range(int(limits.max())):
-        n = len(alive)
-        logp = model.decode(tokens[:, -1:], memory, memory_mask, cache=cache, offset=step)[:, -1].float().log_softmax(-1)
-        vocab = logp.shape[-1]
-        last = step + 1 >= limits[alive]  # at the length limit only </s> may follow
-        if last.any():
-            forced = torch.full_like(logp.view(n, beam, vocab), float("-inf"))
-            forced[..., EOS] = logp.view(n, beam, vocab)[..., EOS]
-            logp = torch.where(last[:, None, None], forced, logp.view(n, beam, vocab)).view(n * beam, vocab)
-        candidates = (scores.view(n * beam, 1) + logp).view(n, beam * vocab)
-        top_scores, top_index = candidates.topk(2 * beam, dim=1)
-        origin, word = top_index // vocab, top_index % vocab
-        is_eos = word == EOS
-        penalty = ((5.0 + step + 1) / 6.0) ** alpha
-        # Ended hypotheses among the best `beam` candidates are final (normalised by length).
-        for r, c in (is_eos & first_beams).nonzero().tolist():
-            i = int(alive[r])
-            if ended_count[i] < beam:
-                ended_count[i] += 1
-                score = float(top_scores[r, c]) / penalty
-                ended[i].append((score, tokens[r * beam + origin[r, c], 1:].tolist()))
-                if len(ended[i]) >= nbest:
-                    bar[i] = sorted((s for s, _ in ended[i]), reverse=True)[nbest - 1]
-        # The best `beam` candidates that did not end continue.
-        live_scores = top_scores.masked_fill(is_eos, float("-inf"))
-        live_scores, pick = live_scores.topk(beam, dim=1)
-        origin, word = origin.gather(1, pick), word.gather(1, pick)
-        # A live hypothesis only loses log-probability; it ends with between step + 2 and limit
-        # tokens, so its normalised score is at most its score now over one of those penalties.
-        now = live_scores[:, 0]
-        bound = torch.maximum(now / ((5.0 + limits[alive]) / 6.0) ** alpha, now / ((5.0 + step + 2) / 6.0) ** alpha)
-        done = last | (ended_count[alive] >= beam) | (bar[alive] >= bound)
-        keep = (~done).nonzero().squeeze(1)
-        if len(keep) == 0:
+        n = len(search.alive)
+        logp = model.decode(search.tokens[:, -1:], memory, memory_mask, cache=cache, offset=step)[:, -1].float().log_softmax(-1)
+        last = step + 1 >= limits[search.alive]  # at the length limit only </s> may follow
+        keep, select = search.step(_only_eos_where(logp, last, beam), last, step)
+        if keep is None:
             break
-        select = (keep[:, None] * beam + origin[keep]).reshape(-1)  # rows of the surviving beams
-        tokens = torch.cat([tokens[select], word[keep].reshape(-1, 1)], dim=1)
-        scores = live_scores[keep]
-        alive = alive[keep]
         if len(keep) < n:
             memory = memory[keep]
             memory_mask = memory_mask[keep] if memory_mask is not None else None
             reorder(cache, keep, parts=("cross",))
         reorder(cache, select, parts=("self",))
-    # sorted() is stable: of equal scores the hypothesis that ended first comes first, as before.
-    return [sorted(found, key=lambda h: -h[0])[:nbest] or [(float("-inf"), [])] for found in ended]
+    return search.results()
+
+
+def _length_penalty(length, alpha: float):
+    """GNMT's ((5 + |y|) / 6) ^ alpha, for a length or a tensor of lengths."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _only_eos_where(logp: Tensor, last: Tensor, beam: int) -> Tensor:
+    """Log-probabilities (n * beam, vocab) with every token but </s> ruled out for the inputs where
+    ``last`` (n,) is true."""
+    if not last.any():
+        return logp
+    n, vocab = last.shape[0], logp.shape[-1]
+    forced = torch.full_like(logp.view(n, beam, vocab), float("-inf"))
+    forced[..., EOS] = logp.view(n, beam, vocab)[..., EOS]
+    return torch.where(last[:, None, None], forced, logp.view(n, beam, vocab)).view(n * beam, vocab)
+
+
+@dataclass
+class _BeamSearch:
+    """A beam search over a batch: the inputs still searching with their live hypotheses, and the
+    ended hypotheses of every input."""
+
+    beam: int
+    nbest: int
+    alpha: float
+    limits: Tensor  # (b,) the longest output of each input, </s> counted
+    alive: Tensor  # (n,) the inputs still searching
+    tokens: Tensor  # (n * beam, t) their live hypotheses, <s> first
+    scores: Tensor  # (n, beam) the hypotheses' log-probabilities
+    ended: Tensor  # (b,) hypotheses ended so far per input (at most beam count)
+    bar: Tensor  # (b,) the nbest-th best ended score per input, length-normalised (-inf until nbest ended)
+    finished: list[list[tuple[float, list[int]]]]  # per input: (normalised score, ids) of its ended hypotheses
+
+    @classmethod
+    def start(cls, b: int, *, beam: int, nbest: int, alpha: float, limits: Tensor, device) -> "_BeamSearch":
+        scores = torch.full((b, beam), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # all beams start identical: keep one
+        return cls(
+            beam=beam,
+            nbest=nbest,
+            alpha=alpha,
+            limits=limits,
+            alive=torch.arange(b, device=device),
+            tokens=torch.full((b * beam, 1), BOS, dtype=torch.long, device=device),
+            scores=scores,
+            ended=torch.zeros(b, dtype=torch.long, device=device),
+            bar=torch.full((b,), float("-inf"), device=device),
+            finished=[[] for _ in range(b)],
+        )
+
+    def step(self, logp: Tensor, last: Tensor, step: int) -> tuple[Tensor | None, Tensor | None]:
+        """Extend the live hypotheses by ``logp`` (n * beam, vocab): record those that end, keep the
+        best ``beam`` that do not, and drop the inputs whose search is over. Returns the rows of the
+        inputs kept and the rows of the hypotheses extended (for the cache), or (None, None) when
+        every search is over."""
+        n, vocab = len(self.alive), logp.shape[-1]
+        candidates = (self.scores.view(n * self.beam, 1) + logp).view(n, self.beam * vocab)
+        top_scores, top_index = candidates.topk(2 * self.beam, dim=1)
+        origin, word = top_index // vocab, top_index % vocab
+        is_eos = word == EOS
+        self._record_ended(top_scores, origin, is_eos, step)
+        # The best `beam` candidates that did not end continue.
+        live_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(self.beam, dim=1)
+        origin, word = origin.gather(1, pick), word.gather(1, pick)
+        keep = (~self._over(live_scores[:, 0], last, step)).nonzero().squeeze(1)
+        if len(keep) == 0:
+            return None, None
+        select = (keep[:, None] * self.beam + origin[keep]).reshape(-1)  # rows of the surviving beams
+        self.tokens = torch.cat([self.tokens[select], word[keep].reshape(-1, 1)], dim=1)
+        self.scores = live_scores[keep]
+        self.alive = self.alive[keep]
+        return keep, select
+
+    def _record_ended(self, top_scores: Tensor, origin: Tensor, is_eos: Tensor, step: int) -> None:
+        """Ended hypotheses among the best ``beam`` candidates are final (normalised by length)."""
+        penalty = _length_penalty(step + 1, self.alpha)
+        first_beams = torch.arange(2 * self.beam, device=is_eos.device) < self.beam
+        for r, c in (is_eos & first_beams).nonzero().tolist():
+            i = int(self.alive[r])
+            if self.ended[i] < self.beam:
+                self.ended[i] += 1
+                score = float(top_scores[r, c]) / penalty
+                self.finished[i].append((score, self.tokens[r * self.beam + origin[r, c], 1:].tolist()))
+                if len(self.finished[i]) >= self.nbest:
+                    self.bar[i] = sorted((s for s, _ in self.finished[i]), reverse=True)[self.nbest - 1]
+
+    def _over(self, now: Tensor, last: Tensor, step: int) -> Tensor:
+        """Which inputs' searches are over: at the length limit, ``beam`` hypotheses ended, or no live
+        one can beat the ``nbest``-th best ended one. A live hypothesis (best score ``now``) only loses log-probability; it ends with
+        between step + 2 and limit tokens, so its normalised score is at most ``now`` over one of
+        those penalties."""
+        alive = self.alive
+        bound = torch.maximum(now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha))
+        return last | (self.ended[alive] >= self.beam) | (self.bar[alive] >= bound)
+
+    def results(self) -> list[list[tuple[float, list[int]]]]:
+        """The ``nbest`` best ended hypotheses per input, best first (of equal scores, the one that
+        ended first: sorted() is stable)."""
+        return [sorted(found, key=lambda h: -h[0])[: self.nbest] or [(float("-inf"), [])] for found in self.finished]
 
 
 @torch.no_grad()

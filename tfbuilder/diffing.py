@@ -19,10 +19,11 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def differences(a: Recipe, b: Recipe, *, include_name: bool = False) -> list[tuple[str, Any, Any]]:
+def differences(a: Recipe | dict, b: Recipe | dict, *, include_name: bool = False) -> list[tuple[str, Any, Any]]:
     """``(dotted key, value in a, value in b)`` for every resolved key whose values differ, defaults
-    included (a key absent on one side shows as MISSING)."""
-    left, right = flatten(a.to_dict()), flatten(b.to_dict())
+    included (a key absent on one side shows as MISSING). A recipe may also be given as the data
+    :meth:`Recipe.to_dict` made (a run's ``recipe.yaml``)."""
+    left, right = (flatten(r.to_dict() if isinstance(r, Recipe) else r) for r in (a, b))
     keys = sorted(set(left) | set(right))
     return [
         (k, left.get(k, MISSING), right.get(k, MISSING))

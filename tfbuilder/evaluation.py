@@ -20,7 +20,7 @@ from .data.collate import Collate, pad
 from .data.prepare import Vocab, prepare
 from .data.tokenizers import EOS
 from .devices import model_device
-from .runs import Loaded
+from .runs import Loaded, run_dir_of, scores_file
 
 Precision = Literal["32", "bf16"]
 
@@ -214,11 +214,10 @@ def _text_scores(scores: Scores, hypotheses: list[str], references: list[str], d
 
 
 def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32") -> Path:
-    """Where :func:`save_scores` writes: ``<run_dir>/test-<split>-<checkpoint>[-beam<N>][-bf16].json``
-    (the beam for sequence-to-sequence models)."""
-    run_dir = loaded.path.parent.parent if loaded.path.parent.name == "checkpoints" else loaded.path.parent
-    search = "" if beam is None else f"-beam{beam}" + ("-bf16" if precision == "bf16" else "")
-    return run_dir / f"test-{split}-{loaded.path.stem}{search}.json"
+    """Where :func:`save_scores` writes: :func:`tfbuilder.runs.scores_file` of the checkpoint's run
+    directory (the checkpoint's own folder for a loose file)."""
+    run_dir = run_dir_of(loaded.path) or loaded.path.parent
+    return scores_file(run_dir, split, loaded.path.stem, beam=beam, precision=precision)
 
 
 def save_scores(loaded: Loaded, scores: Scores) -> Path:

@@ -21,6 +21,13 @@ def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     return (ids != pad_id)[:, None, None, :]
 
 
+def key_mask(ids: Tensor, pad_id: int | None) -> Tensor | None:
+    """The mask of a model's keys ``ids`` (b, j): its :func:`padding_mask`, or None for a model without
+    a pad id (every token is real). Encoder self-attention uses it, and the decoder's cross-attention
+    over the encoder's output; the decoder's self-attention needs none (causal, see above)."""
+    return None if pad_id is None else padding_mask(ids, pad_id)
+
+
 def causal_mask(n_query: int, n_key: int | None = None, *, offset: int = 0, device=None) -> Tensor:
     """Look-ahead mask (1, 1, i, j): query ``offset + i`` may attend to keys ``0 .. offset + i``."""
     n_key = n_query + offset if n_key is None else n_key

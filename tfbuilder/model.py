@@ -12,13 +12,13 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-import torch
 from torch import Tensor, nn
 
 from .dropout import Dropout
 
 from . import masks
 from .blocks import Stack
+from .registry import AuxiliaryLoss
 
 Kind = Literal["encoder_decoder", "decoder", "encoder"]
 
@@ -101,7 +101,28 @@ class MLMHead(nn.Module):
         return self.out(self.transform(x))
 
 
-class EncoderDecoder(nn.Module):
+class AuxiliaryLosses:
+    """What every kind shares: the auxiliary losses its components computed in the last forward."""
+
+    def auxiliary_loss(self) -> Tensor | None:
+        """The sum of the weighted auxiliary losses of the last forward (the load-balancing losses of
+        mixture-of-experts layers, see :class:`~tfbuilder.registry.AuxiliaryLoss`), or None when no
+        component has one. Training adds it to the objective."""
+        losses = [m.auxiliary_loss() for m in self.modules() if isinstance(m, AuxiliaryLoss)]
+        return sum(losses) if losses else None
+
+
+class IncrementalDecoding:
+    """What the kinds with a decoder share: a key/value cache for decoding one token at a time."""
+
+    decoder: Stack
+
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
+        return [{} for _ in self.decoder.layers]
+
+
+class EncoderDecoder(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     """The sequence-to-sequence transformer of Vaswani et al. 2017: ``model(src, tgt) -> logits``."""
 
     kind: Kind = "encoder_decoder"
@@ -126,14 +147,14 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
         """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j), None without a pad id."""
-        src_mask = None if self.pad_id is None else masks.padding_mask(src, self.pad_id)
+        src_mask = masks.key_mask(src, self.pad_id)
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
     def decode_features(
         self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
-        With ``cache`` (see :func:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
+        With ``cache`` (see :meth:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
         Self-attention is causal by construction: right padding needs no mask (see :mod:`masks`), and
         a start token equal to the pad id (T5) is an ordinary token."""
         x = self.tgt_embed(tgt, offset=offset)
@@ -145,10 +166,6 @@ class EncoderDecoder(nn.Module):
         """``tgt`` (b, i) and the encoder's output -> logits (b, i, vocab)."""
         return self.head(self.decode_features(tgt, memory, memory_mask, cache=cache, offset=offset))
 
-    def new_cache(self) -> list[dict]:
-        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
-        return [{} for _ in self.decoder.layers]
-
     def features(self, src: Tensor, tgt: Tensor) -> Tensor:
         """Hidden states before the output head (b, i, d): training applies the head only where needed."""
         memory, memory_mask = self.encode(src)
@@ -159,7 +176,7 @@ class EncoderDecoder(nn.Module):
         return self.head(self.features(src, tgt))
 
 
-class DecoderOnly(nn.Module):
+class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     """A decoder-only (GPT-like) language model: ``model(tokens) -> logits`` for the next token."""
 
     kind: Kind = "decoder"
@@ -187,12 +204,8 @@ class DecoderOnly(nn.Module):
         """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
         return self.head(self.features(tokens, cache=cache, offset=offset, token_types=token_types))
 
-    def new_cache(self) -> list[dict]:
-        """An empty key/value cache for incremental decoding, one entry per decoder layer."""
-        return [{} for _ in self.decoder.layers]
 
-
-class EncoderOnly(nn.Module):
+class EncoderOnly(AuxiliaryLosses, nn.Module):
     """An encoder-only (BERT-like) model with a masked-LM head: ``model(tokens) -> logits``."""
 
     kind: Kind = "encoder"
@@ -206,7 +219,7 @@ class EncoderOnly(nn.Module):
 
     def features(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
         """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d)."""
-        mask = None if self.pad_id is None else masks.padding_mask(tokens, self.pad_id)
+        mask = masks.key_mask(tokens, self.pad_id)
         return self.encoder(self.embed(tokens, token_types=token_types), mask=mask)
 
     def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:

@@ -77,8 +77,7 @@ def check_lengths(recipe: Recipe) -> list[Problem]:
     if longest + extra <= limit:
         return []
     return [
-        _problem(
-            recipe,
+        recipe.problem(
             ("model", "position", "max_len"),
             f"learned positions cover {limit} but {dotted_path(where)} allows {longest} tokens ({longest + extra} positions with "
             f"the special tokens): raise max_len to at least {longest + extra}, or lower {dotted_path(where)}",
@@ -145,8 +144,7 @@ def check_size(recipe: Recipe, parameters: int) -> list[Problem]:
     have, what = machine_memory(recipe)
     if have and need > have:
         return [
-            _problem(
-                recipe,
+            recipe.problem(
                 ("model",),
                 f"the model has {parameters:,} parameters ({parameters:.2g}); training needs about {_gib(need)} for weights, "
                 f"gradients and Adam's state, more than the {_gib(have)} of {what}",
@@ -159,8 +157,7 @@ def check_launcher(recipe: Recipe) -> list[Problem]:
     nodes = recipe.trainer.num_nodes
     if nodes > 1 and not any(v in os.environ for v in LAUNCHER_VARIABLES):
         return [
-            _problem(
-                recipe,
+            recipe.problem(
                 ("trainer", "num_nodes"),
                 f"num_nodes {nodes} needs a launcher that starts every node (SLURM's srun or torchrun); "
                 f"none is set here ({', '.join(LAUNCHER_VARIABLES)})",
@@ -204,7 +201,7 @@ def trial_step(recipe: Recipe) -> None:
         logits = model(src, ids) if spec.kind == "encoder_decoder" else model(ids)
         expected = (2, n, spec.vocab_size)
         if tuple(logits.shape) != expected:
-            raise RecipeError([_problem(recipe, ("model",), f"the model gives logits of shape {tuple(logits.shape)}, not {expected}")])
+            raise RecipeError([recipe.problem(("model",), f"the model gives logits of shape {tuple(logits.shape)}, not {expected}")])
         logits.float().square().mean().backward()
     except RecipeError:
         raise
@@ -212,7 +209,7 @@ def trial_step(recipe: Recipe) -> None:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "meta" in text:
             return  # the meta device cannot run this step (it reads a value); the shapes built
-        raise RecipeError([_problem(recipe, ("model",), f"the model fails a forward/backward pass: {text}")]) from None
+        raise RecipeError([recipe.problem(("model",), f"the model fails a forward/backward pass: {text}")]) from None
     finally:
         torch.random.set_rng_state(state)
 
@@ -242,16 +239,10 @@ def _meta_parameters(recipe: Recipe, spec: ModelSection) -> int:
 
 
 def _locate(recipe: Recipe, problem: Problem) -> Problem:
-    if problem.file is not None or recipe._source is None:
+    if problem.file is not None or recipe.source is None:
         return problem
     path = tuple(int(p) if p.isdigit() else p for p in problem.path.split(".")) if problem.path else ()
-    return recipe._source.problem(path, problem.message)
-
-
-def _problem(recipe: Recipe, path: tuple, message: str) -> Problem:
-    if recipe._source is None:
-        return Problem(message, dotted_path(path))
-    return recipe._source.problem(path, message)
+    return recipe.problem(path, problem.message)
 
 
 def _gib(n: float) -> str:

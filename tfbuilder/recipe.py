@@ -218,6 +218,11 @@ class ModelSection(Section):
                     found.append(((part, field), params))
         return found
 
+    def self_attention(self, part: str) -> ComponentParams:
+        """The self-attention of the ``part`` stack (encoder or decoder): its own, else ``model.attention``."""
+        stack = getattr(self, part)
+        return (stack.attention if stack is not None else None) or self.attention
+
     @property
     def uses_final_norm(self) -> bool:
         return self.placement != "post" if self.final_norm is None else self.final_norm
@@ -297,6 +302,16 @@ class Recipe(Section):
     def path(self) -> Path | None:
         """The file this recipe was loaded from, if any."""
         return self._path
+
+    @property
+    def source(self) -> Source | None:
+        """Where each value was written (file, line, column, or the ``--set`` override), for a recipe
+        loaded from YAML or data; None for one built in Python."""
+        return self._source
+
+    def problem(self, path: tuple, message: str) -> Problem:
+        """A problem at ``path`` (keys into the recipe), placed where that value was written when known."""
+        return self._source.problem(path, message) if self._source is not None else Problem(message, dotted_path(path))
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain data (what ``show`` prints and checkpoints keep)."""

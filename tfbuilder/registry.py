@@ -12,9 +12,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # only named in annotations: this module imports no component (nor torch)
+    from torch import Tensor
+
+    from .components.position import AttentionPosition
 
 FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
 ENTRY_POINT_GROUP = "tfbuilder.components"
@@ -50,14 +55,23 @@ class BuildContext:
     """What a component learns at build time instead of repeating it in its params."""
 
     d_model: int
-    dropout: float = 0.0
     causal: bool = False
     cross: bool = False
-    layer: int = 0
-    num_layers: int = 1
     heads: int = 1  # the stack's attention heads (positions that bias attention need it)
     head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
-    position: Any = None  # the stack's position module: attention asks it to rotate or bias scores
+    # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
+    # the interface between the two is documented on AttentionPosition (components/position.py).
+    position: AttentionPosition | None = None
+
+
+class AuxiliaryLoss:
+    """Interface of a component whose forward also computes a loss for the training objective (the
+    load-balancing loss of a mixture of experts). :meth:`auxiliary_loss` returns it, already weighted,
+    for the component's last forward; a model sums them in ``model.auxiliary_loss()`` and training
+    adds that sum to the objective (evaluation scores without it)."""
+
+    def auxiliary_loss(self) -> Tensor:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -85,7 +99,6 @@ class RegistryError(Exception):
 
 _entries: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
 _loaded = False
-_version = 0
 _provider: tuple[str | None, str | None] = (None, None)  # the distribution whose entry point is loading
 C = TypeVar("C", bound=type)
 
@@ -105,7 +118,6 @@ def register(family: str, name: str) -> Callable[[C], C]:
 
 
 def _add(family: str, name: str, cls: type, *, source: str) -> None:
-    global _version
     if family not in FAMILIES:
         raise RegistryError(f"unknown family '{family}' (families: {', '.join(FAMILIES)})")
     params = getattr(cls, "Params", None)
@@ -128,14 +140,11 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
     params.family = family
     package, package_version = ("tfbuilder", _own_version()) if source.startswith("tfbuilder.") else _provider
     _entries[family][name] = Entry(family, name, cls, params, source, package, package_version)
-    _version += 1
 
 
 def unregister(family: str, name: str) -> None:
     """Remove a registration (for tests and interactive work)."""
-    global _version
     del _entries[family][name]
-    _version += 1
 
 
 def load() -> None:
@@ -220,12 +229,6 @@ def types(family: str) -> list[str]:
 def entries(family: str) -> list[Entry]:
     load()
     return [_entries[family][n] for n in sorted(_entries[family])]
-
-
-def version() -> int:
-    """Changes whenever a registration is added or removed (schemas are cached on it)."""
-    load()
-    return _version
 
 
 def build(family: str, params: ComponentParams, ctx: BuildContext) -> Any:

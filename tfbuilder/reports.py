@@ -20,6 +20,7 @@ import yaml
 from .diffing import MISSING, differences
 from .errors import TfbuilderError
 from .recipe import Recipe, recipe_from_dict
+from .runs import scores_file
 
 # Keys that differ between the runs of one comparison without being what is compared.
 _IGNORED = ("trainer.seed", "trainer.output", "trainer.progress")
@@ -103,7 +104,7 @@ def read_run(run_dir: Path, *, beam: int = 4) -> RunResult:
         parameters = count_parameters(build_model(recipe))
     bleu = None
     for stem in ("best", "last"):
-        scores = run_dir / f"test-val-{stem}-beam{beam}.json"
+        scores = scores_file(run_dir, "val", stem, beam=beam)
         if scores.exists():
             bleu = json.loads(scores.read_text(encoding="utf-8")).get("bleu")
             break

@@ -9,6 +9,7 @@
         checkpoints/step-<n>.ckpt  the trainer.keep_last most recent validations (for averaging)
         checkpoints/averaged.ckpt  written by ``tfbuilder average``
         summary.json       written when training ends (with the run's history across resumes)
+        test-<split>-<checkpoint>[-beam<N>][-bf16].json   scores written by ``tfbuilder test`` and sweeps
         fit.lock           who is training here (held with flock while a fit runs)
 """
 
@@ -173,6 +174,14 @@ def display_path(path: str | Path) -> str:
 def run_dir_of(ckpt_path: Path) -> Path | None:
     """The run directory a checkpoint lies in (``<run>/checkpoints/x.ckpt``), or None for a loose file."""
     return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
+
+
+def scores_file(run_dir: Path, split: str, checkpoint: str, *, beam: int | None = None, precision: str = "32") -> Path:
+    """Where the scores of the checkpoint named ``checkpoint`` (its stem: best, last, ...) on ``split``
+    are written: ``<run_dir>/test-<split>-<checkpoint>[-beam<N>][-bf16].json``. The beam (and the
+    bfloat16 decoding) are named for models that translate, whose scores depend on the search."""
+    search = "" if beam is None else f"-beam{beam}" + ("-bf16" if precision == "bf16" else "")
+    return Path(run_dir) / f"test-{split}-{checkpoint}{search}.json"
 
 
 CHOICES = ("best", "last", "averaged")

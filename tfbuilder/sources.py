@@ -60,6 +60,15 @@ class Source:
                 return found
         return None
 
+    def forget(self, path: Key, *, below_only: bool = False) -> None:
+        """Drop the recorded places of ``path`` and everything below it (only below it with
+        ``below_only``): its value is being replaced, and the old places would point at text that no
+        longer says what the data holds."""
+        start = len(path) + 1 if below_only else len(path)
+        for table in (self.values, self.keys):
+            for k in [k for k in table if len(k) >= start and k[: len(path)] == path]:
+                del table[k]
+
     def problem(self, path: Key, message: str, *, key: bool = False) -> Problem:
         where = self.mark(path, key=key)
         dotted = dotted_path(path)
@@ -379,11 +388,6 @@ def merge(base: Source, top: Source) -> Source:
     """Deep-merge ``top`` over ``base``: mappings merge key by key, anything else replaces."""
     out = Source(copy.deepcopy(base.data), dict(base.values), dict(base.keys))
 
-    def drop_below(path: Key) -> None:
-        for table in (out.values, out.keys):
-            for k in [k for k in table if k[: len(path)] == path and len(k) > len(path)]:
-                del table[k]
-
     def visit(dst: dict, src: dict, path: Key) -> None:
         for key, value in src.items():
             p = path + (key,)
@@ -392,7 +396,7 @@ def merge(base: Source, top: Source) -> Source:
                 out.keys[p] = top.keys.get(p, out.keys.get(p))
                 visit(dst[key], value, p)
             else:
-                drop_below(p)
+                out.forget(p, below_only=True)
                 dst[key] = copy.deepcopy(value)
                 for table, mine in ((out.values, top.values), (out.keys, top.keys)):
                     for k, m in mine.items():
@@ -421,72 +425,87 @@ def _parse_value(raw: str, label: str) -> Any:
 
 
 def apply_overrides(src: Source, overrides: list[str] | tuple[str, ...]) -> Source:
-    """Apply ``dotted.key=value`` overrides (values parsed as YAML) over ``src``."""
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML) over ``src``; every override's
+    problem is reported, together."""
     problems: list[Problem] = []
     for text in overrides:
-        label = f"--set {text}"
-        key, sep, raw = text.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            problems.append(Problem("an override must look like dotted.key=value", "", label, 1, 1))
-            continue
-        parts: list[Any] = [int(p) if p.isdigit() else p for p in key.split(".")]
-        if any(p == "" for p in parts):
-            problems.append(Problem("empty key in the dotted path", key, label, 1, 1))
-            continue
-        key = dotted_path(tuple(parts))
-        if parts[0] == "extends":
-            problems.append(Problem("extends cannot be overridden: edit the recipe or extend it", key, label, 1, 1))
-            continue
-        col = len(text) - len(raw) + 1
         try:
-            value = _parse_value(raw, label) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            problems.append(Problem(f"cannot parse value {_quote(raw)}: {getattr(exc, 'problem', exc)}", key, label, 1, col))
-            continue
-        except RecipeError as exc:  # the same bounds as in a file: nesting, aliases, tags
-            problems += [Problem(p.message, key, label, 1, col) for p in exc.problems]
-            continue
-        node: Any = src.data
-        ok = True
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part) if isinstance(node, dict) else None
-            if isinstance(node, list) and isinstance(part, int) and part < len(node):
-                nxt = node[part]
-            if nxt is None:
-                if isinstance(node, dict):
-                    nxt = node[part] = {}
-                    created = tuple(parts[: i + 1])
-                    src.values[created] = Mark(label, 1, 1)
-                    src.keys[created] = Mark(label, 1, 1)
-                else:
-                    ok = False
-            if not isinstance(nxt, (dict, list)):
-                where = dotted_path(tuple(parts[: i + 1]))
-                problems.append(Problem(f"cannot set {key}: {where} is not a mapping", key, label, 1, 1))
-                ok = False
-                break
-            node = nxt
-        if not ok:
-            continue
-        last = parts[-1]
-        if isinstance(node, list):
-            if not isinstance(last, int) or last >= len(node):
-                problems.append(Problem(f"index {last} is out of range", key, label, 1, 1))
-                continue
-        if last == "type" and isinstance(node, dict) and node.get("type") not in (None, value):
-            node.clear()  # a new component type starts from its own defaults (see _retyped)
-            parent = tuple(parts[:-1])
-            for table in (src.values, src.keys):
-                for k in [k for k in table if k[: len(parent)] == parent and len(k) > len(parent)]:
-                    del table[k]
-        node[last] = value
-        path = tuple(parts)
-        for table in (src.values, src.keys):
-            for k in [k for k in table if k[: len(path)] == path]:
-                del table[k]
-        src.values[path] = Mark(label, 1, col)
-        src.keys[path] = Mark(label, 1, 1)
+            override = _parse_override(text)
+            _assign(src, _container(src, override), override)
+        except RecipeError as exc:
+            problems += exc.problems
     if problems:
         raise RecipeError(problems)
     return src
+
+
+@dataclass(frozen=True)
+class _Override:
+    """One parsed ``--set``: the path into the data, its value, and where the value starts."""
+
+    label: str  # "--set <text>", the source a problem points at
+    parts: tuple  # ("model", "encoder", "layers"); list indices are ints
+    value: Any
+    col: int
+
+    @property
+    def key(self) -> str:
+        return dotted_path(self.parts)
+
+    def problem(self, message: str, *, col: int = 1) -> RecipeError:
+        return RecipeError([Problem(message, self.key, self.label, 1, col)])
+
+
+def _parse_override(text: str) -> _Override:
+    """``dotted.key=value`` -> its path and YAML value; a RecipeError for a malformed one."""
+    label = f"--set {text}"
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise RecipeError([Problem("an override must look like dotted.key=value", "", label, 1, 1)])
+    parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+    if any(p == "" for p in parts):
+        raise RecipeError([Problem("empty key in the dotted path", key, label, 1, 1)])
+    col = len(text) - len(raw) + 1
+    override = _Override(label, parts, None, col)
+    if parts[0] == "extends":
+        raise override.problem("extends cannot be overridden: edit the recipe or extend it")
+    try:
+        value = _parse_value(raw, label) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise override.problem(f"cannot parse value {_quote(raw)}: {getattr(exc, 'problem', exc)}", col=col) from None
+    except RecipeError as exc:  # the same bounds as in a file: nesting, aliases, tags
+        raise RecipeError([Problem(p.message, override.key, label, 1, col) for p in exc.problems]) from None
+    return _Override(label, parts, value, col)
+
+
+def _container(src: Source, override: _Override) -> dict | list:
+    """The mapping or list that holds the override's last key, walked from the top; missing
+    mappings on the way are created (and placed at the override)."""
+    node: Any = src.data
+    for i, part in enumerate(override.parts[:-1]):
+        nxt = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, list) and isinstance(part, int) and part < len(node):
+            nxt = node[part]
+        if nxt is None and isinstance(node, dict):
+            nxt = node[part] = {}
+            created = override.parts[: i + 1]
+            src.values[created] = src.keys[created] = Mark(override.label, 1, 1)
+        if not isinstance(nxt, (dict, list)):
+            raise override.problem(f"cannot set {override.key}: {dotted_path(override.parts[: i + 1])} is not a mapping")
+        node = nxt
+    return node
+
+
+def _assign(src: Source, node: dict | list, override: _Override) -> None:
+    """Set the override's value in ``node`` and record where it came from."""
+    last, value = override.parts[-1], override.value
+    if isinstance(node, list) and (not isinstance(last, int) or last >= len(node)):
+        raise override.problem(f"index {last} is out of range")
+    if last == "type" and isinstance(node, dict) and node.get("type") not in (None, value):
+        node.clear()  # a new component type starts from its own defaults (see _retyped)
+        src.forget(override.parts[:-1], below_only=True)
+    node[last] = value
+    src.forget(override.parts)
+    src.values[override.parts] = Mark(override.label, 1, override.col)
+    src.keys[override.parts] = Mark(override.label, 1, 1)

@@ -1,70 +1,7 @@
-"""A module tree with parameter counts, for ``tfbuilder show`` (tied weights counted once)."""
+"""The old name of :mod:`tfbuilder.module_tree` (the module tree ``tfbuilder show`` prints), kept only
+while cli.py imports it from here; not to be confused with :class:`tfbuilder.training.Summary`.
+Remove this file once cli.py reads ``from .module_tree import format_tree, tree``."""
 
-from __future__ import annotations
+from .module_tree import format_tree, tree
 
-from dataclasses import dataclass
-
-from torch import nn
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of the tree: depth, name, class, distinct parameters it owns, and a note."""
-
-    depth: int
-    name: str
-    kind: str
-    params: int
-    note: str = ""
-
-
-def owners(model: nn.Module) -> dict[int, str]:
-    """Each distinct parameter's first name (the one it is counted under)."""
-    return {id(p): name for name, p in model.named_parameters()}
-
-
-def tree(model: nn.Module, *, max_depth: int = 3) -> list[Row]:
-    """Rows for ``model`` and its children down to ``max_depth``; runs of alike layers collapse."""
-    first = owners(model)
-    rows: list[Row] = []
-
-    def count(module: nn.Module, prefix: str) -> tuple[int, list[str]]:
-        total, tied = 0, []
-        for name, p in module.named_parameters(remove_duplicate=False):
-            full = f"{prefix}{name}"
-            if first[id(p)] == full:
-                total += p.numel()
-            elif full.rsplit(".", 1)[0] != first[id(p)].rsplit(".", 1)[0] and first[id(p)] not in tied:
-                tied.append(first[id(p)])
-        return total, tied
-
-    def visit(module: nn.Module, name: str, prefix: str, depth: int) -> None:
-        total, tied = count(module, prefix)
-        note = ("tied to " + ", ".join(tied)) if tied and total == 0 else ""
-        rows.append(Row(depth, name, type(module).__name__, total, note))
-        if depth >= max_depth:
-            return
-        children = list(module.named_children())
-        if isinstance(module, nn.ModuleList) and len(children) > 1:
-            kinds = {type(c).__name__ for _, c in children}
-            sizes = {count(c, f"{prefix}{n}.")[0] for n, c in children}
-            if len(kinds) == 1 and len(sizes) == 1:
-                child_name, child = children[0]
-                visit(child, f"{child_name}..{children[-1][0]} (x{len(children)}, each)", f"{prefix}{child_name}.", depth + 1)
-                return
-        for child_name, child in children:
-            visit(child, child_name, f"{prefix}{child_name}.", depth + 1)
-
-    visit(model, "model", "", 0)
-    return rows
-
-
-def format_tree(rows: list[Row]) -> str:
-    """The rows as an indented table with right-aligned counts."""
-    labels = [f"{'  ' * r.depth}{r.name}: {r.kind}" for r in rows]
-    width = max(len(label) for label in labels)
-    lines = []
-    for label, row in zip(labels, rows):
-        note = f"  ({row.note})" if row.note else ""
-        lines.append(f"{label.ljust(width)}  {row.params:>14,}{note}")
-    return "\n".join(lines)
+__all__ = ["format_tree", "tree"]

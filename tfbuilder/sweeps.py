@@ -21,9 +21,10 @@ from typing import Literal
 
 import yaml
 
-from .diffing import flatten
+from .diffing import MISSING, differences
 from .errors import TfbuilderError
 from .recipe import Recipe, load_recipe, recipe_from_dict
+from .runs import scores_file as checkpoint_scores
 
 Status = Literal["finished", "evaluate", "resume", "new"]
 # Keys that say where and how a run is shown, not what it trains: they may differ between invocations.
@@ -98,18 +99,17 @@ def best_checkpoint(run_dir: Path) -> Path:
 
 def scores_file(run_dir: Path, beam: int) -> Path:
     """The validation scores a sweep computes for a run (the file ``tfbuilder test --split val`` writes)."""
-    return run_dir / f"test-val-{best_checkpoint(run_dir).stem}-beam{beam}.json"
+    return checkpoint_scores(run_dir, "val", best_checkpoint(run_dir).stem, beam=beam)
 
 
 def status(run: Run, bleu_beam: int | None) -> Status:
     """What running ``run`` again has to do; raises :class:`SweepError` if its directory holds another recipe."""
     saved = run.dir / "recipe.yaml"
     if saved.exists():
-        before = {k: v for k, v in flatten(yaml.safe_load(saved.read_text(encoding="utf-8"))).items() if k not in _PRESENTATION}
-        now = {k: v for k, v in flatten(run.recipe.to_dict()).items() if k not in _PRESENTATION}
-        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        before = yaml.safe_load(saved.read_text(encoding="utf-8"))
+        changed = [d for d in differences(before, run.recipe, include_name=True) if d[0] not in _PRESENTATION]
         if changed:
-            shown = ", ".join(f"{k} ({before.get(k, '-')} -> {now.get(k, '-')})" for k in changed[:5])
+            shown = ", ".join(f"{k} ({_shown(a)} -> {_shown(b)})" for k, a, b in changed[:5])
             raise SweepError(
                 f"{run.dir} was trained from a different recipe ({shown}{', ...' if len(changed) > 5 else ''}); "
                 "give the sweep another --out, or move that directory away"
@@ -120,6 +120,10 @@ def status(run: Run, bleu_beam: int | None) -> Status:
     if (run.dir / "checkpoints" / "last.ckpt").exists():
         return "resume"
     return "new"
+
+
+def _shown(value) -> str:
+    return "-" if value is MISSING else str(value)
 
 
 def write_plan(sweep: Sweep) -> None:

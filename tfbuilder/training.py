@@ -1,7 +1,7 @@
 """Training through Lightning: the LightningModule, the Trainer it is given, and :func:`fit`.
 
-The model stays a plain ``nn.Module``; this module and callbacks.py are the only ones (with the CLI)
-that import Lightning.
+The model stays a plain ``nn.Module``. Lightning is imported by this module, callbacks.py,
+metrics_log.py, data/datamodule.py and the CLI, and by no other.
 """
 
 from __future__ import annotations
@@ -95,7 +95,6 @@ class Task(L.LightningModule):
         self._clock = 0.0
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
-        self._routed = [m for m in model.modules() if hasattr(m, "aux_loss") and hasattr(m, "aux_weight")]
         self.bad_step: torch.Tensor | None = None  # first step with a non-finite loss (0: none)
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
         self.history: list[dict] = []  # earlier invocations (from the resumed checkpoint)
@@ -114,8 +113,8 @@ class Task(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         result = self.objective(self.model, batch)
-        if self._routed:  # mixture-of-experts layers add their load-balancing losses
-            aux = sum(m.aux_weight * m.aux_loss for m in self._routed)
+        aux = self.model.auxiliary_loss()  # mixture-of-experts layers add their load-balancing losses
+        if aux is not None:
             self.log("moe_aux_loss", aux)
             result.loss = result.loss + aux
         self.note_finite(result.loss)
@@ -506,8 +505,9 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
     workers = recipe.data.workers
     if workers == "auto":
         workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if accelerated else 0
-    datamodule = DataModule(prepared, recipe.data, seed=recipe.trainer.seed, workers=workers, pin_memory=accelerated)
-    datamodule.position_source = lambda: task.batches_seen
+    datamodule = DataModule(
+        prepared, recipe.data, seed=recipe.trainer.seed, workers=workers, pin_memory=accelerated, position_source=lambda: task.batches_seen
+    )
 
     t = recipe.trainer
     ckpt_dir = run_dir / "checkpoints"
@@ -515,7 +515,7 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
     guard.record = invocation
     max_steps = t.max_steps
     if t.max_epochs:
-        per_epoch = datamodule._sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
+        per_epoch = datamodule.sampler("train", train=True).batches_per_epoch // _world(recipe) or 1
         max_steps = min(max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
     # On an accelerator the display reads the loss back (a sync) only every log_every steps.
     threads = devices.threads(t.threads)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from .. import masks
 from ..registry import BuildContext, ComponentParams, ModelDims, register
+from .position import AttentionPosition
 
 
 @register("attention", "multihead")
@@ -74,11 +75,12 @@ class MultiHeadAttention(nn.Module):
         self.causal = ctx.causal
         self.window = params.window
         self.scale = params.scale if params.scale is not None else 1.0 / math.sqrt(self.key_dim)
-        # Hooks of a position that acts inside self-attention (bound methods: the position module stays
-        # owned by the embedding, not registered again under every layer).
+        # A position acting inside self-attention (see AttentionPosition). The embedding owns it: held in
+        # a tuple, it is not registered again under every layer (nor saved once per layer).
         position = None if ctx.cross else ctx.position
-        self.rotate = getattr(position, "rotate", None)
-        self.score_bias = getattr(position, "bias", None)
+        self._position: tuple[AttentionPosition, ...] = () if position is None else (position,)
+        self.rotates = position is not None and position.rotates
+        self.biased = position is not None and position.biases
         self.keep_weights = False  # set True to keep the last attention weights in `weights` (inspection)
         self.weights: Tensor | None = None
         q, k, v = h * self.key_dim, self.kv_heads * self.key_dim, self.kv_heads * self.value_dim
@@ -92,6 +94,11 @@ class MultiHeadAttention(nn.Module):
         # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
         self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
         self.reset_parameters()
+
+    @property
+    def position(self) -> AttentionPosition | None:
+        """The position acting inside this attention (rotating queries and keys, biasing scores), or None."""
+        return self._position[0] if self._position else None
 
     def reset_parameters(self) -> None:
         # Xavier-uniform on each projection, zero biases: what nn.MultiheadAttention does.
@@ -127,8 +134,8 @@ class MultiHeadAttention(nn.Module):
         q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
         k, v = self._heads_kv((k, v))
         offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0
-        if self.rotate is not None:
-            q, k = self.rotate(q, offset), self.rotate(k, offset)  # keys are cached rotated
+        if self.rotates:
+            q, k = self.position.rotate(q, offset), self.position.rotate(k, offset)  # keys are cached rotated
         if cache is not None:
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -161,37 +168,50 @@ class MultiHeadAttention(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, offset: int) -> Tensor:
         """softmax(q k^T / sqrt(d_k) + bias, masked) v for (b, h, i, k) queries and (b, h_kv, j, k)
-        keys and values -> (b, h, i, v). The plain causal case uses the kernel's own look-ahead
-        (``is_causal``), which needs no mask tensor and lets GPUs pick their fastest kernel."""
-        n_q, n_k = q.shape[2], k.shape[2]
-        is_causal = False
-        if self.causal and not self.cross and n_q > 1:  # one new query may see every key so far
-            plain = mask is None and offset == 0 and n_q == n_k
-            if plain and self.window is None and self.score_bias is None and not self.keep_weights:
-                is_causal = True
-            else:
-                mask = masks.combine(mask, masks.causal_mask(n_q, n_k, offset=offset, device=q.device))
-        if self.window is not None and not self.cross:
-            mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=q.device))
-        attn_mask = mask
-        if self.score_bias is not None:
-            attn_mask = self.score_bias(n_q, n_k, offset, self.heads).to(q.dtype)
-            # The boolean mask joins the additive bias: -inf where a query may not attend.
-            attn_mask = attn_mask if mask is None else attn_mask.masked_fill(~mask, float("-inf"))
-        scale = self.scale
-        if self.qk_scale is not None:
-            # Cosine similarity times the learned temperature, folded into the queries so that
-            # the fused kernel still runs (and the temperature gets its gradient through q).
-            q, k = F.normalize(q, dim=-1) * self.qk_scale.to(q.dtype), F.normalize(k, dim=-1)
-            scale = 1.0
-        if self.kv_heads != self.heads:  # grouped query: each key/value head serves heads/kv_heads queries
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        keys and values -> (b, h, i, v)."""
+        attn_mask, is_causal = self._scores_mask(q, k.shape[2], mask, offset=offset)
+        q, k, scale = self._scaled_qk(q, k)
+        k, v = self._expand_kv(k), self._expand_kv(v)
         if self.keep_weights:
             return self._explicit(q, k, v, attn_mask, scale)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal, scale=scale
         )
+
+    def _scores_mask(self, q: Tensor, n_k: int, mask: Tensor | None, *, offset: int) -> tuple[Tensor | None, bool]:
+        """What restricts the scores of ``q`` against ``n_k`` keys: the caller's key mask, the
+        look-ahead, the window, and a position's score bias (additive: the boolean mask joins it as
+        -inf). Returns the mask for the kernel, and whether the kernel applies the look-ahead itself
+        (``is_causal``: the plain causal case needs no mask tensor, and GPUs pick their fastest kernel)."""
+        n_q = q.shape[2]
+        is_causal = False
+        if self.causal and not self.cross and n_q > 1:  # one new query may see every key so far
+            plain = mask is None and offset == 0 and n_q == n_k
+            if plain and self.window is None and not self.biased and not self.keep_weights:
+                is_causal = True
+            else:
+                mask = masks.combine(mask, masks.causal_mask(n_q, n_k, offset=offset, device=q.device))
+        if self.window is not None and not self.cross:
+            mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=q.device))
+        if not self.biased:
+            return mask, is_causal
+        bias = self.position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
+        return (bias if mask is None else bias.masked_fill(~mask, float("-inf"))), is_causal
+
+    def _scaled_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
+        """Queries, keys and the factor on their dot products: 1/sqrt(d_k) (or ``scale``); with
+        qk_norm, cosine similarity times the learned temperature, folded into the queries so that the
+        fused kernel still runs (and the temperature gets its gradient through q)."""
+        if self.qk_scale is None:
+            return q, k, self.scale
+        return F.normalize(q, dim=-1) * self.qk_scale.to(q.dtype), F.normalize(k, dim=-1), 1.0
+
+    def _expand_kv(self, x: Tensor) -> Tensor:
+        """Keys or values (b, h_kv, j, .) -> (b, h, j, .): with grouped queries each key/value head
+        serves heads / kv_heads consecutive query heads."""
+        if self.kv_heads == self.heads:
+            return x
+        return x.repeat_interleave(self.heads // self.kv_heads, dim=1)
 
     @staticmethod
     def _group(queries: int, sources: int, mask: Tensor | None) -> int:

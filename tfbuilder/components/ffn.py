@@ -12,7 +12,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from ..dropout import Dropout
-from ..registry import BuildContext, ComponentParams, ModelDims, register
+from ..registry import AuxiliaryLoss, BuildContext, ComponentParams, ModelDims, register
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
@@ -111,12 +111,13 @@ class ReGLU(GLU):
 
 
 @register("ffn", "moe")
-class MixtureOfExperts(nn.Module):
+class MixtureOfExperts(nn.Module, AuxiliaryLoss):
     """Top-k routed mixture of MLP experts (Shazeer et al. 2017; Switch balancing loss, Fedus et al. 2021).
 
     arXiv:1701.06538 and arXiv:2101.03961.
 
-    ``aux_loss`` holds this call's balancing loss; training adds ``aux_weight`` times it to the objective.
+    ``aux_loss`` holds the last call's balancing loss; :meth:`auxiliary_loss` is ``aux_weight`` times
+    it, what training adds to the objective (see :class:`~tfbuilder.registry.AuxiliaryLoss`).
     """
 
     class Params(ComponentParams):
@@ -165,6 +166,10 @@ class MixtureOfExperts(nn.Module):
         share = F.one_hot(chosen[:, 0], len(self.experts)).float().mean(dim=0)
         self.aux_loss = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return out.reshape(x.shape)
+
+    def auxiliary_loss(self) -> Tensor:
+        """``aux_weight`` times the balancing loss of the last forward."""
+        return self.aux_weight * self.aux_loss
 
     def capacity(self, tokens: int) -> int:
         """Token slots per expert: all tokens without a capacity factor, else the Switch capacity."""

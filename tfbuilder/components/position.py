@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -91,15 +91,35 @@ class NoPosition(nn.Module):
 
 
 class AttentionPosition(nn.Module):
-    """Base of positions that act inside attention: the embeddings pass through unchanged, and
-    self-attention calls :meth:`rotate` on queries and keys and/or adds :meth:`bias` to its scores."""
+    """The interface of a position that acts inside self-attention (rotary, ALiBi, T5's relative bias).
+
+    The contract, both sides:
+
+    * the builder gives the module to every self-attention layer of the stack its side feeds, as
+      ``BuildContext.position`` (cross-attention and additive positions get None);
+    * the embedding owns it (registered once per side, shared by the layers), and its ``forward``
+      passes the embeddings through unchanged;
+    * a position that ``rotates`` implements :meth:`rotate`, which self-attention applies to its
+      queries and keys (keys are cached rotated); one that ``biases`` implements :meth:`bias`, which
+      self-attention adds to its scores before the softmax. A position may do both.
+
+    A third-party position that acts inside attention subclasses this and sets the flags it needs.
+    """
+
+    rotates: ClassVar[bool] = False
+    biases: ClassVar[bool] = False
 
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """``x`` (b, n, d) unchanged."""
         return x
 
-    rotate = None  # (x (b, h, n, k), offset) -> rotated x
-    bias = None  # (n_query, n_key, offset, heads) -> additive scores (1, h, i, j)
+    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Queries or keys ``x`` (b, h, n, k) at positions offset..offset+n-1 -> rotated, same shape."""
+        raise NotImplementedError(f"{type(self).__name__} does not rotate (rotates is False)")
+
+    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        """Additive scores (1, h, i, j) for queries at positions offset..offset+i-1 and keys at 0..j-1."""
+        raise NotImplementedError(f"{type(self).__name__} adds no score bias (biases is False)")
 
 
 def rotary_angles(n: int, k: int, *, base: float, offset: int = 0, device=None) -> Tensor:
@@ -114,6 +134,8 @@ class RotaryPosition(AttentionPosition):
 
     Queries and keys are rotated by their positions, so that scores depend on relative offsets only.
     The cos/sin tables of the first ``max_len`` positions are buffers on the model's device."""
+
+    rotates = True
 
     class Params(ComponentParams):
         type: Literal["rotary"] = "rotary"
@@ -175,6 +197,8 @@ class ALiBiPosition(AttentionPosition):
     """Attention with linear biases: scores minus slope_h * distance (Press et al. 2021, arXiv:2108.12409);
     symmetric distances in encoders."""
 
+    biases = True
+
     class Params(ComponentParams):
         type: Literal["alibi"] = "alibi"
 
@@ -199,6 +223,8 @@ class RelativeBiasPosition(AttentionPosition):
     """T5's learned relative position bias (Raffel et al. 2020, arXiv:1910.10683).
 
     One scalar per head and log-spaced distance bucket, shared by a stack's layers."""
+
+    biases = True
 
     class Params(ComponentParams):
         type: Literal["relative_bias"] = "relative_bias"

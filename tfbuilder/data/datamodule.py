@@ -17,7 +17,15 @@ class DataModule(L.LightningDataModule):
     """Serves prepared splits; the training sampler is infinite and resumable (``position``)."""
 
     def __init__(
-        self, prepared: Prepared, data: DataSection, *, seed: int, batch_size_default: int = 32, workers: int = 0, pin_memory: bool = False
+        self,
+        prepared: Prepared,
+        data: DataSection,
+        *,
+        seed: int,
+        batch_size_default: int = 32,
+        workers: int = 0,
+        pin_memory: bool = False,
+        position_source: Callable[[], int] = lambda: 0,
     ):
         super().__init__()
         self.workers = workers  # batches are built in worker processes, off the training step's path
@@ -26,11 +34,13 @@ class DataModule(L.LightningDataModule):
         self.data = data
         self.seed = seed
         self.batch_size_default = batch_size_default
-        # Where training resumes: called when the first batch is drawn, after a checkpoint is restored.
-        self.position_source: Callable[[], int] = lambda: 0
-        self.train_sampler: BucketBatchSampler | None = None
+        # Where training resumes (batches consumed so far): called when the first batch is drawn, after
+        # a checkpoint is restored.
+        self.position_source = position_source
 
-    def _sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
+    def sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
+        """The bucketing batch sampler of ``split``: shuffled and endless for training, this rank's
+        share once a trainer is attached (rank 0 of 1 before)."""
         src, tgt = lengths(self.prepared.splits[split])
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
@@ -48,10 +58,9 @@ class DataModule(L.LightningDataModule):
         )
 
     def loader(self, split: str, *, train: bool = False) -> DataLoader:
-        sampler = self._sampler(split, train=train)
+        sampler = self.sampler(split, train=train)
         if train:
             sampler.start = self.position_source
-            self.train_sampler = sampler
         data = self.prepared.splits[split]
         # The dataset yields indices; Collate looks the examples up, so a batch is built in one go.
         return DataLoader(

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..sections import DataSection
 from . import synthetic, text
 from . import tokenizers as toks
-from .tokenizers import BOS, EOS, DataError, Tokenizer
+from .tokenizers import DataError, Tokenizer
 
 log = logging.getLogger("tfbuilder")
 
@@ -140,7 +140,3 @@ def prepare(data: DataSection, *, vocab: Vocab | None = None, model_vocab: int |
         if longest > budget:
             raise DataError(f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens)")
     return prepared
-
-
-def with_specials(ids: list[int], *, bos: bool, eos: bool) -> list[int]:
-    return ([BOS] if bos else []) + ids + ([EOS] if eos else [])

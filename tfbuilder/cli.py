@@ -296,7 +296,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from .builder import count_parameters
-    from .summary import format_tree, tree
+    from .module_tree import format_tree, tree
 
     recipe, model = _check(args.recipe, args.overrides)
     print(f"# resolved recipe: {args.recipe}")

@@ -308,10 +308,10 @@ def test_bleu_fits_the_data():
     from tfbuilder.evaluation import bleu_tokenize
     from tfbuilder.sections import DataSection
 
-    assert bleu_tokenize(DataSection.model_validate({"type": "synthetic", "task": "copy"})) is None
+    assert bleu_tokenize(DataSection.model_validate({"type": "synthetic", "task": "copy", "tokenizer": {"type": "char"}})) is None
     text = {"type": "parallel", "path": "d", "src_lang": "de", "tgt_lang": "en"}
-    assert bleu_tokenize(DataSection.model_validate({**text, "tokenizer": {"type": "char"}})) == "char"
-    assert bleu_tokenize(DataSection.model_validate({**text, "tokenizer": {"type": "bpe"}})) == "13a"
+    assert bleu_tokenize(DataSection.model_validate({**text, "tokenizer": {"type": "char", "vocab_size": 60}})) == "char"
+    assert bleu_tokenize(DataSection.model_validate({**text, "tokenizer": {"type": "bpe", "vocab_size": 1000}})) == "13a"
 
 
 @pytest.mark.parametrize("verb", ["translate", "test", "generate"])

@@ -58,13 +58,15 @@ def test_sweep_writes_the_report_with_a_row_per_recipe(swept):
         assert float(row["val_loss_std"]) == pytest.approx(statistics.stdev(losses))
         assert float(row["val_ppl_mean"]) == pytest.approx(statistics.fmean(math.exp(x) for x in losses))
         assert float(row["tokens_per_s_mean"]) == pytest.approx(statistics.fmean(r["tokens_per_s"] for r in runs))
-        assert row["bleu_mean"] != ""  # scored on the validation split
+        # Scored on the validation split: a synthetic task by exact match, not BLEU (0 for any one-word line).
+        assert row["bleu_mean"] == "" and 0.0 <= float(row["exact_match_mean"]) <= 100.0
     assert losses[0] != losses[1]  # the seeds really differ
     with open(swept / "runs.csv", newline="") as f:
         runs = list(csv.DictReader(f))
     assert [(r["recipe"], r["seed"]) for r in runs] == [("tiny-post", "0"), ("tiny-post", "1"), ("tiny-pre", "0"), ("tiny-pre", "1")]
     report = (swept / "report.md").read_text()
     assert "| tiny-pre | ffn.hidden=64, placement=pre |" in report and " ± " in report
+    assert "exact % (val, beam" in report and "BLEU (val" not in report
     assert (swept / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     recipes = json.loads((swept / "sweep.json").read_text())["recipes"]
     assert recipes == ["tiny-post", "tiny-pre"]

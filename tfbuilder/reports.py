@@ -42,6 +42,7 @@ class RunResult:
     bleu: float | None
     tokens_per_s: float
     seconds: float
+    exact_match: float | None = None  # percent of validation outputs equal to their reference
     val_curve: list[tuple[int, float]] = field(default_factory=list)
     train_curve: list[tuple[int, float]] = field(default_factory=list)
 
@@ -102,11 +103,13 @@ def read_run(run_dir: Path, *, beam: int = 4) -> RunResult:
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     with torch.device("meta"):
         parameters = count_parameters(build_model(recipe))
-    bleu = None
+    bleu = exact = None
     for stem in ("best", "last"):
         scores = scores_file(run_dir, "val", stem, beam=beam)
         if scores.exists():
-            bleu = json.loads(scores.read_text(encoding="utf-8")).get("bleu")
+            saved = json.loads(scores.read_text(encoding="utf-8"))
+            bleu, exact = saved.get("bleu"), saved.get("exact_match")
+            exact = None if exact is None else 100.0 * exact
             break
     val_curve, train_curve = _curves(run_dir / "metrics.csv")
     return RunResult(
@@ -116,6 +119,7 @@ def read_run(run_dir: Path, *, beam: int = 4) -> RunResult:
         steps=int(summary["steps"]),
         best_val_loss=summary.get("best_val_loss"),
         bleu=bleu,
+        exact_match=exact,
         tokens_per_s=float(summary.get("tokens_per_s") or 0.0),
         seconds=float(summary["seconds"]),
         val_curve=val_curve,
@@ -175,6 +179,7 @@ COLUMNS = (  # (header, CSV name, how to get the values, digits)
     ("val loss", "val_loss", lambda row: row.values("best_val_loss"), 3),
     ("val PPL", "val_ppl", lambda row: row.perplexities(), 2),
     ("BLEU", "bleu", lambda row: row.values("bleu"), 2),
+    ("exact %", "exact_match", lambda row: row.values("exact_match"), 1),
     ("tokens/s", "tokens_per_s", lambda row: row.values("tokens_per_s"), 0),
     ("wall s", "wall_s", lambda row: row.values("seconds"), 1),
 )
@@ -182,11 +187,10 @@ COLUMNS = (  # (header, CSV name, how to get the values, digits)
 
 def markdown(rows: list[Row], *, beam: int = 4) -> str:
     """The report table in Markdown."""
-    has_bleu = any(row.values("bleu") for row in rows)
-    columns = [c for c in COLUMNS if has_bleu or c[0] != "BLEU"]
-    headers = ["recipe", "changes", "params", "steps", "seeds"] + [
-        f"BLEU (val, beam {beam})" if c[0] == "BLEU" else c[0] for c in columns
-    ]
+    # Scores no run has (BLEU of a synthetic task, exact match of a language model) get no column.
+    columns = [c for c in COLUMNS if any(c[2](row) for row in rows)]
+    searched = {"BLEU": f"BLEU (val, beam {beam})", "exact %": f"exact % (val, beam {beam})"}
+    headers = ["recipe", "changes", "params", "steps", "seeds"] + [searched.get(c[0], c[0]) for c in columns]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for row in rows:
         seeds = ",".join(str(r.seed) for r in row.runs)
@@ -217,10 +221,10 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
             writer.writerow(cells)
     with paths["runs.csv"].open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "tokens_per_s", "wall_s"])
+        writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "exact_match", "tokens_per_s", "wall_s"])
         for row in rows:
             for r in row.runs:
-                writer.writerow([r.name, r.seed, r.dir, r.parameters, r.steps, r.best_val_loss, r.bleu, r.tokens_per_s, r.seconds])
+                writer.writerow([r.name, r.seed, r.dir, r.parameters, r.steps, r.best_val_loss, r.bleu, r.exact_match, r.tokens_per_s, r.seconds])
     plot_curves(rows, paths["curves.png"], title=title)
     return paths
 
@@ -229,7 +233,8 @@ def _legend(beam: int) -> str:
     return (
         "Each cell is the mean ± sample standard deviation over the seeds. *val loss*: the best validation "
         "loss (per-token NLL, no label smoothing) and *val PPL* its perplexity; *BLEU*: sacreBLEU of the best "
-        f"checkpoint's beam-{beam} translations of the validation split; *tokens/s*: target tokens per second "
+        f"checkpoint's beam-{beam} translations of the validation split (text data only); *exact %*: the share "
+        "of those translations equal to their reference; *tokens/s*: target tokens per second "
         "of training steps; *wall s*: the whole run, data preparation and validation included."
     )
 

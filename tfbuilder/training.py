@@ -388,6 +388,22 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 
 
+@dataclass
+class _Origin:
+    """Where a fit starts: a new run, a resumed checkpoint, or trained weights (``--init-from``)."""
+
+    invocation: dict  # this invocation's record in the run's history
+    run_dir: Path | None = None  # None: a new <output>/<name>/version_<n>
+    checkpoint: Path | None = None  # the checkpoint a resume continues
+    source: dict | None = None  # the checkpoint read (resume or init_from)
+    source_path: str | Path | None = None
+    vocab: Vocab | None = None  # the token ids the weights (or the other ranks) already use
+
+    @property
+    def resumed(self) -> bool:
+        return self.invocation["kind"] == "resume"
+
+
 def fit(
     recipe: Recipe,
     *,
@@ -404,6 +420,30 @@ def fit(
     (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
     written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
     after every optimizer step. Nothing is created before every check has passed."""
+    _refuse_untrainable(recipe, resume=resume, init_from=init_from)
+    quiet_lightning()
+    preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
+    start = time.perf_counter()
+    origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force)
+    _probe(recipe)
+    # All data problems surface here, before a run directory exists or anything trains.
+    prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size)
+    preflight.check_split_lengths(recipe, prepared.splits)
+    vocab_json = prepared.vocab.to_json()
+    model = _initial_model(recipe, origin)
+    rank_zero = rank_zero_only.rank == 0
+    run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
+    lock = RunLock(run_dir).acquire() if rank_zero else None
+    try:
+        if rank_zero:
+            _set_up_run_dir(run_dir, recipe, origin, vocab_json)
+        return _train(recipe, model, prepared, vocab_json, run_dir, origin.checkpoint, origin.invocation, start, on_step)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _refuse_untrainable(recipe: Recipe, *, resume, init_from) -> None:
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
@@ -411,82 +451,83 @@ def fit(
         raise TfbuilderError("model.pad_id is null (no padding token): train with data.batch_size: 1, or set model.pad_id")
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
-    quiet_lightning()
-    preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
-    start = time.perf_counter()
-    started_at = time.strftime("%Y-%m-%dT%H:%M:%S")
-    ckpt_path = source = None
-    vocab = None
-    rank_zero = rank_zero_only.rank == 0
-    invocation: dict = {"started": started_at, "kind": "new", "from_step": 0}
+
+
+def _origin(recipe: Recipe, *, resume, init_from, run_dir, force: bool) -> _Origin:
+    """Read (and check) what the fit starts from; nothing is written."""
+    invocation: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": "new", "from_step": 0}
     if resume is not None:
         ckpt_path = find_checkpoint(resume)
         source = read_checkpoint(ckpt_path)  # a damaged checkpoint is reported before anything starts
         run_dir = _resume_dir(ckpt_path, source, force=force)
-        vocab = Vocab.from_json(source["tfbuilder"]["vocab"])
-        changed = _changes(source["tfbuilder"]["recipe"], recipe.to_dict())
+        meta = source["tfbuilder"]
+        changed = _changes(meta["recipe"], recipe.to_dict())
         invocation.update(kind="resume", checkpoint=str(ckpt_path), from_step=int(source.get("global_step", 0)), changed=changed)
-        if source["tfbuilder"].get("run_dir") and Path(source["tfbuilder"]["run_dir"]) != run_dir.resolve():
-            invocation["adopted_from"] = source["tfbuilder"]["run_dir"]
-    elif init_from is not None:
+        if meta.get("run_dir") and Path(meta["run_dir"]) != run_dir.resolve():
+            invocation["adopted_from"] = meta["run_dir"]
+        return _Origin(invocation, run_dir, ckpt_path, source, ckpt_path, Vocab.from_json(meta["vocab"]))
+    if init_from is not None:
         source = read_checkpoint(init_from)
-        vocab = Vocab.from_json(source["tfbuilder"]["vocab"])  # the weights' token ids mean these tokens
         invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
-    elif run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        # One directory for every process of a job: set by rank 0 for the processes it launches,
-        # or by the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once.
-        run_dir = Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV])
-        if rank_zero and (run_dir / "checkpoints").exists():
-            raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-        if not rank_zero:
-            _wait_for(run_dir / "tokenizer.json")
-        vocab_file = run_dir / "tokenizer.json"
-        if vocab_file.exists():
-            vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8"))
-    _probe(recipe)
-    # All data problems surface here, before a run directory exists or anything trains.
-    prepared = prepare(recipe.data, vocab=vocab, model_vocab=recipe.model.vocab_size)
-    preflight.check_split_lengths(recipe, prepared.splits)
-    vocab_json = prepared.vocab.to_json()
+        # The weights' token ids mean these tokens.
+        return _Origin(invocation, None, None, source, init_from, Vocab.from_json(source["tfbuilder"]["vocab"]))
+    if run_dir is not None or os.environ.get(RUN_DIR_ENV):
+        return _Origin(invocation, *_shared_run_dir(Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV])))
+    return _Origin(invocation)
 
+
+def _shared_run_dir(run_dir: Path) -> tuple[Path, None, None, None, Vocab | None]:
+    """One directory for every process of a job: set by rank 0 for the processes it launches, or by
+    the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Ranks other
+    than 0 use the vocabulary rank 0 wrote there."""
+    if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
+        raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
+    if rank_zero_only.rank != 0:
+        _wait_for(run_dir / "tokenizer.json")
+    vocab_file = run_dir / "tokenizer.json"
+    vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
+    return run_dir, None, None, None, vocab
+
+
+def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
+    """The model built from the recipe (seeded); ``--init-from`` loads its weights. Weights that do
+    not fit (shapes changed by --set) are an error naming the parameters, before anything is written."""
     L.seed_everything(recipe.trainer.seed, workers=True, verbose=False)
     model = build_model(recipe)
-    if source is not None:
-        weights = model_state(source)
-        fits(model, weights, source=ckpt_path or init_from)  # shapes changed by --set: exit 2, named
-        if init_from is not None:
+    if origin.source is not None:
+        weights = model_state(origin.source)
+        fits(model, weights, source=origin.source_path)
+        if origin.invocation["kind"] == "init_from":
             model.load_state_dict(weights)
+    return model
 
-    lock = None
+
+def _claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Path:
     if run_dir is None:
-        run_dir = new_run_dir(recipe.trainer.output, recipe.name)
-    elif rank_zero:
+        return Path(new_run_dir(recipe.trainer.output, recipe.name))
+    if create:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
-    run_dir = Path(run_dir)
+    return Path(run_dir)
+
+
+def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: str) -> None:
+    """Rank 0, holding the run's lock: clear what a killed run left, write vocabulary and recipe."""
     ckpt_dir = run_dir / "checkpoints"
-    if rank_zero:
-        lock = RunLock(run_dir).acquire()
-    try:
-        if rank_zero:
-            if resume is None and ckpt_dir.exists():  # another fit made it before we held the lock
-                raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-            atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
-            if resume is not None:
-                # Kept checkpoints later than the resumed step belong to a future this run no longer has.
-                for step, path in step_checkpoints(ckpt_dir):
-                    if step > invocation["from_step"]:
-                        path.unlink()
-            if not (run_dir / "tokenizer.json").exists():
-                atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
-            if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
-                write_recipe(run_dir, recipe.to_dict())
-        return _train(recipe, model, prepared, vocab_json, run_dir, ckpt_path, invocation, start, on_step)
-    finally:
-        if lock is not None:
-            lock.release()
+    if not origin.resumed and ckpt_dir.exists():  # another fit made it before we held the lock
+        raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
+    atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
+    if origin.resumed:
+        # Kept checkpoints later than the resumed step belong to a future this run no longer has.
+        for step, path in step_checkpoints(ckpt_dir):
+            if step > origin.invocation["from_step"]:
+                path.unlink()
+    if not (run_dir / "tokenizer.json").exists():
+        atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
+    if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
+        write_recipe(run_dir, recipe.to_dict())
 
 
 def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invocation: dict, start: float, on_step) -> Summary:

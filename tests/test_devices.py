@@ -118,12 +118,37 @@ def test_gpus_are_chosen_by_index_and_threads_by_idle_cores(monkeypatch):
         TrainerSection.model_validate({"devices": [0, 0]})
     with pytest.raises(ValidationError):
         TrainerSection.model_validate({"devices": [-1]})
-    # auto: the usable cores minus the load average, at least one.
+    # auto: the usable cores minus the cores others keep busy, at least one.
     monkeypatch.setattr(devices, "usable_cores", lambda: 8)
-    for load, want in ((0.0, 8), (2.6, 5), (7.9, 1), (30.0, 1)):
-        monkeypatch.setattr(devices.os, "getloadavg", lambda load=load: (load, load, load))
+    for busy, want in ((0.0, 8), (2.6, 5), (7.9, 1), (30.0, 1)):
+        monkeypatch.setattr(devices, "busy_cores", lambda busy=busy: busy)
         assert devices.threads("auto") == want
     assert devices.threads(3) == 3
+
+
+def test_busy_cores_sees_another_process_and_not_its_own_past_work():
+    import multiprocessing as mp
+    import time
+
+    spin_until = time.perf_counter() + 0.5
+    while time.perf_counter() < spin_until:  # this process was busy: that must not count
+        pass
+    quiet = devices.busy_cores(0.3)
+    stop = mp.Event()
+    other = mp.Process(target=_spin, args=(stop,), daemon=True)
+    other.start()
+    try:
+        time.sleep(0.3)
+        busy = devices.busy_cores(0.3)
+    finally:
+        stop.set()
+        other.join()
+    assert busy >= quiet + 0.5, (quiet, busy)  # one spinning process is about one core more
+
+
+def _spin(stop) -> None:
+    while not stop.is_set():
+        pass
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from torch import nn
@@ -67,17 +68,39 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def busy_cores(seconds: float = 0.25) -> float:
+    """Cores other processes keep busy now: the machine's busy share over ``seconds`` (from
+    /proc/stat) while this process sleeps, so its own work does not count; elsewhere the 1-minute
+    load average (which does count it)."""
+    try:
+        before = _cpu_times()
+        time.sleep(seconds)
+        after = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return 0.0
+    total = after[0] - before[0]
+    idle = after[1] - before[1]
+    return 0.0 if total <= 0 else (1.0 - idle / total) * (os.cpu_count() or 1)
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(all, idle) jiffies of the whole machine."""
+    with open("/proc/stat", encoding="ascii") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    return sum(values[:8]), values[3] + values[4]  # idle + iowait
+
+
 def idle_cores() -> int:
-    """Cores not already busy: usable cores minus the 1-minute load average, at least 1.
+    """Cores not already busy: usable cores minus the cores other processes keep busy, at least 1.
 
     Threads that must share a core with another busy process wait on each other at every
-    parallel region; on 2 cores beside one busy process, 2 threads trained the quick start several
-    times slower than 1 (docs/getting-started.md, "Threads")."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        load = 0.0
-    return max(1, min(usable_cores(), round(usable_cores() - load)))
+    parallel region; on 2 cores beside one busy process, 2 threads trained the quick start 2.6
+    times slower than 1 (docs/getting-started.md, "CPU threads")."""
+    cores = usable_cores()
+    return max(1, min(cores, round(cores - busy_cores())))
 
 
 def threads(setting: int | str) -> int:

@@ -213,7 +213,7 @@ class TrainerSection(Section):
     )
     threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         "auto",
-        description="CPU threads of the training process; auto: the cores not already busy (cores minus the load average, at least 1), "
+        description="CPU threads of the training process; auto: the cores not already busy (cores minus those other processes keep busy, at least 1), "
         "since threads fighting another process for a core run many times slower",
     )
 

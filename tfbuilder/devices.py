@@ -97,8 +97,8 @@ def idle_cores() -> int:
     """Cores not already busy: usable cores minus the cores other processes keep busy, at least 1.
 
     Threads that must share a core with another busy process wait on each other at every
-    parallel region; on 2 cores beside one busy process, 2 threads trained the quick start 2.6
-    times slower than 1 (docs/getting-started.md, "CPU threads")."""
+    parallel region; on 2 cores beside one busy process, 2 threads trained the quick start about
+    three times slower than 1 (docs/getting-started.md, "CPU threads")."""
     cores = usable_cores()
     return max(1, min(cores, round(cores - busy_cores())))
 

@@ -13,7 +13,7 @@ import torch
 import tfbuilder
 from conftest import ROOT, tiny_model
 from tfbuilder import decoding, registry
-from tfbuilder.data.tokenizers import BOS, EOS
+from tfbuilder.data.tokenizers import BOS, EOS, MASK, PAD
 from tfbuilder.components.attention import MultiHeadAttention
 from tfbuilder.registry import BuildContext
 from tfbuilder.cli import main
@@ -50,36 +50,60 @@ def test_cached_decoding_equals_uncached(family, name, kind):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_beam_of_one_is_greedy(seed):
+def test_beam_of_one_follows_the_greedy_path(seed):
+    """Beam 1 keeps the greedy hypothesis and lets every prefix of it end: it returns the best-scoring
+    prefix of the greedy output followed by </s> (greedy itself, without a length penalty, where
+    ending early does not score higher)."""
     model = model_with(seed=seed)
-    src = torch.randint(5, 53, (5, 8))
-    src[2, 3:] = 0
-    assert decoding.beam_search(model, src, beam=1, max_len_b=6) == decoding.greedy(model, src, max_len_b=6)
+    src = pad([torch.randint(5, 53, (n,)).tolist() for n in (8, 3, 6)], eos=True)
+    for alpha in (0.0, 0.6):
+        got = decoding.beam_search_nbest(model, src, beam=1, alpha=alpha, max_len_b=6)
+        for row, path, (score, hyp) in zip(src, decoding.greedy(model, src, max_len_b=6), (found[0] for found in got)):
+            with torch.no_grad():
+                logp = model(row[None], torch.tensor([[BOS, *path]]))[0].log_softmax(-1)
+            prefix_scores = logp[torch.arange(len(path)), torch.tensor(path, dtype=torch.long)].cumsum(0).tolist()
+            ends = [(([0.0] + prefix_scores)[n] + float(logp[n, EOS])) / ((5 + n + 1) / 6) ** alpha for n in range(len(path) + 1)]
+            best = max(range(len(ends)), key=ends.__getitem__)
+            assert hyp == path[:best] and score == pytest.approx(ends[best], abs=1e-4)
 
 
 def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float, limit: int, nbest: int | None = None):
     """Beam search written plainly: one input, no cache (the whole prefix re-run each step), every
-    candidate scored, stopping once ``beam`` hypotheses have ended or at the length limit. Returns
-    the best hypothesis, or with ``nbest`` the best (score, hypothesis) pairs."""
+    candidate scored; every live hypothesis may end (with </s>) at every step; the greedy
+    hypothesis is kept in the beam (in the last place when the best ``beam`` leave it out); it runs
+    to the length limit, with no early stop. Returns the best hypothesis, or with ``nbest`` the best
+    (score, hypothesis) pairs."""
     src = torch.tensor([src_row])
     live = [(0.0, [BOS])]
+    greedy: list[int] | None = [BOS]
     ended: list[tuple[float, list[int]]] = []
     for step in range(limit):
         tgt = torch.tensor([h for _, h in live])
         logp = model(src.expand(len(live), -1), tgt)[:, -1].log_softmax(-1)
+        logp[:, [PAD, BOS, MASK]] = float("-inf")  # never generated
         if step + 1 >= limit:  # only </s> may follow
             logp = torch.full_like(logp, float("-inf")).index_fill(1, torch.tensor([EOS]), 0) + logp
+        for b, (s, h) in enumerate(live):
+            ended.append(((s + float(logp[b, EOS])) / ((5.0 + step + 1) / 6.0) ** alpha, h[1:]))
         cands = sorted(
-            ((s + float(logp[b, w]), h + [w]) for b, (s, h) in enumerate(live) for w in range(logp.shape[1])),
+            ((s + float(logp[b, w]), h + [w]) for b, (s, h) in enumerate(live) for w in range(logp.shape[1]) if w != EOS),
             key=lambda c: -c[0],
-        )[: 2 * beam]
-        for score, hyp in cands[:beam]:
-            if hyp[-1] == EOS and len(ended) < beam:
-                ended.append((score / ((5.0 + step + 1) / 6.0) ** alpha, hyp[1:-1]))
-        live = [c for c in cands if c[1][-1] != EOS][:beam]
-        if len(ended) >= beam or step + 1 >= limit:
+        )
+        nxt = [c for c in cands[:beam] if c[0] > float("-inf")]
+        if greedy is not None:
+            b = [h for _, h in live].index(greedy)
+            w = int(logp[b].argmax())
+            if w == EOS:
+                greedy = None
+            else:
+                greedy = greedy + [w]
+                if greedy not in [h for _, h in nxt]:
+                    nxt[-1:] = [(live[b][0] + float(logp[b, w]), greedy)]
+        live = nxt
+        if step + 1 >= limit or not live:
             break
-    return max(ended)[1] if nbest is None else sorted(ended, key=lambda e: -e[0])[:nbest]
+    ranked = sorted(ended, key=lambda e: -e[0])
+    return ranked[0][1] if nbest is None else ranked[:nbest]
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from .dropout import Dropout
 from . import masks
 from .blocks import Stack
 from .registry import AuxiliaryLoss
+from .specials import OWN, SpecialIds
 
 Kind = Literal["encoder_decoder", "decoder", "encoder"]
 
@@ -102,7 +103,11 @@ class MLMHead(nn.Module):
 
 
 class AuxiliaryLosses:
-    """What every kind shares: the auxiliary losses its components computed in the last forward."""
+    """What every kind shares: the auxiliary losses its components computed in the last forward, and
+    the special ids it decodes with (tfbuilder's own 0-4; an imported model's own, set when it is
+    loaded from its checkpoint)."""
+
+    specials: SpecialIds = OWN
 
     def auxiliary_loss(self) -> Tensor | None:
         """The sum of the weighted auxiliary losses of the last forward (the load-balancing losses of

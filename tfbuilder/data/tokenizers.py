@@ -12,8 +12,7 @@ from typing import Protocol
 
 from ..errors import TfbuilderError
 from ..sections import SPECIAL_TOKENS
-
-PAD, BOS, EOS, UNK, MASK = range(len(SPECIAL_TOKENS))
+from ..specials import BOS, EOS, MASK, PAD, UNK  # noqa: F401 (re-exported: the ids 0-4)
 
 
 class DataError(TfbuilderError):

@@ -1,0 +1,68 @@
+"""The special token ids a model decodes with: where an output starts and ends, what pads, and what a
+decoder never generates. No tensors here.
+
+A model trained by tfbuilder uses ids 0-4 (``<pad> <s> </s> <unk> <mask>``, see
+:data:`tfbuilder.sections.SPECIAL_TOKENS`); a model imported from Hugging Face keeps its own (T5
+starts its decoder from its pad id 0 and ends at 1, GPT-2 starts and ends at 50256, Llama at 1 and
+2). The ids travel in the checkpoint's metadata (``tfbuilder.specials``), the model carries them as
+``model.specials``, and every decoder reads them from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .sections import SPECIAL_TOKENS
+
+PAD, BOS, EOS, UNK, MASK = range(len(SPECIAL_TOKENS))
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """Ids with a role in decoding; ``None`` where the model has no such token."""
+
+    start: int | None  # the decoder's first input (<s>; T5: its pad id)
+    end: int | None  # ends an output (</s>)
+    pad: int | None
+    unk: int | None
+    never: tuple[int, ...] = field(default=())  # ids no decoder may emit (<pad>, <s>, <mask>)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "never": list(self.never)}
+
+    @classmethod
+    def from_dict(cls, data: object, *, vocab_size: int) -> "SpecialIds":
+        """The ids :meth:`to_dict` wrote, each checked to be an id of the vocabulary; a ``ValueError``
+        naming the field for anything else."""
+        if not isinstance(data, dict) or set(data) != {"start", "end", "pad", "unk", "never"}:
+            raise ValueError("specials: expected the keys start, end, pad, unk, never")
+
+        def one(name: str, value: object) -> int | None:
+            if value is None:
+                return None
+            if type(value) is not int or not 0 <= value < vocab_size:
+                raise ValueError(f"specials.{name}: {value!r} is not an id of a {vocab_size}-token vocabulary")
+            return value
+
+        never = data["never"]
+        if not isinstance(never, list) or len(never) > len(SPECIAL_TOKENS) * 4:
+            raise ValueError("specials.never: expected a short list of ids")
+        return cls(
+            start=one("start", data["start"]),
+            end=one("end", data["end"]),
+            pad=one("pad", data["pad"]),
+            unk=one("unk", data["unk"]),
+            never=tuple(one(f"never[{i}]", v) for i, v in enumerate(never)),
+        )
+
+    @classmethod
+    def of(cls, *, start: int | None, end: int | None, pad: int | None, unk: int | None, extra: tuple[int | None, ...] = ()) -> "SpecialIds":
+        """Ids with ``never`` derived: the pad, the start and ``extra`` (a mask token), except the end
+        (GPT-2's start and end are one token, which must stay possible)."""
+        banned = {i for i in (pad, start, *extra) if i is not None} - {end}
+        return cls(start=start, end=end, pad=pad, unk=unk, never=tuple(sorted(banned)))
+
+
+OWN = SpecialIds.of(start=BOS, end=EOS, pad=PAD, unk=UNK, extra=(MASK,))
+"""The ids of every model trained by tfbuilder."""

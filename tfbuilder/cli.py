@@ -86,6 +86,24 @@ def _add_device(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_rules(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--unk-penalty", type=_finite, default=0.0, metavar="X",
+        help="take X from the log-probability of <unk> at every step (default 0; negative favours it)",
+    )
+    p.add_argument(
+        "--no-repeat-ngram-size", type=_count, default=0, metavar="N", dest="no_repeat_ngram",
+        help="no N-gram occurs twice in an output (default 0: off)",
+    )
+
+
+def _add_checkpoints(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "checkpoint", metavar="RUN_OR_CKPT", nargs="+",
+        help=f"a run directory or a checkpoint file; several {what} as an ensemble (the mean of their probabilities; one vocabulary)",
+    )
+
+
 def _add_sampling(p: argparse.ArgumentParser, *, what: str) -> None:
     p.add_argument("--temperature", type=_temperature, default=1.0, help=f"softmax temperature of {what} (default 1; 0 always takes the most likely token)")
     p.add_argument("--top-k", type=_positive_int, metavar="K", help=f"{what} draws from the K most likely tokens only (default: all)")
@@ -105,13 +123,23 @@ def _add_checkpoint(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace):
-    """The checkpoint a scoring command uses, named on standard error (the output says what it scored)."""
-    from .runs import choose_checkpoint, display_path, load_checkpoint
+def _load(args: argparse.Namespace, path: str | None = None):
+    """The checkpoint a command uses (of ``path``, default ``args.checkpoint``), named on standard
+    error (the output says what it scored)."""
+    from .runs import load_checkpoint
 
-    loaded = load_checkpoint(choose_checkpoint(args.checkpoint, args.which), device=getattr(args, "device", None))
-    print(f"checkpoint: {display_path(loaded.path)} (step {loaded.step:,})", file=sys.stderr)
+    loaded = load_checkpoint(path or args.checkpoint, checkpoint=args.which, device=getattr(args, "device", None))
+    print(f"checkpoint: {loaded.describe()}", file=sys.stderr)
     return loaded
+
+
+def _load_all(args: argparse.Namespace) -> list:
+    """The checkpoints of a command that takes several (an ensemble), each named on standard error."""
+    from .runs import CHOICES
+
+    if len(args.checkpoint) > 1 and args.which is not None and args.which not in CHOICES:
+        raise TfbuilderError(f"--checkpoint {args.which} names one file, but {len(args.checkpoint)} checkpoints were given")
+    return [_load(args, path) for path in args.checkpoint]
 
 
 def version_line() -> str:
@@ -163,7 +191,7 @@ def parser() -> argparse.ArgumentParser:
         "translate",
         help="translate lines with a checkpoint (stdin to stdout by default; typed or piped lines are answered as they come)",
     )
-    t.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoints(t, "translate")
     _add_checkpoint(t)
     t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
     t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
@@ -173,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--sample", action="store_true", help="draw translations at random from the model instead of searching")
     _add_sampling(t, what="--sample")
+    _add_rules(t)
     t.add_argument("--batch-size", type=_positive_int, metavar="N", help="at most N sentences per batch (default: no limit but --max-tokens)")
     t.add_argument("--max-tokens", type=_positive_int, default=6000, metavar="N", help="at most N source tokens per batch, all beams together (default 6000)")
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
@@ -191,12 +220,21 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(run=cmd_generate)
 
     e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
-    e.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoints(e, "are scored")
     _add_checkpoint(e)
     e.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split of the recipe's data (default test)")
     e.add_argument("--beam", type=_positive_int, default=4, help="beam size of the translations scored (1: greedy; default 4, the paper's)")
     e.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
+    _add_rules(e)
+    e.add_argument(
+        "--output", "-o", metavar="FILE",
+        help="also write the translations to FILE (must not exist), in the split's order: one hypothesis per line, or see --output-format",
+    )
+    e.add_argument(
+        "--output-format", choices=["plain", "fairseq"], default="plain",
+        help="plain: one detokenized hypothesis per line; fairseq: S-i source, T-i reference, H-i score and hypothesis, tab-separated (fairseq-generate's layout)",
+    )
     _add_device(e)
     e.set_defaults(run=cmd_test)
 
@@ -349,7 +387,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     import torch
 
     from .devices import model_device
-    from .evaluation import Search, decoding_model, translate_batch
+    from .evaluation import Search, decoding_model, ensemble_of, translate_batch
     from .streams import NotText, batches
 
     # Arguments first: a bad path or option is reported before a checkpoint is loaded.
@@ -361,12 +399,17 @@ def cmd_translate(args: argparse.Namespace) -> int:
         search = Search(
             beam=args.beam, alpha=args.alpha, nbest=args.nbest, sample=args.sample,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram,
         )
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
-    loaded = _load(args)
+    loaded, *others = _load_all(args)
     if loaded.recipe.model.kind != "encoder_decoder":
         raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
+    try:
+        model = ensemble_of(loaded, others) if others else loaded.model
+    except ValueError as exc:
+        raise TfbuilderError(str(exc)) from None
     from_file = args.input and args.input != "-"
     source = open(args.input, "rb") if from_file else sys.stdin.buffer
     name = args.input if from_file else "standard input"
@@ -376,7 +419,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise TfbuilderError(f"{args.output} exists: not overwriting it") from None
     except OSError as exc:
         raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
-    model = decoding_model(loaded.model, args.precision)
+    model = decoding_model(model, args.precision)
     generator = torch.Generator(device=model_device(model)).manual_seed(args.seed) if args.sample else None
     number = 0
     with contextlib.ExitStack() as stack:  # close what we opened, never the standard streams
@@ -451,15 +494,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from .evaluation import evaluate
+    from .evaluation import Search, evaluate_outputs, write_outputs
     from .runs import display_path
 
-    loaded = _load(args)
+    if args.output is not None:
+        _new_file(args.output, "--output")
+    loaded, *others = _load_all(args)
     try:
-        scores = evaluate(loaded, args.split, beam=args.beam, alpha=args.alpha, precision=args.precision)
+        search = Search(beam=args.beam, alpha=args.alpha, unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram)
+        scores, outputs = evaluate_outputs(loaded, args.split, search=search, precision=args.precision, ensemble=others)
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
-    rows = [("checkpoint", f"{display_path(loaded.path)} (step {loaded.step:,})"), ("split", f"{scores.split} ({scores.examples:,} examples)")]
+    rows = [("checkpoint", loaded.describe())] + [("ensembled with", o.describe()) for o in others]
+    rows += [("split", f"{scores.split} ({scores.examples:,} examples)")]
     rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
     rows += [("token accuracy", f"{scores.accuracy:.2%} (teacher forcing)")]
     search = f"beam {scores.beam}" + (", bf16" if args.precision == "bf16" else "")
@@ -477,6 +524,14 @@ def cmd_test(args: argparse.Namespace) -> int:
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     out = _save_scores_new(loaded, scores)
     print(f"{'saved'.ljust(width)}  {display_path(out)}")
+    if args.output is not None:
+        if not outputs:
+            raise TfbuilderError(f"--output: a '{loaded.recipe.model.kind}' model translates nothing to write")
+        try:
+            write_outputs(outputs, args.output, layout=args.output_format)
+        except OSError as exc:
+            raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
+        print(f"{'translations'.ljust(width)}  {display_path(args.output)}")
     return 0
 
 
@@ -487,7 +542,7 @@ def _save_scores_new(loaded, scores) -> "Path":
 
     from .evaluation import scores_path
 
-    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32")
+    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
     text = json.dumps(asdict(scores), indent=2)
     for n in range(1, 10_000):
         candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -41,6 +42,17 @@ def incremental_logits(model: nn.Module, tgt: Tensor, src: Tensor | None = None)
 
 def _max_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
     return ((src != pad_id).sum(dim=1).float() * a + b).long()
+
+
+def source_batch(model: nn.Module, rows: list[list[int]]) -> Tensor:
+    """Sources (ids without specials) as the batch (b, j) ``model`` reads: each row followed by the
+    model's end id and right-padded with its pad id (its own ids: an imported model's may differ)."""
+    end, pad_id = model.specials.end, model.pad_id
+    tail = [] if end is None else [end]
+    out = np.full((len(rows), max((len(r) for r in rows), default=0) + len(tail)), pad_id or 0, dtype=np.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row) + len(tail)] = row + tail
+    return torch.from_numpy(out)  # on the host: the caller moves it with the batch
 
 
 def ended_sources(model: nn.Module, src: Tensor) -> Tensor:

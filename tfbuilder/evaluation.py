@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,10 +16,10 @@ from torch import nn
 
 from . import decoding, objectives
 from .data.batching import pack
-from .data.collate import Collate, pad
+from .data.collate import Collate
 from .data.prepare import Vocab, prepare
-from .data.tokenizers import EOS
 from .devices import model_device
+from .ensemble import Ensemble
 from .runs import Loaded, run_dir_of, scores_file
 
 Precision = Literal["32", "bf16"]
@@ -27,7 +27,7 @@ Precision = Literal["32", "bf16"]
 
 def translate_lines(loaded: Loaded, lines: Iterable[str], **options) -> Iterator[str]:
     """:func:`translate` with a checkpoint's model and tokenizers (``options``: beam, alpha,
-    max_tokens, chunk, precision)."""
+    unk_penalty, no_repeat_ngram, max_tokens, chunk, precision)."""
     return translate(loaded.model, loaded.vocab, lines, **options)
 
 
@@ -38,6 +38,8 @@ def translate(
     *,
     beam: int = 4,
     alpha: float = 0.6,
+    unk_penalty: float = 0.0,
+    no_repeat_ngram: int = 0,
     max_tokens: int = 6000,
     chunk: int = 512,
     precision: Precision = "32",
@@ -45,16 +47,33 @@ def translate(
     """Translate ``lines`` in order, ``chunk`` lines at a time (so output streams while input is read),
     each chunk sorted by length into batches of at most ``max_tokens`` source tokens; beam 1 is greedy.
     ``precision="bf16"`` decodes with a bfloat16 copy of the model (faster on CPUs with bf16 matrix
-    instructions; log-probabilities are computed in float32 either way)."""
+    instructions; log-probabilities are computed in float32 either way). ``model`` may be an
+    :class:`~tfbuilder.ensemble.Ensemble`."""
+    search = Search(beam=beam, alpha=alpha, unk_penalty=unk_penalty, no_repeat_ngram=no_repeat_ngram)
+    for text, _ in translate_scored(model, vocab, lines, search=search, max_tokens=max_tokens, chunk=chunk, precision=precision):
+        yield text
+
+
+def translate_scored(
+    model: nn.Module,
+    vocab: Vocab,
+    lines: Iterable[str],
+    *,
+    search: "Search",
+    max_tokens: int = 6000,
+    chunk: int = 512,
+    precision: Precision = "32",
+) -> Iterator[tuple[str, float]]:
+    """The best translation of each of ``lines`` with its score, in order, as :func:`translate` finds them."""
     model = decoding_model(model, precision)
     buffer: list[str] = []
     for line in lines:
         buffer.append(line.rstrip("\n"))
         if len(buffer) >= chunk:
-            yield from _translate_chunk(model, vocab, buffer, beam=beam, alpha=alpha, max_tokens=max_tokens)
+            yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
             buffer = []
     if buffer:
-        yield from _translate_chunk(model, vocab, buffer, beam=beam, alpha=alpha, max_tokens=max_tokens)
+        yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
 
 
 def decoding_model(model: nn.Module, precision: Precision) -> nn.Module:
@@ -66,16 +85,12 @@ def decoding_model(model: nn.Module, precision: Precision) -> nn.Module:
     raise ValueError(f"precision must be '32' or 'bf16', not {precision!r}")
 
 
-def _translate_chunk(model, vocab, lines: list[str], *, beam: int, alpha: float, max_tokens: int) -> list[str]:
-    found = translate_batch(model, vocab, lines, search=Search(beam=beam, alpha=alpha), max_tokens=max_tokens)
-    return [candidates[0][0] for candidates in found]
-
-
 @dataclass(frozen=True)
 class Search:
     """How translations are found: beam search (``beam`` 1 is greedy) with the GNMT length penalty
     ``alpha``, or, with ``sample``, drawing (``temperature``, ``top_k``, ``top_p``); ``nbest``
-    candidates per sentence."""
+    candidates per sentence; every pick obeys the :class:`~tfbuilder.decoding.Rules` made of
+    ``unk_penalty`` and ``no_repeat_ngram``."""
 
     beam: int = 4
     alpha: float = 0.6
@@ -84,10 +99,18 @@ class Search:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    unk_penalty: float = 0.0
+    no_repeat_ngram: int = 0
 
     def __post_init__(self) -> None:
         if not self.sample and self.nbest > self.beam:
             raise ValueError(f"--nbest {self.nbest} needs a beam at least as wide (--beam {self.beam})")
+        if self.no_repeat_ngram < 0:
+            raise ValueError(f"--no-repeat-ngram-size must be 0 (off) or more, not {self.no_repeat_ngram}")
+
+    @property
+    def rules(self) -> decoding.Rules:
+        return decoding.Rules(unk_penalty=self.unk_penalty, no_repeat_ngram=self.no_repeat_ngram)
 
 
 def translate_batch(
@@ -112,20 +135,22 @@ def translate_batch(
     width = search.nbest if search.sample else search.beam
     device = model_device(model)
     for batch in pack(sizes, sizes, order, max_tokens=max(max_tokens // max(width, 1), max(sizes)), batch_size=batch_size):
-        src = pad([ids[i] for i in batch], eos=True).to(device, non_blocking=True)
+        src = decoding.source_batch(model, [ids[i] for i in batch]).to(device, non_blocking=True)
         for i, candidates in zip(batch, _search(model, src, search, generator)):
             out[i] = [(vocab.tgt.decode(hyp), score) for score, hyp in candidates]
     return out
 
 
 def _search(model: nn.Module, src: torch.Tensor, search: Search, generator) -> list[list[tuple[float, list[int]]]]:
+    rules = search.rules
     if search.sample:
         return decoding.sample_translations(
-            model, src, n=search.nbest, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p, generator=generator
+            model, src, n=search.nbest, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
+            generator=generator, rules=rules,
         )
     if search.beam == 1:  # greedy: the most likely token each step (temperature 0), with its score
-        return decoding.sample_translations(model, src, n=1, temperature=0.0)
-    return decoding.beam_search_nbest(model, src, beam=search.beam, nbest=search.nbest, alpha=search.alpha)
+        return decoding.sample_translations(model, src, n=1, temperature=0.0, rules=rules)
+    return decoding.beam_search_nbest(model, src, beam=search.beam, nbest=search.nbest, alpha=search.alpha, rules=rules)
 
 
 @dataclass
@@ -143,15 +168,54 @@ class Scores:
     accuracy: float | None = None  # share of target tokens predicted right (teacher forcing)
     exact_match: float | None = None  # share of outputs equal to their reference
     bleu_tokenize: str | None = None  # sacreBLEU's tokenizer: 13a (words), or char for character-level data
+    ensemble: list[str] | None = None  # the checkpoints scored together, when more than one
 
 
-@torch.no_grad()
+@dataclass(frozen=True)
+class Output:
+    """One translated example of a split: its source, reference, the hypothesis and its score."""
+
+    source: str
+    reference: str
+    hypothesis: str
+    score: float
+
+
 def evaluate(
-    loaded: Loaded, split: str = "test", *, beam: int = 4, alpha: float = 0.6, max_tokens: int = 6000, precision: Precision = "32"
+    loaded: Loaded,
+    split: str = "test",
+    *,
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_tokens: int = 6000,
+    precision: Precision = "32",
+    search: Search | None = None,
+    ensemble: Sequence[Loaded] = (),
 ) -> Scores:
     """Loss and perplexity on ``split`` (per-token NLL, unsmoothed, float32); for sequence-to-sequence
     models also sacreBLEU and chrF of the detokenized output (decoded in ``precision``) against the
-    raw references."""
+    raw references. See :func:`evaluate_outputs` for the options."""
+    return evaluate_outputs(
+        loaded, split, beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision, search=search, ensemble=ensemble
+    )[0]
+
+
+@torch.no_grad()
+def evaluate_outputs(
+    loaded: Loaded,
+    split: str = "test",
+    *,
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_tokens: int = 6000,
+    precision: Precision = "32",
+    search: Search | None = None,
+    ensemble: Sequence[Loaded] = (),
+) -> tuple[Scores, list[Output]]:
+    """:func:`evaluate`, with the translations (in the split's order; none for other model kinds).
+    ``search`` (default: beam ``beam``, ``alpha``) finds them; with ``ensemble`` (more checkpoints
+    sharing the vocabulary), the models translate and are scored together (:class:`~tfbuilder.ensemble.Ensemble`)."""
+    search = search or Search(beam=beam, alpha=alpha)
     recipe = loaded.recipe
     data = recipe.data
     if data is None:
@@ -160,10 +224,10 @@ def evaluate(
     if split not in prepared.splits:
         raise ValueError(f"no '{split}' split in {data.path or 'the data'} (have: {', '.join(prepared.splits)})")
     examples = prepared.splits[split]
-    model = loaded.model.eval()
+    model = ensemble_of(loaded, ensemble) if ensemble else loaded.model.eval()
     device = model_device(model)
     kind = recipe.model.kind
-    objective = objectives.objective(recipe, epsilon=0.0)
+    objective = teacher_forced if ensemble else objectives.objective(recipe, epsilon=0.0)
     collate = Collate(examples)
     sizes = [len(s) + 2 for s in examples.src]
     nll = tokens = correct = 0.0
@@ -178,16 +242,38 @@ def evaluate(
         correct += float(result.correct)
     loss = nll / max(tokens, 1)
     scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)), accuracy=correct / max(tokens, 1))
+    if ensemble:
+        scores.ensemble = [str(x.path) for x in (loaded, *ensemble)]
+    outputs: list[Output] = []
     if kind == "encoder_decoder":
         sources, references = prepared.raw[split]
         start = time.perf_counter()
-        hypotheses = list(translate_lines(loaded, sources, beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision))
+        found = list(translate_scored(model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision))
         scores.seconds_decoding = time.perf_counter() - start
-        scores.beam = beam
+        scores.beam = search.beam
         scores.precision = precision
+        hypotheses = [text for text, _ in found]
+        outputs = [Output(s, r, h, score) for s, r, (h, score) in zip(sources, references, found)]
         scores.exact_match = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
         _text_scores(scores, hypotheses, references, data)
-    return scores
+    return scores, outputs
+
+
+def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
+    """The models of ``loaded`` and ``others`` as one :class:`~tfbuilder.ensemble.Ensemble`; a
+    ``ValueError`` naming the checkpoint that does not fit (another vocabulary or model kind)."""
+    for other in others:
+        if other.recipe.model.kind != "encoder_decoder" or loaded.recipe.model.kind != "encoder_decoder":
+            raise ValueError(f"{other.describe()}: only translation (encoder_decoder) models can be ensembled")
+        if other.vocab.to_json() != loaded.vocab.to_json():
+            raise ValueError(f"{other.describe()} has another vocabulary than {loaded.describe()}: models must share one to be ensembled")
+    return Ensemble([loaded.model, *(o.model for o in others)]).eval()
+
+
+def teacher_forced(model: Ensemble, batch: dict[str, torch.Tensor]) -> objectives.Result:
+    """An ensemble's loss on a translation batch: the NLL of its averaged distribution."""
+    logp = model(batch["src"], batch["tgt_in"])
+    return objectives.smoothed_cross_entropy(logp.flatten(0, 1), batch["tgt_out"].flatten(), 0.0, ignore=model.pad_id)
 
 
 def bleu_tokenize(data) -> str | None:
@@ -213,11 +299,28 @@ def _text_scores(scores: Scores, hypotheses: list[str], references: list[str], d
     scores.chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score
 
 
-def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32") -> Path:
+def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32", *, ensemble: int = 1) -> Path:
     """Where :func:`save_scores` writes: :func:`tfbuilder.runs.scores_file` of the checkpoint's run
-    directory (the checkpoint's own folder for a loose file)."""
+    directory (the checkpoint's own folder for a loose file); an ensemble of ``ensemble`` models led
+    by this checkpoint is named ``<checkpoint>-ensemble<N>``."""
     run_dir = run_dir_of(loaded.path) or loaded.path.parent
-    return scores_file(run_dir, split, loaded.path.stem, beam=beam, precision=precision)
+    name = loaded.path.stem + (f"-ensemble{ensemble}" if ensemble > 1 else "")
+    return scores_file(run_dir, split, name, beam=beam, precision=precision)
+
+
+def write_outputs(outputs: Sequence[Output], path: str | Path, *, layout: Literal["plain", "fairseq"] = "plain") -> None:
+    """Write translations in the split's order, atomically: ``plain``, one hypothesis per line;
+    ``fairseq``, fairseq-generate's layout: per example ``S-i`` (source), ``T-i`` (reference) and
+    ``H-i`` (score, hypothesis), tab-separated, i from 0."""
+    from .atomic import write_text
+
+    if layout == "plain":
+        text = "".join(f"{o.hypothesis}\n" for o in outputs)
+    else:
+        text = "".join(
+            f"S-{i}\t{o.source}\nT-{i}\t{o.reference}\nH-{i}\t{o.score:.4f}\t{o.hypothesis}\n" for i, o in enumerate(outputs)
+        )
+    write_text(Path(path), text, what="translations")
 
 
 def save_scores(loaded: Loaded, scores: Scores) -> Path:
@@ -228,9 +331,8 @@ def save_scores(loaded: Loaded, scores: Scores) -> Path:
 
 
 def generate(loaded: Loaded, prompt: str, **kwargs) -> str:
-    """Continue ``prompt`` with a decoder-only checkpoint (see :func:`tfbuilder.decoding.sample`)."""
-    from .data.tokenizers import BOS
-
-    ids = torch.tensor([[BOS] + loaded.vocab.tgt.encode(prompt)], device=model_device(loaded.model))
-    new = decoding.sample(loaded.model, ids, **kwargs)[0]
-    return loaded.vocab.tgt.decode([i for i in new if i != EOS])
+    """Continue ``prompt`` with a decoder-only checkpoint, from the model's start id (see
+    :func:`tfbuilder.decoding.sample`, which takes ``kwargs``)."""
+    start = loaded.model.specials.start
+    ids = torch.tensor([([] if start is None else [start]) + loaded.vocab.tgt.encode(prompt)], device=model_device(loaded.model))
+    return loaded.vocab.tgt.decode(decoding.sample(loaded.model, ids, **kwargs)[0])

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import pickle
 import socket
@@ -109,7 +110,8 @@ def read_checkpoint(path: str | Path) -> dict:
 
 @dataclass
 class Loaded:
-    """What a checkpoint rebuilds: the model (eval mode), its recipe and its vocabulary."""
+    """What a checkpoint rebuilds: the model (eval mode, with its special ids as ``model.specials``),
+    its recipe and its vocabulary."""
 
     model: nn.Module
     recipe: "object"
@@ -117,18 +119,30 @@ class Loaded:
     path: Path
     step: int
 
+    def describe(self) -> str:
+        """``runs/x/checkpoints/best.ckpt (step 1,200)``: which checkpoint this is."""
+        return f"{display_path(self.path)} (step {self.step:,})"
 
-def load_checkpoint(path: str | Path, *, device: str | torch.device | None = None) -> Loaded:
-    """Rebuild a ready model from a checkpoint alone (its recipe and tokenizer travel inside it), on
-    ``device`` (``None``: a GPU when present, see :func:`tfbuilder.devices.default_device`)."""
+
+def load_checkpoint(
+    path: str | Path, *, checkpoint: str | None = None, device: str | torch.device | None = None
+) -> Loaded:
+    """Rebuild a ready model from a checkpoint alone (its recipe, tokenizer and special ids travel
+    inside it), on ``device`` (``None``: a GPU when present, see :func:`tfbuilder.devices.default_device`).
+
+    ``path`` is a checkpoint file or a run directory; of a run directory, the checkpoint every command
+    uses (:func:`choose_checkpoint`): ``best.ckpt`` (``last.ckpt`` when the run never kept a best),
+    or ``checkpoint`` = ``"last"``, ``"best"``, ``"averaged"`` or a file. Which one was loaded is
+    logged (logger ``tfbuilder``) and kept as :attr:`Loaded.path`."""
     from .devices import resolve
     from .builder import build_model
     from .data.prepare import Vocab
     from .data.tokenizers import DataError
     from .errors import RecipeError
     from .recipe import recipe_from_dict
+    from .specials import OWN, SpecialIds
 
-    ckpt_path = find_checkpoint(path)
+    ckpt_path = choose_checkpoint(path, checkpoint)
     data = read_checkpoint(ckpt_path)
     meta = data["tfbuilder"]
     # The metadata is checked as a recipe file would be: a damaged checkpoint is an error, not a traceback.
@@ -145,6 +159,10 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device | None = Non
     for side, tok, size in (("target", vocab.tgt, recipe.model.vocab_size), ("source", vocab.src, recipe.model.src_vocab_size)):
         if size is not None and tok.vocab_size != size:
             raise CheckpointError(f"{ckpt_path}: damaged checkpoint: its {side} vocabulary has {tok.vocab_size} tokens, its model {size}")
+    try:  # checkpoints written before the ids were recorded are tfbuilder's own
+        model.specials = SpecialIds.from_dict(meta["specials"], vocab_size=recipe.model.vocab_size) if "specials" in meta else OWN
+    except ValueError as exc:
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
     state = {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
     try:
         model.load_state_dict(state)
@@ -152,7 +170,9 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device | None = Non
         raise CheckpointError(f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}") from None
     step = data.get("global_step", 0)
     model = model.to(resolve(device)).eval()
-    return Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
+    loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
+    logging.getLogger("tfbuilder").info("loaded %s", loaded.describe())
+    return loaded
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:
@@ -198,8 +218,15 @@ def step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def default_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint of a run directory that commands use unless told otherwise: ``best.ckpt``, or
+    ``last.ckpt`` (which may not exist yet) when the run never kept a best. The one place of this rule."""
+    best = Path(run_dir) / "checkpoints" / "best.ckpt"
+    return best if best.is_file() else best.with_name("last.ckpt")
+
+
 def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
-    """The checkpoint a scoring command uses: for a run directory ``checkpoints/<which>.ckpt``
+    """The checkpoint every command uses: for a run directory ``checkpoints/<which>.ckpt``
     (``best`` by default, ``last`` when the run never kept a best); ``which`` may also be a file."""
     path = Path(path)
     if which is not None and which not in CHOICES:
@@ -210,8 +237,8 @@ def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
         return find_checkpoint(path)
     folder = path / "checkpoints"
     if which is None:
-        best = folder / "best.ckpt"
-        return best if best.is_file() else find_checkpoint(path)
+        chosen = default_checkpoint(path)
+        return chosen if chosen.is_file() else find_checkpoint(path)
     chosen = folder / f"{which}.ckpt"
     if not chosen.is_file():
         hint = " (make it with: tfbuilder average RUN_DIR)" if which == "averaged" else ""

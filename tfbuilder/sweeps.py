@@ -24,6 +24,7 @@ import yaml
 from .diffing import MISSING, differences
 from .errors import TfbuilderError
 from .recipe import Recipe, load_recipe, recipe_from_dict
+from .runs import default_checkpoint
 from .runs import scores_file as checkpoint_scores
 
 Status = Literal["finished", "evaluate", "resume", "new"]
@@ -91,15 +92,9 @@ def _translates(recipe: Recipe) -> bool:
     return recipe.model.kind == "encoder_decoder"
 
 
-def best_checkpoint(run_dir: Path) -> Path:
-    """The checkpoint a sweep scores: the best by validation loss (the last one if none was validated)."""
-    best = run_dir / "checkpoints" / "best.ckpt"
-    return best if best.exists() else run_dir / "checkpoints" / "last.ckpt"
-
-
 def scores_file(run_dir: Path, beam: int) -> Path:
     """The validation scores a sweep computes for a run (the file ``tfbuilder test --split val`` writes)."""
-    return checkpoint_scores(run_dir, "val", best_checkpoint(run_dir).stem, beam=beam)
+    return checkpoint_scores(run_dir, "val", default_checkpoint(run_dir).stem, beam=beam)
 
 
 def status(run: Run, bleu_beam: int | None) -> Status:
@@ -163,6 +158,6 @@ def execute(
     elif run.status == "resume":
         fit(run.recipe, resume=run.dir, on_step=on_step)
     if bleu_beam is not None and _translates(run.recipe) and not scores_file(run.dir, bleu_beam).exists():
-        loaded = load_checkpoint(best_checkpoint(run.dir))
+        loaded = load_checkpoint(run.dir)  # the checkpoint every command scores
         save_scores(loaded, evaluate(loaded, "val", beam=bleu_beam))
     run.status = "finished"

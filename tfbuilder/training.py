@@ -207,6 +207,7 @@ class Task(L.LightningModule):
             "run_dir": self.run_dir,
             "history": self.history + [{**self.invocation, "to_step": self.global_step}],
             "components": registry.provenance([params for _, params in self.recipe.model.components()]),
+            "specials": self.model.specials.to_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

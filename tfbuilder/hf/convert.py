@@ -19,6 +19,7 @@ from .. import __version__
 from ..errors import TfbuilderError
 from . import weights
 from .configs import UnsupportedConfig, from_config, to_config
+from .specials import config_ids, special_ids
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse anything absurd
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -87,6 +88,7 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     model = build_model(recipe)
     state = weights.from_hf(weights.rules(family, recipe.model), theirs, model.state_dict())
     model.load_state_dict(state)
+    model.specials = special_ids(cfg, family, recipe.model.vocab_size)
     tok_file = hf_dir / "tokenizer.json"
     if tok_file.is_file():
         if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
@@ -132,6 +134,7 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Any, vocab: Any, *, source: 
             "train_seconds": 0.0,
             "elapsed": 0.0,
             "source": source,
+            "specials": model.specials.to_dict(),
         },
     }
 
@@ -204,7 +207,7 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         rules = weights.rules(family, loaded.recipe.model)
         tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        config = to_config(loaded.recipe.model, family)
+        config = {**to_config(loaded.recipe.model, family), **config_ids(model.specials, family)}
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         written = [out / "model.safetensors", out / "config.json"]
         raw = getattr(loaded.vocab.tgt, "_tok", None)

@@ -233,17 +233,84 @@ def copy_checkpoint(tmp_path_factory):
     return tfbuilder.fit(recipe).run_dir
 
 
-@pytest.mark.parametrize("beam, precision", [(1, "32"), (4, "32"), (4, "bf16")])
-def test_trained_model_reproduces_held_out_sequences(copy_checkpoint, beam, precision):
+def test_trained_model_reproduces_held_out_sequences_and_beam_is_never_below_greedy(copy_checkpoint):
     from tfbuilder.data import synthetic
     from tfbuilder.evaluation import translate_lines
 
     loaded = tfbuilder.load_checkpoint(copy_checkpoint)
     held_out, _ = synthetic.generate("copy", n=200, symbols=10, lengths=(1, 10), seed=999)
-    outputs = list(translate_lines(loaded, held_out, beam=beam, precision=precision))
+    exact = {}
+    for beam, precision in [(1, "32"), (4, "32"), (4, "bf16")]:
+        outputs = list(translate_lines(loaded, held_out, beam=beam, precision=precision))
+        exact[beam, precision] = sum(o == s for o, s in zip(outputs, held_out)) / len(held_out)
+        assert exact[beam, precision] >= 0.98, [(s, o) for s, o in zip(held_out, outputs) if s != o][:5]
     assert next(loaded.model.parameters()).dtype == torch.float32  # decoding in bf16 used a copy
-    exact = sum(o == s for o, s in zip(outputs, held_out)) / len(held_out)
-    assert exact >= 0.98, [(s, o) for s, o in zip(held_out, outputs) if s != o][:5]
+    assert exact[4, "32"] >= exact[1, "32"]
+
+
+def test_load_checkpoint_picks_what_every_command_picks(copy_checkpoint, caplog):
+    import logging
+    from pathlib import Path
+
+    from tfbuilder.runs import CheckpointError
+
+    run = Path(copy_checkpoint)
+    with caplog.at_level(logging.INFO, logger="tfbuilder"):
+        loaded = tfbuilder.load_checkpoint(run)
+    assert loaded.path == run / "checkpoints" / "best.ckpt"
+    assert f"loaded {loaded.describe()}" in caplog.text and "best.ckpt (step 600)" in loaded.describe()
+    assert tfbuilder.load_checkpoint(run, checkpoint="last").path == run / "checkpoints" / "last.ckpt"
+    assert tfbuilder.load_checkpoint(run, checkpoint=str(run / "checkpoints" / "last.ckpt")).path.name == "last.ckpt"
+    with pytest.raises(CheckpointError, match="tfbuilder average"):
+        tfbuilder.load_checkpoint(run, checkpoint="averaged")
+
+
+def test_the_python_translation_example_runs(copy_checkpoint, capsys):
+    """The example of docs/python-api.md, run on the copy model trained here."""
+    page = (ROOT / "docs" / "python-api.md").read_text()
+    example = page.split("<!-- example: translation -->")[1].split("```python")[1].split("```")[0]
+    exec(compile(example.replace("runs/quickstart/version_0", str(copy_checkpoint)), "python-api.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].endswith("best.ckpt (step 600)")
+    assert printed[1:] == ["abcjihg", "hbea", "abcjihg"]
+
+
+def test_test_command_writes_the_translations(copy_checkpoint, tmp_path, capsys):
+    from tfbuilder.data.prepare import prepare
+
+    loaded = tfbuilder.load_checkpoint(copy_checkpoint)
+    sources, references = prepare(loaded.recipe.data, vocab=loaded.vocab, model_vocab=loaded.recipe.model.vocab_size).raw["val"]
+    plain, fairseq = tmp_path / "hyp.txt", tmp_path / "gen.out"
+    assert main(["test", copy_checkpoint, "--split", "val", "--beam", "2", "--output", str(plain)]) == 0
+    hypotheses = plain.read_text().splitlines()
+    assert len(hypotheses) == len(sources) and sum(h == r for h, r in zip(hypotheses, references)) >= 0.95 * len(sources)
+    assert main(["test", copy_checkpoint, "--split", "val", "--beam", "2", "--output", str(fairseq), "--output-format", "fairseq"]) == 0
+    lines = fairseq.read_text().splitlines()
+    assert len(lines) == 3 * len(sources)
+    for i in (0, len(sources) - 1):
+        s, t, h = lines[3 * i : 3 * i + 3]
+        assert s == f"S-{i}\t{sources[i]}" and t == f"T-{i}\t{references[i]}"
+        tag, score, text = h.split("\t")
+        assert tag == f"H-{i}" and text == hypotheses[i] and float(score) <= 0
+    capsys.readouterr()
+    assert main(["test", copy_checkpoint, "--split", "val", "--output", str(plain)]) == 2  # never overwritten
+    assert "not overwriting" in capsys.readouterr().err
+
+
+def test_an_ensemble_translates_and_is_scored(copy_checkpoint, tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    src = tmp_path / "in.txt"
+    src.write_text("abc\nfedcb\n")
+    best, last = copy_checkpoint, str(Path(copy_checkpoint) / "checkpoints" / "last.ckpt")
+    assert main(["translate", best, last, "--input", str(src)]) == 0
+    assert capsys.readouterr().out.splitlines() == ["abc", "fedcb"]
+    assert main(["test", best, last, "--split", "val", "--beam", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ensembled with" in out
+    saved = json.loads((Path(copy_checkpoint) / "test-val-best-ensemble2-beam2.json").read_text())
+    assert saved["exact_match"] >= 0.95 and len(saved["ensemble"]) == 2
 
 
 def test_translate_command_streams_lines_in_order(copy_checkpoint, tmp_path):

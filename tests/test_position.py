@@ -213,3 +213,13 @@ def test_t5_bidirectional_buckets_split_by_sign_and_are_log_spaced(buckets, max_
     assert behind.min() == 1 and behind.max() == half - 1  # keys before it: the lower half (0 is distance 0)
     assert module.bucket(torch.tensor([0])).item() == 0
 
+
+def test_relative_bias_needs_room_for_exact_and_log_spaced_buckets():
+    """With max_distance not past the exact buckets, the log spacing would divide by log(1) or go
+    negative (an index error mid-training); with fewer than 4 buckets an encoder has no exact one."""
+    from tfbuilder.errors import RecipeError
+
+    for position_params, field in [({"buckets": 32, "max_distance": 16}, "max_distance"), ({"buckets": 3}, "buckets")]:
+        with pytest.raises(RecipeError, match=rf"position\.{field}"):
+            tfbuilder.recipe.recipe_from_dict({"name": "x", "model": tiny_model(position={"type": "relative_bias", **position_params})})
+    ModelSection.model_validate(tiny_model(position={"type": "relative_bias", "buckets": 4, "max_distance": 3}))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.file}: {m.name}  [{' '.join(m.tests)}]")
         return 0
+    # A termination request unwinds like Ctrl-C: the running tests are stopped and the copy deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tree = Path(tempfile.mkdtemp(prefix="tfbuilder-mutation-"))
     try:
         copy_tree(tree)
@@ -220,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             took = time.monotonic() - start
             if outcome in ("fail", "timeout"):
                 killed += 1
-                print(f"killed    {m.name}  ({took:.0f} s{', timeout' if outcome == 'timeout' else ''})")
+                print(f"killed    {m.name}  ({took:.0f} s{', timeout' if outcome == 'timeout' else ''})", flush=True)
             else:
-                print(f"SURVIVED  {m.name}  ({outcome}: {' '.join(m.tests)})")
+                print(f"SURVIVED  {m.name}  ({outcome}: {' '.join(m.tests)})", flush=True)
         print(f"killed {killed} of {len(chosen)}")
         return 0 if killed == len(chosen) else 1
     finally:

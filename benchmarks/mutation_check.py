@@ -81,7 +81,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("t5: exact buckets a third", P, "exact = buckets // 2", "exact = buckets // 3", POS),
     Mutation("t5: log over max_distance, not max_distance/exact", P, "math.log(self.max_distance / exact)", "math.log(self.max_distance)", POS),
     Mutation("t5: last bucket out of range", P, "large.clamp(max=buckets - 1)", "large.clamp(max=buckets)", POS),
-    Mutation("t5: exact range inclusive", P, "torch.where(n < exact, n,", "torch.where(n <= exact, n,", POS),
+    Mutation("t5: one exact distance too few", P, "torch.where(n < exact, n,", "torch.where(n < exact - 1, n,", POS),  # (n <= exact is equivalent)
     Mutation("t5: causal distance clamped the wrong way", P, "n = n.clamp(min=0)", "n = n.clamp(max=0)", POS),
     Mutation("t5: query minus key instead of key minus query", P, "self.bucket(j - i)", "self.bucket(i - j)", POS),
     # --- masks
@@ -124,7 +124,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("loss counts ignored targets", "tfbuilder/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),
     Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
     Mutation("causal lm predicts the current token", "tfbuilder/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
-    Mutation("masked lm: 90% shown as <mask>", "tfbuilder/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.9)", OBJ),
+    Mutation("masked lm: 70% shown as <mask>", "tfbuilder/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
     Mutation("masked lm: special tokens may be chosen", "tfbuilder/objectives.py", "candidates = tokens >= len(SPECIAL_TOKENS)", "candidates = tokens >= 0", OBJ),
     Mutation("target count includes the first token", "tfbuilder/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),
     # --- learning-rate schedules (Vaswani et al. 2017 eq. 3; Loshchilov & Hutter 2017)

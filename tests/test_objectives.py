@@ -107,3 +107,67 @@ def test_the_fused_loss_sees_what_the_head_computes(recipe_file):
     fused = head_loss(model.head, hidden, target, epsilon=0.1, ignore=0)
     plain = smoothed_cross_entropy(model.head(hidden).reshape(-1, 40), target.reshape(-1), 0.1, ignore=0)
     torch.testing.assert_close(fused.loss, plain.loss, rtol=1e-5, atol=1e-5)
+
+
+def captured(monkeypatch, kind: str, batch: dict, **objective_kw) -> dict:
+    """Run the ``kind`` objective with the model's features and the loss recorded: what the model was
+    shown and what it was asked to predict."""
+    spec = tiny_model(kind=kind, **({"encoder": None} if kind == "decoder" else {}), **({"decoder": None} if kind == "encoder" else {}))
+    recipe = tfbuilder.Recipe.model_validate({"model": spec})
+    model = tfbuilder.build_model(recipe)
+    seen: dict = {}
+    features = model.features
+
+    def record_features(*inputs, **kw):
+        seen["inputs"] = inputs
+        return features(*inputs, **kw)
+
+    def record_loss(head, hidden, target, **kw):
+        seen["target"] = target
+        return head_loss(head, hidden, target, **kw)
+
+    monkeypatch.setattr(model, "features", record_features)
+    monkeypatch.setattr(tfbuilder.objectives, "head_loss", record_loss)
+    tfbuilder.objectives.objective(recipe, epsilon=0.0, **objective_kw)(model, batch)
+    return seen
+
+
+def test_causal_lm_predicts_each_next_token(monkeypatch):
+    tokens = torch.randint(5, 53, (2, 6))
+    seen = captured(monkeypatch, "decoder", {"tokens": tokens})
+    assert torch.equal(seen["inputs"][0], tokens[:, :-1]) and torch.equal(seen["target"], tokens[:, 1:])
+    assert tfbuilder.objectives.target_tokens({"tokens": tokens}, 0, "decoder") == 2 * 5
+
+
+def test_seq2seq_predicts_tgt_out_from_src_and_tgt_in(monkeypatch):
+    batch = {"src": torch.randint(5, 53, (2, 4)), "tgt_in": torch.randint(5, 53, (2, 3)), "tgt_out": torch.randint(5, 53, (2, 3))}
+    seen = captured(monkeypatch, "encoder_decoder", batch)
+    assert torch.equal(seen["inputs"][0], batch["src"]) and torch.equal(seen["inputs"][1], batch["tgt_in"])
+    assert torch.equal(seen["target"], batch["tgt_out"])
+
+
+def test_masked_lm_chooses_15_percent_of_real_tokens_and_shows_80_10_10(monkeypatch):
+    """Devlin et al. 2019, sec. 3.1: 15% of the tokens are predicted; of those, 80% are shown as
+    <mask>, 10% as a random token, 10% unchanged; special tokens are never chosen. A batch of 24,000
+    tokens with a fixed seed: the shares are within 5 standard deviations of the paper's."""
+    from tfbuilder.data.tokenizers import MASK
+
+    tokens = torch.randint(5, 53, (120, 200))
+    tokens[:, 0], tokens[:, -1], tokens[::7, -20:] = 1, 2, 0  # <s>, </s>, padding
+    seen = captured(monkeypatch, "encoder", {"tokens": tokens})
+    shown, target = seen["inputs"][0], seen["target"]
+    chosen = target != -100
+    real = tokens >= 5
+    assert not (chosen & ~real).any() and torch.equal(shown[~real], tokens[~real])
+    assert torch.equal(target[chosen], tokens[chosen]) and torch.equal(shown[~chosen], tokens[~chosen])
+
+    def near(count: int, total: int, p: float) -> bool:
+        return abs(count - p * total) < 5 * (total * p * (1 - p)) ** 0.5
+
+    n = int(chosen.sum())
+    masked = int((shown[chosen] == MASK).sum())
+    unchanged = int((shown[chosen] == tokens[chosen]).sum())
+    assert near(n, int(real.sum()), 0.15), n
+    assert near(masked, n, 0.8), masked
+    assert near(unchanged, n, 0.1 + 0.1 / 48), unchanged  # a random token is the same one time in 48
+    assert (shown[chosen] >= 5).sum() == n - masked  # random replacements are real tokens

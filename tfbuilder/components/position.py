@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ..registry import BuildContext, ComponentParams, register
+from ..registry import BuildContext, ComponentParams, ModelDims, register
 
 
 def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
@@ -230,6 +230,15 @@ class RelativeBiasPosition(AttentionPosition):
         type: Literal["relative_bias"] = "relative_bias"
         buckets: int = Field(32, ge=2, description="distance buckets (halved per direction in encoders)")
         max_distance: int = Field(128, ge=2, description="distances beyond this share the last bucket")
+
+        def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+            # Decoders keep buckets/2 exact distances, encoders buckets/4 per direction; the
+            # log-spaced buckets run from there to max_distance (log(max_distance / exact) > 0).
+            if self.buckets < 4:
+                return [("buckets", f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, and each half needs an exact bucket")]
+            if self.max_distance <= self.buckets // 2:
+                return [("max_distance", f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), the distances with exact buckets")]
+            return []
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()

@@ -1,8 +1,9 @@
 """tfbuilder state dicts <-> Hugging Face state dicts, for the four families.
 
 A mapping is a list of rules ``(ours, theirs, op)``: ``copy`` a tensor, ``T`` transpose it (GPT-2's
-Conv1D stores (in, out)), or ``cat`` several along dim 0 (tfbuilder fuses q, k, v and the GLU's gate
-and value). The same rules read both ways, so export inverts import by construction.
+Conv1D stores (in, out)), ``cat`` several along dim 0 (tfbuilder fuses q, k, v and the GLU's gate
+and value), or ``any``: one tensor that Hugging Face may store under any of several names (read from
+the first present, written under all). The same rules read both ways, so export inverts import by construction.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def _bert(m: Any) -> list[Rule]:
     out += _linear("head.norm", "cls.predictions.transform.LayerNorm")
     head = f"{e}.word_embeddings.weight" if m.tie_output else "cls.predictions.decoder.weight"
     out.append(("head.out.weight", (head,), "copy"))
-    out.append(("head.out.bias", ("cls.predictions.bias",), "copy"))
+    # transformers >= 5 computes with decoder.bias, tied to cls.predictions.bias only when the output is tied
+    # (a tied file stores the latter alone); before, the two were always one tensor.
+    out.append(("head.out.bias", ("cls.predictions.decoder.bias", "cls.predictions.bias"), "any"))
     return out
 
 
@@ -124,6 +127,8 @@ def from_hf(rules: list[Rule], theirs: dict[str, Tensor], ours: dict[str, Tensor
 
     out = dict(ours)
     for key, sources, op in rules:
+        if op == "any":
+            sources = tuple(s for s in sources if s in theirs)[:1] or sources[:1]
         missing = [s for s in sources if s not in theirs]
         if missing:
             raise UnsupportedConfig(f"model.safetensors: missing tensor {missing[0]}")
@@ -151,6 +156,9 @@ def to_hf(rules: list[Rule], ours: dict[str, Tensor], sizes: dict[str, list[int]
         elif op == "cat":
             for t, part in zip(targets, value.split(sizes[key], dim=0)):
                 out[t] = part.contiguous()
+        elif op == "any":
+            for t in targets:
+                out[t] = value.clone()  # safetensors refuses tensors that share memory
         else:
             out[targets[0]] = value.contiguous()
     return out

@@ -1,0 +1,236 @@
+"""Mutation check: do the fast tests notice a one-character bug in a core formula?
+
+Each mutation below is one realistic slip (an off-by-one in a mask, a flipped sign, a wrong exponent,
+a dropped scale, swapped arguments, eps in the wrong place, a wrong label-smoothing split): a file,
+an exact snippet of it, its replacement, and the fast tests that should fail. For each, the script
+writes the mutated file into a temporary copy of this checkout (your files are never touched, even
+on Ctrl-C: the copy is deleted in a ``finally``), runs ``pytest -x -q`` on those tests with a time
+limit, and prints ``killed`` (a test failed) or ``SURVIVED`` (every test passed: a bug users would
+suffer that no test catches). The last line is ``killed K of N``.
+
+    python benchmarks/mutation_check.py                  # all mutations (about 10 minutes on 2 cores)
+    python benchmarks/mutation_check.py --only alibi     # those whose name contains "alibi"
+    python benchmarks/mutation_check.py --list           # list them, run nothing
+
+Why a hand-written list rather than mutmut or cosmic-ray: both generate every mutant of every line.
+mutmut 3.8 makes 2,221 mutants of position.py, attention.py, ffn.py, objectives.py, masks.py and
+schedules.py alone, most of them in parameter descriptions, error messages and defaults, and it maps
+tests to functions by running the whole suite first; cosmic-ray runs a test command per mutant. At
+5-15 s per run of even a focused test selection (importing torch is most of it) that is hours to
+days on two cores, where this list, aimed at the formulas and paired with the tests that should
+catch each mutation, runs in minutes and reads as a specification of what the tests guarantee.
+
+A snippet must occur exactly once in its file; a mutation whose snippet has gone (the code was
+edited) is reported ``stale`` and counts as not killed, so the list is kept up to date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("tfbuilder", "tests", "recipes", "docs", "pyproject.toml", "mkdocs.yml", "README.md")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository root
+    original: str  # occurs exactly once in the file
+    replacement: str
+    tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
+
+
+P, M, A = "tfbuilder/components/position.py", "tfbuilder/masks.py", "tfbuilder/components/attention.py"
+POS = ("tests/test_position.py",)
+MASKS = ("tests/test_masks.py",)
+REFS = ("tests/test_component_references.py",)
+OBJ = ("tests/test_objectives.py",)
+HFC = ("tests/test_hf_configs.py",)
+SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
+DATA = ("tests/test_data.py",)
+
+MUTATIONS: list[Mutation] = [
+    # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
+    Mutation("sinusoid: sin and cos swapped", P, "pe[:, 0::2] = torch.sin(pos * inv_freq)", "pe[:, 0::2] = torch.cos(pos * inv_freq)", POS),
+    Mutation("sinusoid: frequency sign flipped", P, "(-math.log(base) / d)", "(math.log(base) / d)", POS),
+    Mutation("sinusoid: positions start at offset+1", P, "torch.arange(offset, offset + n, dtype=torch.float64", "torch.arange(offset + 1, offset + n + 1, dtype=torch.float64", POS),
+    Mutation("sinusoid: offset dropped past the table", P, "sinusoids(n, self.d_model, base=self.base, offset=offset, device=x.device)", "sinusoids(n, self.d_model, base=self.base, offset=0, device=x.device)", POS),
+    Mutation("learned: offset not counted against max_len", P, "if offset + n > max_len:", "if n > max_len:", POS),
+    Mutation("rotary: frequency exponent sign", P, "base ** (-torch.arange(0, k, 2", "base ** (torch.arange(0, k, 2", POS),
+    Mutation("rotary: frequency over k-1", P, "dtype=torch.float32) / k)", "dtype=torch.float32) / (k - 1))", POS),
+    Mutation("rotary: interleaved rotation sign", P, "even * cos - odd * sin", "even * cos + odd * sin", POS),
+    Mutation("rotary: half rotation sign", P, "first * sin + second * cos", "first * sin - second * cos", POS),
+    Mutation("rotary: offset dropped past the table", P, "rotary_angles(n, k, base=self.base, offset=offset, device=x.device)", "rotary_angles(n, k, base=self.base, offset=0, device=x.device)", POS),
+    Mutation("rotary: table edge off by one", P, "if offset + n <= self.cos.shape[0] and", "if offset + n <= self.cos.shape[0] + 1 and", POS),
+    Mutation("alibi: slope exponent off by one", P, "return [start ** (i + 1) for i in range(n)]", "return [start ** i for i in range(n)]", POS),
+    Mutation("alibi: odd slopes of the higher power", P, "power_of_two(2 * lower)[0::2]", "power_of_two(2 * lower)[1::2]", REFS + ("-k", "alibi")),
+    Mutation("alibi: encoder distance not symmetric", P, "if self.causal else (i - j).abs()", "if self.causal else (i - j)", POS),
+    Mutation("alibi: causal distance clamped the wrong way", P, "distance = (i - j).clamp(min=0)", "distance = (i - j).clamp(max=0)", POS),
+    Mutation("alibi: query positions ignore the cache offset", P, "i = torch.arange(offset, offset + n_query, device=device)[:, None]", "i = torch.arange(n_query, device=device)[:, None]", POS),
+    Mutation("t5: sign of the upper half flipped", P, "out += (n < 0).long() * buckets", "out += (n > 0).long() * buckets", POS),
+    Mutation("t5: exact buckets a third", P, "exact = buckets // 2", "exact = buckets // 3", POS),
+    Mutation("t5: log over max_distance, not max_distance/exact", P, "math.log(self.max_distance / exact)", "math.log(self.max_distance)", POS),
+    Mutation("t5: last bucket out of range", P, "large.clamp(max=buckets - 1)", "large.clamp(max=buckets)", POS),
+    Mutation("t5: one exact distance too few", P, "torch.where(n < exact, n,", "torch.where(n < exact - 1, n,", POS),  # (n <= exact is equivalent)
+    Mutation("t5: causal distance clamped the wrong way", P, "n = n.clamp(min=0)", "n = n.clamp(max=0)", POS),
+    Mutation("t5: query minus key instead of key minus query", P, "self.bucket(j - i)", "self.bucket(i - j)", POS),
+    # --- masks
+    Mutation("causal mask excludes the query itself", M, "return (j <= i)[None, None]", "return (j < i)[None, None]", MASKS),
+    Mutation("causal mask ignores the cache offset", M, "n_key = n_query + offset if n_key is None else n_key\n    i = torch.arange(offset, offset + n_query", "n_key = n_query + offset if n_key is None else n_key\n    i = torch.arange(0, n_query", MASKS),
+    Mutation("window: one key too many behind", M, "near = distance < window if causal", "near = distance <= window if causal", MASKS),
+    Mutation("window: one key too many on either side", M, "else distance.abs() < window", "else distance.abs() <= window", MASKS),
+    Mutation("window: bidirectional sees only behind", M, "else distance.abs() < window", "else distance < window", MASKS),
+    Mutation("window ignores the cache offset", M, "otherwise).\"\"\"\n    i = torch.arange(offset, offset + n_query", "otherwise).\"\"\"\n    i = torch.arange(0, n_query", MASKS),
+    Mutation("padding mask inverted", M, "return (ids != pad_id)[:, None, None, :]", "return (ids == pad_id)[:, None, None, :]", ("tests/test_components.py", "-k", "padding and multihead")),
+    Mutation("combine: or instead of and", M, "out = m if out is None else out & m", "out = m if out is None else out | m", MASKS),
+    # --- attention (Vaswani et al. 2017 sec. 3.2; Ainslie et al. 2023; Henry et al. 2020)
+    Mutation("attention: 1/d_k instead of 1/sqrt(d_k)", A, "1.0 / math.sqrt(self.key_dim)", "1.0 / self.key_dim", REFS + ("-k", "gqa_is_torch")),
+    Mutation("attention: kv heads tiled instead of repeated per group", A, "x.repeat_interleave(self.heads // self.kv_heads, dim=1)", "x.repeat(1, self.heads // self.kv_heads, 1, 1)", REFS + ("-k", "gqa_is_torch")),
+    Mutation("attention: cache offset off by one", A, "offset = cache[\"k\"].shape[2] if", "offset = cache[\"k\"].shape[2] + 1 if", POS + ("-k", "cached")),
+    Mutation("attention: cached keys rotated from position 0", A, "self.position.rotate(k, offset)", "self.position.rotate(k, 0)", POS + ("-k", "cached")),
+    Mutation("attention: look-ahead skipped for two queries", A, "if self.causal and not self.cross and n_q > 1:", "if self.causal and not self.cross and n_q > 2:", ("tests/test_attention.py",)),
+    Mutation("attention: bias keeps the masked scores", A, "bias.masked_fill(~mask, float(\"-inf\"))", "bias.masked_fill(mask, float(\"-inf\"))", MASKS + REFS + ("-k", "window or kept")),
+    Mutation("attention: explicit bias subtracted", A, "else scores + attn_mask", "else scores - attn_mask", REFS + ("-k", "kept")),
+    Mutation("qk_norm: keys normalised over positions", A, "F.normalize(k, dim=-1), 1.0", "F.normalize(k, dim=-2), 1.0", ("tests/test_attention.py",)),
+    Mutation("qk_norm: temperature d_k instead of sqrt(d_k)", A, "nn.Parameter(torch.tensor(math.sqrt(self.key_dim)))", "nn.Parameter(torch.tensor(float(self.key_dim)))", ("tests/test_attention.py",)),
+    # --- norms and feed-forward (Zhang & Sennrich 2019; Nguyen & Salazar 2019; Shazeer 2020; Fedus et al. 2021)
+    Mutation("rmsnorm: eps ignored", "tfbuilder/components/norm.py", "super().__init__(ctx.d_model, eps=params.eps)\n", "super().__init__(ctx.d_model)\n", REFS + ("-k", "rmsnorm")),
+    Mutation("layernorm: eps ignored", "tfbuilder/components/norm.py", "super().__init__(ctx.d_model, eps=params.eps, bias=params.bias)", "super().__init__(ctx.d_model, bias=params.bias)", HFC + ("-k", "random_config and (gpt2 or bert)")),
+    Mutation("scalenorm: eps bound the wrong way", "tfbuilder/components/norm.py", "clamp(min=self.eps)", "clamp(max=self.eps)", REFS + ("-k", "scalenorm")),
+    Mutation("scalenorm: initial gain 1/sqrt(d)", "tfbuilder/components/norm.py", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** 0.5))", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** -0.5))", REFS + ("-k", "scalenorm")),
+    Mutation("mlp: activation dropped", "tfbuilder/components/ffn.py", "self.ff_out(self.drop(self.act(self.ff_in(x))))", "self.ff_out(self.drop(self.ff_in(x)))", HFC + ("-k", "random_config and gpt2")),
+    Mutation("glu: gate and value swapped", "tfbuilder/components/ffn.py", "self.act(gate) * value", "self.act(value) * gate", HFC + ("-k", "random_config and llama")),
+    Mutation("glu: width rounded down", "tfbuilder/components/ffn.py", "return -(-(8 * d_model) // 3 // 8) * 8", "return (8 * d_model) // 3 // 8 * 8", ("tests/test_ffn.py",)),
+    Mutation("moe: router weights not renormalised", "tfbuilder/components/ffn.py", "weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)", "weights = weights.to(x.dtype)", ("tests/test_ffn.py",)),
+    Mutation("moe: balancing counts the last choice", "tfbuilder/components/ffn.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
+    Mutation("moe: capacity rounded down", "tfbuilder/components/ffn.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
+    # --- residual placement and embeddings (Vaswani et al. 2017; Xiong et al. 2020)
+    Mutation("post-norm: norm outside the residual", "tfbuilder/blocks.py", "return self.norm(x + self.drop(self.inner(x, **kwargs)))", "return x + self.norm(self.drop(self.inner(x, **kwargs)))", REFS + ("-k", "placement")),
+    Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),
+    # --- objectives (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4; Devlin et al. 2019)
+    Mutation("smoothing: uniform term summed, not averaged", "tfbuilder/objectives.py", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.sum(dim=-1)", OBJ),
+    Mutation("smoothing: gradient of the uniform part not divided by vocab", "tfbuilder/objectives.py", "g.sub_(epsilon / vocab)", "g.sub_(epsilon)", OBJ),
+    Mutation("smoothing: target gradient 1+eps", "tfbuilder/objectives.py", "-(1.0 - epsilon)))", "-(1.0 + epsilon)))", OBJ),
+    Mutation("loss counts ignored targets", "tfbuilder/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),
+    Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
+    Mutation("causal lm predicts the current token", "tfbuilder/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
+    Mutation("masked lm: 70% shown as <mask>", "tfbuilder/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
+    Mutation("masked lm: special tokens may be chosen", "tfbuilder/objectives.py", "candidates = tokens >= len(SPECIAL_TOKENS)", "candidates = tokens >= 0", OBJ),
+    Mutation("target count includes the first token", "tfbuilder/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),
+    # --- learning-rate schedules (Vaswani et al. 2017 eq. 3; Loshchilov & Hutter 2017)
+    Mutation("inverse_sqrt: warmup^-0.5", "tfbuilder/schedules.py", "min(step**-0.5, step * warmup**-1.5)", "min(step**-0.5, step * warmup**-0.5)", SCHED),
+    Mutation("inverse_sqrt: d_model^0.5", "tfbuilder/schedules.py", "return schedule.scale * d_model**-0.5 * min(", "return schedule.scale * d_model**0.5 * min(", SCHED),
+    Mutation("cosine: warmup from step 0", "tfbuilder/schedules.py", "return lr * step / max(warmup, 1)", "return lr * (step - 1) / max(warmup, 1)", SCHED),
+    Mutation("cosine: rises instead of decays", "tfbuilder/schedules.py", "0.5 * (1 + math.cos(math.pi * progress))", "0.5 * (1 - math.cos(math.pi * progress))", SCHED),
+    Mutation("constant: warmup from step 0", "tfbuilder/schedules.py", "lr * min(1.0, step / warmup)", "lr * min(1.0, (step - 1) / warmup)", SCHED),
+    # --- data: batching and collation
+    Mutation("token budget: a full batch may not reach the budget", "tfbuilder/data/batching.py", "n * max(longest_src, s) > max_tokens", "n * max(longest_src, s) >= max_tokens", DATA),
+    Mutation("sentence batches one too large", "tfbuilder/data/batching.py", "len(current) >= batch_size", "len(current) > batch_size", DATA),
+    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "batches = batches[: len(batches) // self.world * self.world]", "batches = batches[: len(batches)]", DATA),
+    Mutation("collate: </s> over the last token", "tfbuilder/data/collate.py", "out[r, start + len(row)] = EOS", "out[r, start + len(row) - 1] = EOS", DATA),
+    Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True)", "\"tgt_out\": pad(tgt, bos=True)", DATA),
+    Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "src = [len(s) + 2 for s in split.src]", "src = [len(s) + 1 for s in split.src]", DATA),
+    # --- Hugging Face import: a field read but not used
+    Mutation("hf: rope_theta ignored", "tfbuilder/hf/configs.py", "\"base\": _float(rope, \"rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: rms_norm_eps ignored", "tfbuilder/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: n_inner ignored", "tfbuilder/hf/configs.py", "_get(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
+    Mutation("hf: T5 max_distance ignored", "tfbuilder/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
+    # --- decoding (tfbuilder/decoding.py): mutations of the search go here ---------------------------
+    # Mutation("beam: ...", "tfbuilder/decoding.py", "...", "...", ("tests/test_decoding.py",)),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """This checkout's sources and tests, as they are now (uncommitted edits included)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".git", "site")
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+
+
+def pytest(tree: Path, args: tuple[str, ...], timeout: float) -> str:
+    """Run the selection in ``tree``: 'pass', 'fail', 'timeout', 'no tests' or 'error'. Test files
+    that do not exist (yet) are left out; a selection with none is 'no tests'."""
+    kept: list[str] = []
+    for i, arg in enumerate(args):
+        is_path = not arg.startswith("-") and (i == 0 or args[i - 1] != "-k")
+        if not is_path or (tree / arg.split("::")[0]).exists():
+            kept.append(arg)
+    if not any(not a.startswith("-") and (i == 0 or kept[i - 1] != "-k") for i, a in enumerate(kept)):
+        return "no tests"
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *kept]
+    try:
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    return {0: "pass", 1: "fail", 2: "fail", 5: "no tests"}.get(done.returncode, "error")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="", help="run the mutations whose name contains this")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.only in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.file}: {m.name}  [{' '.join(m.tests)}]")
+        return 0
+    # A termination request unwinds like Ctrl-C: the running tests are stopped and the copy deleted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    tree = Path(tempfile.mkdtemp(prefix="tfbuilder-mutation-"))
+    try:
+        copy_tree(tree)
+        probe = subprocess.run([sys.executable, "-c", "import tfbuilder; print(tfbuilder.__file__)"], cwd=tree,
+                               env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True)
+        if not probe.stdout.startswith(str(tree)):
+            print(f"the copy does not import its own tfbuilder ({probe.stdout.strip() or probe.stderr.strip()})")
+            return 2
+        baseline: dict[tuple[str, ...], str] = {}
+        killed = 0
+        for m in chosen:
+            target = tree / m.file
+            source = target.read_text(encoding="utf-8")
+            if source.count(m.original) != 1:
+                print(f"stale     {m.name}  ({m.file}: the snippet occurs {source.count(m.original)} times)")
+                continue
+            if m.tests not in baseline:
+                baseline[m.tests] = pytest(tree, m.tests, args.timeout)
+            if baseline[m.tests] != "pass":
+                print(f"SURVIVED  {m.name}  (unmutated, the tests give '{baseline[m.tests]}': {' '.join(m.tests)})")
+                continue
+            start = time.monotonic()
+            try:
+                target.write_text(source.replace(m.original, m.replacement), encoding="utf-8")
+                outcome = pytest(tree, m.tests, args.timeout)
+            finally:
+                target.write_text(source, encoding="utf-8")
+            took = time.monotonic() - start
+            if outcome in ("fail", "timeout"):
+                killed += 1
+                print(f"killed    {m.name}  ({took:.0f} s{', timeout' if outcome == 'timeout' else ''})", flush=True)
+            else:
+                print(f"SURVIVED  {m.name}  ({outcome}: {' '.join(m.tests)})", flush=True)
+        print(f"killed {killed} of {len(chosen)}")
+        return 0 if killed == len(chosen) else 1
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Multi-head attention against its definition written out (Vaswani et al. 2017, sec. 3.2): the
+look-ahead for any number of queries, with and without a cache, and query/key normalisation
+(Henry et al. 2020: cosine similarity times a learned temperature, initialised to sqrt(d_k))."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.registry import BuildContext
+
+D, HEADS = 16, 2
+
+
+def attention(*, causal: bool = True, **params) -> MultiHeadAttention:
+    return MultiHeadAttention(MultiHeadAttention.Params(heads=HEADS, **params), BuildContext(d_model=D, causal=causal)).eval()
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_each_query_sees_only_itself_and_the_keys_before(n):
+    """Row t of a causal forward over n tokens is the forward over the first t+1 tokens' last row."""
+    attn = attention()
+    x = torch.randn(2, n, D)
+    with torch.no_grad():
+        full = attn(x)
+        for t in range(n):
+            torch.testing.assert_close(full[:, t], attn(x[:, : t + 1])[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunks", [[1] * 6, [2, 2, 2], [3, 2, 1], [1, 3, 2]])
+def test_a_cache_filled_in_chunks_gives_the_full_forward(chunks):
+    """Prefill and decoding in chunks of any size (a chunk of several new queries at a cache offset
+    needs the look-ahead inside the chunk): the rows equal those of one causal forward."""
+    attn = attention()
+    x = torch.randn(2, sum(chunks), D)
+    cache: dict = {}
+    with torch.no_grad():
+        full = attn(x)
+        start, rows = 0, []
+        for size in chunks:
+            rows.append(attn(x[:, start : start + size], cache=cache))
+            start += size
+    torch.testing.assert_close(torch.cat(rows, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_qk_norm_is_cosine_similarity_times_a_temperature():
+    attn = attention(causal=False, qk_norm=True)
+    dk = D // HEADS
+    assert attn.qk_scale.item() == pytest.approx(math.sqrt(dk))
+    with torch.no_grad():
+        attn.qk_scale.fill_(2.7)
+    x = torch.randn(1, 5, D)
+    with torch.no_grad():
+        q, k, v = attn.to_qkv(x).split(D, dim=-1)
+        out = []
+        for h in range(HEADS):
+            part = slice(h * dk, (h + 1) * dk)
+            qh, kh, vh = q[0, :, part], k[0, :, part], v[0, :, part]
+            cosine = torch.tensor([[float(qh[i] @ kh[j] / (qh[i].norm() * kh[j].norm())) for j in range(5)] for i in range(5)])
+            out.append((2.7 * cosine).softmax(dim=-1) @ vh)
+        torch.testing.assert_close(attn(x)[0], attn.to_out(torch.cat(out, dim=-1)), atol=1e-5, rtol=1e-5)

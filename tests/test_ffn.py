@@ -1,0 +1,38 @@
+"""Feed-forward layers against their definitions written out: the GLU's width (Shazeer 2020: 2/3 of
+the MLP's 4 d_model, here rounded up to a multiple of 8) and the mixture of experts' forward
+(Shazeer et al. 2017; Fedus et al. 2021: the top-k experts, weighted by their router probabilities
+renormalised over the k)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tfbuilder.components.ffn import MixtureOfExperts, SwiGLU, glu_hidden
+from tfbuilder.registry import BuildContext
+
+
+@pytest.mark.parametrize("d_model", [32, 96, 100, 512, 4096])
+def test_glu_width_is_two_thirds_of_four_d_rounded_up_to_eight(d_model):
+    want = math.ceil(2 / 3 * 4 * d_model / 8) * 8
+    assert glu_hidden(SwiGLU.Params(), d_model) == want
+    assert glu_hidden(SwiGLU.Params(match_params=False), d_model) == 4 * d_model
+    assert glu_hidden(SwiGLU.Params(hidden=40), d_model) == 40
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_moe_output_is_the_renormalised_top_k_mixture(top_k):
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=top_k, hidden=16), BuildContext(d_model=8))
+    x = torch.randn(2, 5, 8)
+    want = []
+    for token in x.reshape(-1, 8):
+        probs = moe.router(token).softmax(dim=-1)
+        top = probs.topk(top_k)
+        weights = top.values / top.values.sum()
+        want.append(sum(w * moe.experts[int(e)](token) for w, e in zip(weights, top.indices)))
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x), torch.stack(want).reshape(2, 5, 8), atol=1e-5, rtol=1e-5)
+        moe.capacity_factor = 64.0  # the static dispatch (accelerators), with room for every token
+        torch.testing.assert_close(moe(x), torch.stack(want).reshape(2, 5, 8), atol=1e-5, rtol=1e-5)

@@ -58,6 +58,7 @@ OBJ = ("tests/test_objectives.py",)
 HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py",)
+D, SEARCH = "tfbuilder/decoding.py", ("tests/test_decoding_search.py",)
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -145,8 +146,19 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf: rms_norm_eps ignored", "tfbuilder/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
     Mutation("hf: n_inner ignored", "tfbuilder/hf/configs.py", "_get(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
     Mutation("hf: T5 max_distance ignored", "tfbuilder/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
-    # --- decoding (tfbuilder/decoding.py): mutations of the search go here ---------------------------
-    # Mutation("beam: ...", "tfbuilder/decoding.py", "...", "...", ("tests/test_decoding.py",)),
+    # --- decoding (tfbuilder/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
+    Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
+    Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),
+    Mutation("beam: length penalty base 6 + |y|", D, "    return ((5.0 + length) / 6.0) ** alpha", "    return ((6.0 + length) / 6.0) ** alpha", SEARCH),
+    Mutation("beam: the greedy path may leave the beam", D, "index[:, -1] = torch.where(missing, wanted, index[:, -1])", "index[:, -1] = index[:, -1]", SEARCH),
+    Mutation("beam: one ended hypothesis too many kept", D, "del kept[self.nbest :]", "del kept[self.nbest + 1 :]", SEARCH),
+    Mutation("beam: the limit does not force </s>", D, "forced[..., end] = logp.view(n, beam, vocab)[..., end]", "forced[..., end] = float(\"-inf\")", SEARCH + ("tests/test_decoding.py", "-k", "length_limit or reference")),
+    Mutation("rules: specials not banned", D, "logp.index_fill_(1, never, float(\"-inf\"))", "logp", SEARCH),
+    Mutation("rules: <unk> favoured, not penalised", D, "logp[:, unk] -= self.unk_penalty", "logp[:, unk] += self.unk_penalty", SEARCH),
+    Mutation("rules: n-gram history one token late", D, "history[:, None, history.shape[1] - n + 1 :]", "history[:, None, history.shape[1] - n : -1]", SEARCH),
+    Mutation("sources: </s> placed one too far", D, "out[rows, lengths[rows]] = end", "out[rows, lengths[rows] + 1] = end", SEARCH),
+    Mutation("greedy: the limit counts without </s>", D, "last = step + 1 >= limits[alive]  # the limit counts the closing </s>", "last = step >= limits[alive]", ("tests/test_decoding.py", "-k", "length_limit or sampled")),
+    Mutation("ensemble: sum of probabilities, not mean", "tfbuilder/ensemble.py", "return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))", "return torch.logsumexp(torch.stack(logps), dim=0)", ("tests/test_ensemble.py",)),
 ]
 
 

@@ -164,7 +164,10 @@ class OptimSection(Section):
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
-    accumulate: int = Field(1, ge=1, le=65_536, description="batches per optimizer step")
+    accumulate: int = Field(
+        1, ge=1, le=65_536,
+        description="batches per optimizer step; the step averages the loss over all their target tokens, like one batch this many times larger",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "OptimSection":

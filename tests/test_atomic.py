@@ -219,3 +219,16 @@ def test_where_links_are_impossible_the_target_is_an_atomic_copy(tmp_path, monke
     assert "flush" in system.trace and system.trace.index("fsync file") < next(i for i, t in enumerate(system.trace) if t.startswith("replace"))
     assert target.read_text() == NEW and not os.path.samefile(source, target)
     assert others(tmp_path, target) == [source.name]
+
+
+def test_temporaries_a_killed_process_left_are_removed_and_nothing_else(tmp_path):
+    """kill -9 runs no clean-up: the next fit removes what it left (under the run's lock)."""
+    target = tmp_path / "last.ckpt"
+    left = atomic.temp_path(target)  # what a write killed before its rename leaves
+    left.write_bytes(b"half a checkpoint")
+    keep = [tmp_path / "last.ckpt", tmp_path / ".hidden", tmp_path / "notes.tmp-1", tmp_path / "step-00000002.ckpt"]
+    for path in keep:
+        path.write_text("mine")
+    assert atomic.remove_temporaries(tmp_path) == [left]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in keep)
+    assert atomic.remove_temporaries(tmp_path / "absent") == []

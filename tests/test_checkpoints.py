@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from tfbuilder.runs import RunLock, load_checkpoint, read_checkpoint
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 FROZEN = ["optim.schedule.type=constant", "optim.schedule.warmup=0", "optim.lr=1e-30"]  # updates below one ulp
+TINY = ["model.d_model=32", "model.attention.heads=2", "model.ffn.hidden=32", "model.encoder.layers=1", "model.decoder.layers=1"]
 
 
 def small(tmp_path, *overrides: str) -> list[str]:
@@ -73,6 +75,45 @@ def test_patience_stops_at_the_right_validation(tmp_path):
     assert step_of(summary.last_checkpoint) == 9 and summary.best_step == 3
     saved = json.loads((tmp_path / "runs" / "quickstart" / "version_0" / "summary.json").read_text())
     assert saved["stopped"] == summary.stopped
+
+
+# Validation losses by step: best at 8, then three validations without improvement.
+SCRIPTED_VAL_LOSS = {2: 5.0, 4: 4.0, 6: 4.5, 8: 3.0, 10: 3.5, 12: 3.0, 14: 3.7, 16: 1.0}
+
+
+def scripted_validation(monkeypatch) -> None:
+    """Make every validation report SCRIPTED_VAL_LOSS at its step (whatever the model does)."""
+    from tfbuilder.training import Task
+
+    def on_validation_epoch_end(self):
+        loss = SCRIPTED_VAL_LOSS[self.global_step]
+        self.log("val_loss", loss)
+        self.log("val_ppl", math.exp(loss))
+
+    monkeypatch.setattr(Task, "on_validation_epoch_end", on_validation_epoch_end)
+
+
+def guard_state(path) -> dict:
+    (state,) = [v for k, v in read_checkpoint(path)["callbacks"].items() if k.startswith("RunGuard")]
+    return state
+
+
+def test_early_stopping_state_survives_a_resume(tmp_path, monkeypatch):
+    """Best score, best step, best.ckpt and the patience counter are carried by the checkpoint: a run
+    stopped half-way (one validation without improvement) and resumed stops where an uninterrupted
+    run stops, with the same best. (A tie, 3.0 at step 12, is not an improvement.)"""
+    scripted_validation(monkeypatch)
+    common = small(tmp_path, *FROZEN, *TINY, "trainer.val_every=2", "trainer.val_batches=1", "trainer.threads=1", "trainer.patience=3")
+    full = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=40"]))
+    assert (full.steps, full.best_step, full.best_score, full.best_val_loss) == (14, 8, 3.0, 3.0)
+    assert full.stopped.startswith("early stopping") and "for 3 validations" in full.stopped
+    half = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=10"]))
+    assert half.steps == 10 and guard_state(half.last_checkpoint)["stale"] == 1
+    resumed = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=40"]), resume=half.run_dir)
+    for name in ("steps", "best_step", "best_score", "best_val_loss", "last_val_step", "stopped"):
+        assert getattr(resumed, name) == getattr(full, name), name
+    assert guard_state(resumed.last_checkpoint) == guard_state(full.last_checkpoint)
+    assert step_of(resumed.best_checkpoint) == step_of(full.best_checkpoint) == 8
 
 
 def test_a_learning_run_keeps_its_best_and_the_last_n(tmp_path):

@@ -43,12 +43,26 @@ def fsync_dir(directory: Path) -> None:
     except OSError:
         pass
     finally:
-        os.close(fd)
+        try:
+            os.close(fd)
+        except OSError:
+            pass  # the rename is done: a directory that cannot be closed does not undo it
 
 
 def _serialize(obj: object, f: BinaryIO) -> None:
     """How checkpoints become bytes (a seam: tests make it fail halfway)."""
     torch.save(obj, f)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind ``exc``: itself, or the one it was raised from or while handling
+    (torch.save reports an error of its file, a full disk, as a RuntimeError)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], None], *, what: str = "file") -> Path:
@@ -62,9 +76,12 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None], *, what: s
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # whatever stopped the write (Ctrl-C too), its temporary goes
+        cause = _os_error(exc) if isinstance(exc, Exception) else None  # Ctrl-C stays Ctrl-C
+        if cause is None:
+            raise
+        reason = cause.strerror or (os.strerror(cause.errno) if cause.errno else str(cause) or type(cause).__name__)
         kept = "the previous version is kept" if path.exists() else "nothing was written"
         raise WriteError(f"cannot write {what} {path}: {reason} ({kept})") from None
     fsync_dir(path.parent)

@@ -282,6 +282,11 @@ class Recipe(Section):
                 problems.append(
                     (("model", "vocab_size"), f"model.vocab_size ({self.model.vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's", self.model.vocab_size)
                 )
+            if size is not None and self.model.src_vocab_size not in (None, size):
+                # Each side's tokenizer has the data's vocabulary: a smaller source table cannot embed its ids.
+                problems.append(
+                    (("model", "src_vocab_size"), f"model.src_vocab_size ({self.model.src_vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's", self.model.src_vocab_size)
+                )
             if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
                 problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
             pad = SPECIAL_TOKENS.index("<pad>")

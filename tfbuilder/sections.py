@@ -160,11 +160,17 @@ class OptimSection(Section):
     lr: float = Field(1e-3, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
     betas: tuple[StrictFloat, StrictFloat] = Field((0.9, 0.98), strict=False, description="Adam beta1, beta2")
     eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
-    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
+    weight_decay: float = Field(
+        0.0, ge=0.0,
+        description="decoupled weight decay (adamw) of weight matrices and embedding tables; biases, norm gains and learned scalars are not decayed",
+    )
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
-    accumulate: int = Field(1, ge=1, le=65_536, description="batches per optimizer step")
+    accumulate: int = Field(
+        1, ge=1, le=65_536,
+        description="batches per optimizer step; the step averages the loss over all their target tokens, like one batch this many times larger",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "OptimSection":

@@ -96,6 +96,7 @@ class Task(L.LightningModule):
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
         self.bad_step: torch.Tensor | None = None  # first step with a non-finite loss (0: none)
+        self._window_tokens: torch.Tensor | int = 0  # target tokens of the micro-batches since the last step
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
         self.history: list[dict] = []  # earlier invocations (from the resumed checkpoint)
         self.invocation: dict = {}  # this invocation's record; its to_step follows the checkpoints
@@ -123,7 +124,26 @@ class Task(L.LightningModule):
         self.log("train_loss", result.loss, prog_bar=True, batch_size=size)
         self.log("train_ppl", torch.exp(result.nll / max(size, 1)), batch_size=size)
         self.log("train_acc", result.correct.float() / max(size, 1), batch_size=size)
+        if self.recipe.optim.accumulate > 1:
+            # Lightning averages the k micro-batches' losses; a step must instead average over their
+            # target tokens, as one batch k times larger would. The token-summed loss is returned here
+            # and the gradient divided by the window's tokens before the step (and before clipping).
+            self._window_tokens = self._window_tokens + result.tokens
+            return result.loss * result.tokens
         return result.loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        if self.recipe.optim.accumulate == 1:
+            return
+        tokens = self._window_tokens
+        self._window_tokens = 0
+        world = self.trainer.world_size
+        if world > 1:  # every rank divides by the same count: the tokens of the step on all ranks
+            tokens = self.trainer.strategy.reduce(tokens.double(), reduce_op="sum")
+        # The gradients are the sum over the window divided by k (Lightning), averaged over ranks.
+        scale = self.trainer.accumulate_grad_batches * world / tokens.double().clamp(min=1)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, scale.to(grads[0].dtype))
 
     def note_finite(self, loss: torch.Tensor) -> None:
         """Remember the first step whose loss is not finite, on the device and without a host sync

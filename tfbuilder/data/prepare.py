@@ -136,7 +136,15 @@ def prepare(data: DataSection, *, vocab: Vocab | None = None, model_vocab: int |
             raise DataError(f"the {split} split has no usable examples")
     budget = data.max_tokens
     if budget is not None:
-        longest = max(max(map(len, s.src)) for s in prepared.splits.values()) + 1
+        longest = max(positions(s) for s in prepared.splits.values())
         if longest > budget:
-            raise DataError(f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens)")
+            raise DataError(f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)")
     return prepared
+
+
+def positions(split: Split) -> int:
+    """The most positions one example of ``split`` takes in a batch, special tokens included (see
+    collate.Collate): x</s>, <s>y and y</s> for translation; <s>x</s> for language models."""
+    if split.tgt is None:
+        return max(map(len, split.src)) + 2
+    return max(max(map(len, split.src)), max(map(len, split.tgt))) + 1

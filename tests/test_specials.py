@@ -110,3 +110,20 @@ def test_export_writes_the_models_ids(tmp_path):
     export(import_hf(tmp_path / "hf", tmp_path / "run"), format="hf", out=tmp_path / "out")
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (cfg["decoder_start_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]) == (0, 1, 0)
+
+
+def test_config_ids_outside_the_vocabulary_are_no_token_and_wrong_types_are_refused(tmp_path, capsys):
+    import json
+
+    ref = small_reference("gpt2")
+    ref.save_pretrained(tmp_path / "hf")
+    cfg_file = tmp_path / "hf" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg.update(bos_token_id=50256, eos_token_id=50256)  # transformers' defaults, beyond a 96-token vocabulary
+    cfg_file.write_text(json.dumps(cfg))
+    loaded = load_checkpoint(import_hf(tmp_path / "hf", tmp_path / "run"))
+    assert loaded.model.specials.start is None and loaded.model.specials.end is None
+    cfg["eos_token_id"] = "2"
+    cfg_file.write_text(json.dumps(cfg))
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run2")]) == 2
+    assert "config.json: eos_token_id: '2' is not a token id" in capsys.readouterr().err

@@ -22,9 +22,10 @@ def _id(cfg: dict, key: str, family: str, vocab_size: int) -> int | None:
         value = value[0]
     if value is None:
         return None
-    if type(value) is not int or not 0 <= value < vocab_size:
-        raise UnsupportedConfig(f"config.json: {key}: {value!r} is not an id of the {vocab_size}-token vocabulary")
-    return value
+    if type(value) is not int:
+        raise UnsupportedConfig(f"config.json: {key}: {value!r} is not a token id")
+    # transformers writes its defaults (GPT-2's 50256) into configs of smaller vocabularies: no such token
+    return value if 0 <= value < vocab_size else None
 
 
 def special_ids(cfg: dict, family: str, vocab_size: int) -> SpecialIds:

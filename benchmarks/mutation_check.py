@@ -57,7 +57,7 @@ REFS = ("tests/test_component_references.py",)
 OBJ = ("tests/test_objectives.py",)
 HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
-DATA = ("tests/test_data.py",)
+DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/decoding.py", ("tests/test_decoding_search.py",)
 
 MUTATIONS: list[Mutation] = [

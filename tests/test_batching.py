@@ -139,3 +139,14 @@ def test_language_model_batches_count_both_special_tokens(tmp_path):
     too_long = monolingual_section(tmp_path, [*lines, numbered(999, "a", 23)], max_tokens=24)
     with pytest.raises(DataError, match=r"smaller than the longest example \(25 tokens"):
         prepare(too_long)
+
+
+def test_a_batch_fills_its_budget_exactly():
+    """Examples x longest may equal max_tokens: four examples of 5 tokens fill a budget of 20, and
+    the fifth starts the next batch (and a budget of 19 holds three)."""
+    from tfbuilder.data.batching import pack
+
+    sizes = [5] * 9
+    assert [len(b) for b in pack(sizes, sizes, range(9), max_tokens=20, batch_size=None)] == [4, 4, 1]
+    assert [len(b) for b in pack(sizes, sizes, range(9), max_tokens=19, batch_size=None)] == [3, 3, 3]
+    assert [len(b) for b in pack(sizes, sizes, range(9), max_tokens=None, batch_size=4)] == [4, 4, 1]

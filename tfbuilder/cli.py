@@ -216,6 +216,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     g.add_argument("--max-new", type=_count, default=100, metavar="N", help="at most N new tokens (default 100; fewer when </s> comes)")
     _add_sampling(g, what="generation")
+    _add_rules(g)
     _add_device(g)
     g.set_defaults(run=cmd_generate)
 
@@ -482,13 +483,21 @@ def _directory_arg(path: str, flag: str) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
+    from .decoding import Rules
     from .evaluation import generate
 
     loaded = _load(args)
     if loaded.recipe.model.kind != "decoder":
         raise TfbuilderError(f"generate needs a decoder-only checkpoint; this one is '{loaded.recipe.model.kind}'")
     rng = torch.Generator().manual_seed(args.seed)
-    text = generate(loaded, args.prompt, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=rng)
+    rules = Rules(unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram)
+    try:
+        text = generate(
+            loaded, args.prompt, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            generator=rng, rules=rules,
+        )
+    except ValueError as exc:  # a model with nothing to start or end with
+        raise TfbuilderError(str(exc)) from None
     print(text)
     return 0
 

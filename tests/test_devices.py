@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import tfbuilder
-from conftest import tiny_model
+from conftest import MEASURE_BUSY_CORES, tiny_model
 from test_components import KINDS
 from tfbuilder import decoding, devices
 from tfbuilder.errors import TfbuilderError
@@ -151,7 +151,7 @@ def test_busy_cores_is_the_busy_share_between_two_readings_times_the_cores():
     before = stat(1000, 10, 300, 5000, 40, 5, 5, 0, guest=70)
     after = stat(1000 + 150, 10 + 10, 300 + 100, 5000 + 100, 40 + 20, 5 + 10, 5 + 5, 0 + 5, guest=70 + 150)
     read, sleep, calls = readings(before, after)
-    assert devices.busy_cores(0.3, read_stat=read, sleep=sleep, cpus=4) == pytest.approx((1 - 120 / 400) * 4)
+    assert MEASURE_BUSY_CORES(0.3, read_stat=read, sleep=sleep, cpus=4) == pytest.approx((1 - 120 / 400) * 4)
     assert calls == ["read", "sleep 0.3", "read"]  # this process sleeps between the readings
 
 
@@ -159,11 +159,11 @@ def test_busy_cores_counts_only_the_interval_not_past_work():
     """Work done before the call (a test run, a notebook cell) is in both readings and cancels."""
     past = stat(9_000_000, 0, 1_000_000, 10, 0)  # the machine has been all but busy until now
     read, sleep, _ = readings(past, stat(9_000_000, 0, 1_000_000, 10 + 200, 0))
-    assert devices.busy_cores(read_stat=read, sleep=sleep, cpus=2) == 0.0
+    assert MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=2) == 0.0
     read, sleep, _ = readings(past, stat(9_000_000 + 100, 0, 1_000_000, 10 + 100, 0))  # one of two cores busy
-    assert devices.busy_cores(read_stat=read, sleep=sleep, cpus=2) == pytest.approx(1.0)
+    assert MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=2) == pytest.approx(1.0)
     read, sleep, _ = readings(past, past)  # no time passed: nothing is known to be busy
-    assert devices.busy_cores(read_stat=read, sleep=sleep, cpus=2) == 0.0
+    assert MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=2) == 0.0
 
 
 def test_busy_cores_without_proc_stat_falls_back_to_the_load_average(monkeypatch):
@@ -171,15 +171,14 @@ def test_busy_cores_without_proc_stat_falls_back_to_the_load_average(monkeypatch
         raise FileNotFoundError("/proc/stat")
 
     monkeypatch.setattr(devices.os, "getloadavg", lambda: (1.5, 0.7, 0.2))
-    assert devices.busy_cores(read_stat=missing, sleep=lambda s: None, cpus=2) == 1.5
-    assert devices.busy_cores(read_stat=lambda: "garbage", sleep=lambda s: None, cpus=2) == 1.5
+    assert MEASURE_BUSY_CORES(read_stat=missing, sleep=lambda s: None, cpus=2) == 1.5
+    assert MEASURE_BUSY_CORES(read_stat=lambda: "garbage", sleep=lambda s: None, cpus=2) == 1.5
 
 
 def test_auto_threads_are_the_idle_cores_of_the_readings(monkeypatch):
     """trainer.threads auto end to end on a fake machine: 4 usable cores, 2.6 kept busy by others."""
     read, sleep, _ = readings(stat(0, 0, 0, 0, 0), stat(260, 0, 0, 140, 0))
-    real = devices.busy_cores
-    monkeypatch.setattr(devices, "busy_cores", lambda: real(read_stat=read, sleep=sleep, cpus=4))
+    monkeypatch.setattr(devices, "busy_cores", lambda: MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=4))
     monkeypatch.setattr(devices, "usable_cores", lambda: 4)
     assert devices.threads("auto") == 1  # round(4 - 2.6)
 

@@ -57,12 +57,12 @@ MEASURE_BUSY_CORES = devices.busy_cores
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _busy_cores_measured_once():
-    """``trainer.threads: auto`` reads the machine's load once per test run instead of at every fit
-    (0.25 s each): every run trained in this process uses the same number of threads."""
-    busy = MEASURE_BUSY_CORES()
+def _one_training_thread():
+    """``trainer.threads: auto`` gives one thread to every run trained in the test process, as if
+    all cores but one were busy (the trained runs below, and subprocesses, use the others): a model
+    trained in a test is the same whatever the machine's load, and no fit spends 0.25 s measuring it."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(devices, "busy_cores", lambda seconds=0.25, **_: busy)
+        patch.setattr(devices, "busy_cores", lambda seconds=0.25, **_: float(devices.usable_cores() - 1))
         yield
 
 
@@ -71,8 +71,8 @@ def _busy_cores_measured_once():
 # one); the tests that need them run last, so the rest of the suite runs meanwhile on the other
 # core. One thread each: the test process keeps the other core, and results do not depend on load.
 TRAINED = {
-    # recipes/quickstart.yaml as shipped: the README's promise is tested on it; the attention maps
-    # use it as their trained model.
+    # recipes/quickstart.yaml as shipped (on one thread): the README's promise is tested on it; the
+    # attention maps use it as their trained model.
     "quickstart_run": [],
     # A copy-task model for the decoding tests (pre-norm, 600 steps).
     "copy_run": [
@@ -101,6 +101,7 @@ class Trained:
     """The process that trains the TRAINED runs a test run needs, and where each lands."""
 
     def __init__(self, names: list[str]):
+        self.names = names
         self.folder = Path(tempfile.mkdtemp(prefix="tfbuilder-trained-"))
         jobs = []
         for name in names:
@@ -132,7 +133,7 @@ class Trained:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-_trained: Trained | None = None
+_trained: list[Trained] = []
 
 
 def _needs(item: pytest.Item) -> list[str]:
@@ -153,21 +154,22 @@ def copy_run() -> Path:
 
 
 def _wait_for(name: str) -> Path:
-    global _trained
-    if _trained is None:  # e.g. requested by getfixturevalue, unseen at collection
-        _trained = Trained([name])
-    return _trained.run_dir(name)
+    trainer = next((t for t in _trained if name in t.names), None)
+    if trainer is None:  # e.g. requested through getfixturevalue, unseen at collection
+        trainer = Trained([name])
+        _trained.append(trainer)
+    return trainer.run_dir(name)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _trained is not None:
-        _trained.close()
+    while _trained:
+        _trained.pop().close()
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run wherever CUDA is present; elsewhere they are reported as skipped.
     Modules whose tests need a TRAINED run go last (in TRAIN_ORDER), and its training starts now."""
-    global _trained
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
         for item in items:
@@ -182,4 +184,4 @@ def pytest_collection_modifyitems(config, items):
         for name in _needs(item):
             rank[item.module] = max(rank.get(item.module, 0), 1 + TRAIN_ORDER.index(name))
     items.sort(key=lambda item: rank.get(getattr(item, "module", None), 0))
-    _trained = Trained([name for name in TRAIN_ORDER if name in needed])
+    _trained.append(Trained([name for name in TRAIN_ORDER if name in needed]))

@@ -70,8 +70,9 @@ def strike(args: list[str], tmp_path, *, at: str, sig: int, while_paused=None) -
     let it go on; returns (exit status, stderr)."""
     with open(tmp_path / "stderr.txt", "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path
-        )
+            [sys.executable, "-c", DRIVER, *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
+        )  # fmt: skip
         try:
             for line in proc.stdout:
                 if line.strip() == at:

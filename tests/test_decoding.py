@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import ROOT, tiny_model
+from conftest import tiny_model
 from tfbuilder import decoding, registry
 from tfbuilder.data.tokenizers import BOS, EOS, MASK, PAD
 from tfbuilder.components.attention import MultiHeadAttention
@@ -215,22 +215,9 @@ def test_sampling_controls():
 
 
 @pytest.fixture(scope="module")
-def copy_checkpoint(tmp_path_factory):
-    """A copy-task model trained here (pre-norm, about 15 s), shared by the tests below."""
-    out = tmp_path_factory.mktemp("copy")
-    recipe = tfbuilder.load_recipe(
-        ROOT / "recipes" / "quickstart.yaml",
-        [
-            f"trainer.output={out}",
-            "trainer.progress=false",
-            "model.placement=pre",
-            "data.train_size=4000",
-            "data.lengths=[1, 10]",
-            "trainer.max_steps=600",
-            "trainer.val_every=600",
-        ],
-    )
-    return tfbuilder.fit(recipe).run_dir
+def copy_checkpoint(copy_run):
+    """A copy-task model trained once per test run (pre-norm, conftest.py), shared by the tests below."""
+    return str(copy_run)
 
 
 def test_trained_model_reproduces_held_out_sequences_and_beam_is_never_below_greedy(copy_checkpoint):

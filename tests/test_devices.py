@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import tfbuilder
-from conftest import tiny_model
+from conftest import MEASURE_BUSY_CORES, tiny_model
 from test_components import KINDS
 from tfbuilder import decoding, devices
 from tfbuilder.errors import TfbuilderError
@@ -126,29 +126,61 @@ def test_gpus_are_chosen_by_index_and_threads_by_idle_cores(monkeypatch):
     assert devices.threads(3) == 3
 
 
-def test_busy_cores_sees_another_process_and_not_its_own_past_work():
-    import multiprocessing as mp
-    import time
-
-    spin_until = time.perf_counter() + 0.5
-    while time.perf_counter() < spin_until:  # this process was busy: that must not count
-        pass
-    quiet = devices.busy_cores(0.3)
-    stop = mp.Event()
-    other = mp.Process(target=_spin, args=(stop,), daemon=True)
-    other.start()
-    try:
-        time.sleep(0.3)
-        busy = devices.busy_cores(0.3)
-    finally:
-        stop.set()
-        other.join()
-    assert busy >= quiet + 0.5, (quiet, busy)  # one spinning process is about one core more
+def stat(user: int, nice: int, system: int, idle: int, iowait: int, irq: int = 0, softirq: int = 0, steal: int = 0,
+         guest: int = 0, guest_nice: int = 0) -> str:
+    """The text of /proc/stat as proc(5) lays it out: the whole machine's line, then one per core."""
+    fields = (user, nice, system, idle, iowait, irq, softirq, steal, guest, guest_nice)
+    return "cpu  " + " ".join(map(str, fields)) + "\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 12345\n"
 
 
-def _spin(stop) -> None:
-    while not stop.is_set():
-        pass
+def readings(*texts: str):
+    """A /proc/stat that gives ``texts`` in turn, and a sleep that records when it was called."""
+    calls: list[str] = []
+    pending = list(texts)
+
+    def read() -> str:
+        calls.append("read")
+        return pending.pop(0)
+
+    return read, lambda seconds: calls.append(f"sleep {seconds}"), calls
+
+
+def test_busy_cores_is_the_busy_share_between_two_readings_times_the_cores():
+    # proc(5): busy = 1 - (delta idle + delta iowait) / delta(user+nice+system+idle+iowait+irq+softirq+steal);
+    # guest time is already counted in user and nice. Here: 400 jiffies passed, 100 of them idle, 20 iowait.
+    before = stat(1000, 10, 300, 5000, 40, 5, 5, 0, guest=70)
+    after = stat(1000 + 150, 10 + 10, 300 + 100, 5000 + 100, 40 + 20, 5 + 10, 5 + 5, 0 + 5, guest=70 + 150)
+    read, sleep, calls = readings(before, after)
+    assert MEASURE_BUSY_CORES(0.3, read_stat=read, sleep=sleep, cpus=4) == pytest.approx((1 - 120 / 400) * 4)
+    assert calls == ["read", "sleep 0.3", "read"]  # this process sleeps between the readings
+
+
+def test_busy_cores_counts_only_the_interval_not_past_work():
+    """Work done before the call (a test run, a notebook cell) is in both readings and cancels."""
+    past = stat(9_000_000, 0, 1_000_000, 10, 0)  # the machine has been all but busy until now
+    read, sleep, _ = readings(past, stat(9_000_000, 0, 1_000_000, 10 + 200, 0))
+    assert MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=2) == 0.0
+    read, sleep, _ = readings(past, stat(9_000_000 + 100, 0, 1_000_000, 10 + 100, 0))  # one of two cores busy
+    assert MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=2) == pytest.approx(1.0)
+    read, sleep, _ = readings(past, past)  # no time passed: nothing is known to be busy
+    assert MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=2) == 0.0
+
+
+def test_busy_cores_without_proc_stat_falls_back_to_the_load_average(monkeypatch):
+    def missing() -> str:
+        raise FileNotFoundError("/proc/stat")
+
+    monkeypatch.setattr(devices.os, "getloadavg", lambda: (1.5, 0.7, 0.2))
+    assert MEASURE_BUSY_CORES(read_stat=missing, sleep=lambda s: None, cpus=2) == 1.5
+    assert MEASURE_BUSY_CORES(read_stat=lambda: "garbage", sleep=lambda s: None, cpus=2) == 1.5
+
+
+def test_auto_threads_are_the_idle_cores_of_the_readings(monkeypatch):
+    """trainer.threads auto end to end on a fake machine: 4 usable cores, 2.6 kept busy by others."""
+    read, sleep, _ = readings(stat(0, 0, 0, 0, 0), stat(260, 0, 0, 140, 0))
+    monkeypatch.setattr(devices, "busy_cores", lambda: MEASURE_BUSY_CORES(read_stat=read, sleep=sleep, cpus=4))
+    monkeypatch.setattr(devices, "usable_cores", lambda: 4)
+    assert devices.threads("auto") == 1  # round(4 - 2.6)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")

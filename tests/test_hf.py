@@ -21,20 +21,21 @@ V = 96  # vocabulary of the small reference models
 TOL = 1e-4
 
 
-def small_reference(family: str):
-    """A small random-weight reference model of ``family`` (built from a config object: no downloads)."""
+def small_reference(family: str, layers: int = 2):
+    """A small random-weight reference model of ``family`` (built from a config object: no downloads),
+    ``layers`` a stack (T5's decoder one more: its later layers reuse the first one's position bias)."""
     torch.manual_seed(0)
     T = transformers
     if family == "gpt2":
-        cfg = T.GPT2Config(n_embd=48, n_layer=2, n_head=4, vocab_size=V, n_positions=32, bos_token_id=V - 1, eos_token_id=V - 1)
+        cfg = T.GPT2Config(n_embd=48, n_layer=layers, n_head=4, vocab_size=V, n_positions=32, bos_token_id=V - 1, eos_token_id=V - 1)
         return T.GPT2LMHeadModel(cfg)
     if family == "bert":
-        cfg = T.BertConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=80, vocab_size=V, max_position_embeddings=32)
+        cfg = T.BertConfig(hidden_size=48, num_hidden_layers=layers, num_attention_heads=4, intermediate_size=80, vocab_size=V, max_position_embeddings=32)
         return T.BertForMaskedLM(cfg)
     if family == "t5":
-        cfg = T.T5Config(d_model=48, d_kv=16, d_ff=80, num_layers=2, num_decoder_layers=3, num_heads=4, vocab_size=V, relative_attention_num_buckets=8, relative_attention_max_distance=20)
+        cfg = T.T5Config(d_model=48, d_kv=16, d_ff=80, num_layers=layers, num_decoder_layers=layers + 1, num_heads=4, vocab_size=V, relative_attention_num_buckets=8, relative_attention_max_distance=20)
         return T.T5ForConditionalGeneration(cfg)
-    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=V, bos_token_id=1, eos_token_id=2)
+    cfg = T.LlamaConfig(hidden_size=64, intermediate_size=88, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, vocab_size=V, bos_token_id=1, eos_token_id=2)
     return T.LlamaForCausalLM(cfg)
 
 
@@ -87,16 +88,26 @@ def compare(family: str, got: torch.Tensor, want: torch.Tensor, inputs: dict) ->
 FAMILIES = ["gpt2", "bert", "t5", "llama"]
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
+def save_references(tmp_path_factory, layers: int) -> dict:
     """Each family's reference model, saved as save_pretrained writes it."""
     out = {}
     for family in FAMILIES:
-        ref = small_reference(family)
-        path = tmp_path_factory.mktemp(family)
+        ref = small_reference(family, layers)
+        path = tmp_path_factory.mktemp(f"{family}-{layers}")
         ref.save_pretrained(path)
         out[family] = (ref, path)
     return out
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    return save_references(tmp_path_factory, layers=2)
+
+
+@pytest.fixture(scope="module")
+def saved_shallow(tmp_path_factory):
+    """One layer a stack (T5's decoder two): exporting to ONNX takes time by the layer."""
+    return save_references(tmp_path_factory, layers=1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -135,9 +146,9 @@ def test_hf_export_round_trips(family, saved, tmp_path):
         "t5",
     ],
 )
-def test_onnx_export_matches_pytorch(family, saved, tmp_path):
+def test_onnx_export_matches_pytorch(family, saved_shallow, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
-    ref, path = saved[family]
+    ref, path = saved_shallow[family]
     ckpt = import_hf(path, tmp_path / "run")
     (onnx_file, recipe_file) = export(ckpt, format="onnx", out=tmp_path / "onnx")
     loaded = load_checkpoint(ckpt)

@@ -4,7 +4,6 @@ Ctrl-C and SIGTERM, and resumed each time ends bit-equal to an uninterrupted run
 from __future__ import annotations
 
 import csv
-import os
 import random
 import signal
 import subprocess
@@ -27,6 +26,7 @@ OVERRIDES = [
     "data.lengths=[1, 6]",
     "model.dropout=0.1",  # random draws too must resume where they were
     "trainer.deterministic=true",
+    "trainer.threads=1",  # every process alike, whatever the machine's load: bit-equal needs the same sums
     "trainer.val_every=4",
     "trainer.log_every=2",
     "trainer.keep_last=2",
@@ -34,17 +34,21 @@ OVERRIDES = [
 ]
 
 # Runs `tfbuilder fit` announcing each step ("STEP n") and each checkpoint write ("WRITING", after
-# half of the bytes are on disk, then pausing PAUSE_IN_WRITE seconds) so the test can strike there.
+# half of the bytes are on disk), and waiting after each announcement until the test answers, so
+# the test strikes exactly there: the run cannot move on before the signal lands.
 DRIVER = r"""
-import io, os, sys, time
+import io, sys
 from tfbuilder import atomic, training
 from tfbuilder.cli import main
+
+def wait_for_the_test(announcement):
+    print(announcement, flush=True)
+    sys.stdin.readline()  # a line, or the end of the input once the test has struck
 
 step_end = training.Task.on_train_batch_end
 def announce(self, *args):
     step_end(self, *args)
-    print(f"STEP {self.global_step}", flush=True)
-    time.sleep(0.05)
+    wait_for_the_test(f"STEP {self.global_step}")
 training.Task.on_train_batch_end = announce
 
 serialize = atomic._serialize
@@ -54,25 +58,38 @@ def slow_write(obj, f):
     data = buffer.getvalue()
     f.write(data[: len(data) // 2])
     f.flush()
-    print("WRITING", flush=True)
-    time.sleep(float(os.environ.get("PAUSE_IN_WRITE", "0")))
+    wait_for_the_test("WRITING")
     f.write(data[len(data) // 2:])
 atomic._serialize = slow_write
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def strike(args: list[str], tmp_path, *, at: str, sig: int, pause_in_write: float = 0.0, while_paused=None) -> tuple[int, str]:
-    """Run the driver until it prints ``at``, then send ``sig``; returns (exit status, stderr)."""
-    env = {**os.environ, "PAUSE_IN_WRITE": str(pause_in_write)}
+def strike(args: list[str], tmp_path, *, at: str, sig: int, while_paused=None) -> tuple[int, str]:
+    """Run the driver until it announces ``at`` and waits, call ``while_paused``, send ``sig``, then
+    let it go on; returns (exit status, stderr)."""
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", DRIVER, *args], stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=tmp_path)
-        for line in proc.stdout:
-            if line.strip() == at:
-                if while_paused is not None:
-                    while_paused()
-                proc.send_signal(sig)
-                break
+        proc = subprocess.Popen(
+            [sys.executable, "-c", DRIVER, *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        try:
+            for line in proc.stdout:
+                if line.strip() == at:
+                    try:
+                        if while_paused is not None:
+                            while_paused()
+                    finally:
+                        proc.send_signal(sig)
+                    break
+                if line.startswith(("STEP ", "WRITING")):
+                    proc.stdin.write("go\n")
+                    proc.stdin.flush()
+        finally:
+            try:
+                proc.stdin.close()  # from now on the run goes on by itself
+            except BrokenPipeError:  # killed
+                pass
         proc.stdout.read()
         status = proc.wait(timeout=300)
     return status, (tmp_path / "stderr.txt").read_text()
@@ -107,7 +124,7 @@ def test_killed_and_interrupted_runs_resume_bit_equal(tmp_path, capsys):
         assert "is in use" in capsys.readouterr().err
         assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
 
-    status, _ = strike(resume, tmp_path, at="WRITING", sig=signal.SIGKILL, pause_in_write=60, while_paused=second_fit)
+    status, _ = strike(resume, tmp_path, at="WRITING", sig=signal.SIGKILL, while_paused=second_fit)
     assert status == -signal.SIGKILL
     assert [p for p in (run / "checkpoints").iterdir() if TEMP_MARK in p.name], "the kill did not land in a write"
     assert_nothing_corrupt(run)

@@ -113,14 +113,18 @@ def nn_transformer_for(spec, *, activation: str = "relu", norm_first: bool = Fal
     ids=["vanilla-post-relu", "pre-norm", "gelu-final-norm", "training-mode"],
 )
 def test_vanilla_recipe_equals_nn_transformer(placement, activation, final_norm, mode):
-    # The vanilla recipe at its full width and depth; only the vocabulary is smaller. In training mode
-    # (dropout 0, so that both are deterministic) both take their training code paths.
+    # The vanilla recipe at its full width and depth (only the vocabulary is smaller); its variants,
+    # which take other code paths but no other sizes, two layers a stack at width 64. In training
+    # mode (dropout 0, so that both are deterministic) both take their training code paths.
     overrides = [
         "data.tokenizer.vocab_size=301",
         f"model.placement={placement}",
         f"model.ffn.activation={activation}",
         f"model.final_norm={str(final_norm).lower()}",
     ]
+    if (placement, activation, final_norm, mode) != ("post", "relu", False, "eval"):
+        overrides += ["model.d_model=64", "model.ffn.hidden=128", "model.attention.key_dim=16", "model.attention.value_dim=16"]
+        overrides += ["model.attention.heads=4", "model.encoder.layers=2", "model.decoder.layers=2"]
     overrides += ["model.dropout=0.0"] if mode == "train" else []
     recipe = tfbuilder.load_recipe(ROOT / "recipes" / "vanilla.yaml", overrides=overrides)
     spec = recipe.model

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import threading
-import time
 
 import pytest
 
@@ -20,27 +20,44 @@ def test_a_file_is_read_in_full_batches(tmp_path):
 
 
 def test_a_pipe_yields_each_line_as_it_arrives():
+    """Each batch is asked for while the writer holds the pipe open with nothing more to say: a
+    reader that waited for more input would only answer once the watchdog writes "late" and closes."""
     read, write = os.pipe()
-    got: list[tuple[float, list[str]]] = []
+    with os.fdopen(read, "rb", buffering=0) as r, os.fdopen(write, "wb", buffering=0) as w:
+        lines = streams.batches(r, most=100)
 
-    def writer():
-        with os.fdopen(write, "wb", buffering=0) as w:
-            w.write(b"one\ntwo\n")  # both there at once: one batch
-            time.sleep(0.5)
-            w.write(b"thr")  # half a line: nothing to give yet
-            time.sleep(0.3)
-            w.write(b"ee\nfour")  # the last line has no newline
+        def next_batch() -> list[str]:
+            answered = threading.Event()
 
-    thread = threading.Thread(target=writer)
-    start = time.monotonic()
-    thread.start()
-    with os.fdopen(read, "rb", buffering=0) as r:
-        for batch in streams.batches(r, most=100):
-            got.append((time.monotonic() - start, batch))
-    thread.join()
-    # "four" ends with the input, which has come by the time "three" is complete: one batch.
-    assert [batch for _, batch in got] == [["one", "two"], ["three", "four"]]
-    assert got[0][0] < 0.4  # given before the writer's pause ended: nothing waited for more input
+            def watchdog():  # a hang guard only: it ends the input when the reader would wait forever
+                if not answered.wait(30):
+                    w.write(b"late\n")
+                    w.close()
+
+            guard = threading.Thread(target=watchdog)
+            guard.start()
+            try:
+                return next(lines)
+            finally:
+                answered.set()
+                guard.join()
+
+        w.write(b"one\ntwo\n")  # both there at once: one batch
+        assert next_batch() == ["one", "two"]
+        w.write(b"thr")  # half a line: nothing to give yet ...
+        finish = threading.Thread(target=lambda: (_drained(read), w.write(b"ee\n")))
+        finish.start()  # ... until the reader has taken it and the rest of the line comes
+        assert next_batch() == ["three"]
+        finish.join()
+        w.write(b"four")  # the last line has no newline: it ends with the input
+        w.close()
+        assert list(lines) == [["four"]]
+
+
+def _drained(fd: int) -> None:
+    """Wait until everything written to the pipe ``fd`` reads from has been read."""
+    while select.select([fd], [], [], 0)[0]:
+        threading.Event().wait(0.01)
 
 
 def test_a_pipe_batch_is_at_most_most_lines():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -68,29 +69,49 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores(seconds: float = 0.25) -> float:
+def busy_cores(
+    seconds: float = 0.25,
+    *,
+    read_stat: Callable[[], str] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    cpus: int | None = None,
+) -> float:
     """Cores other processes keep busy now: the machine's busy share over ``seconds`` (from
     /proc/stat) while this process sleeps, so its own work does not count; elsewhere the 1-minute
-    load average (which does count it)."""
+    load average (which does count it). ``read_stat`` (the text of /proc/stat), ``sleep`` and
+    ``cpus`` (the machine's cores) stand in for the machine where a caller supplies them."""
+    read_stat = read_stat or _read_proc_stat
     try:
-        before = _cpu_times()
-        time.sleep(seconds)
-        after = _cpu_times()
+        before = cpu_times(read_stat())
+        sleep(seconds)
+        after = cpu_times(read_stat())
     except (OSError, ValueError, IndexError):
         try:
             return os.getloadavg()[0]
         except (AttributeError, OSError):
             return 0.0
+    return busy_share(before, after) * (cpus or os.cpu_count() or 1)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of time the machine was busy between two ``(all, idle)`` readings of
+    :func:`cpu_times` (0 when no time passed)."""
     total = after[0] - before[0]
     idle = after[1] - before[1]
-    return 0.0 if total <= 0 else (1.0 - idle / total) * (os.cpu_count() or 1)
+    return 0.0 if total <= 0 else 1.0 - idle / total
 
 
-def _cpu_times() -> tuple[int, int]:
-    """(all, idle) jiffies of the whole machine."""
+def cpu_times(stat: str) -> tuple[int, int]:
+    """(all, idle) jiffies of the whole machine from the text of /proc/stat: its first line,
+    ``cpu user nice system idle iowait irq softirq steal guest guest_nice`` (proc(5)); guest time
+    is already inside user and nice, and iowait is idle time."""
+    values = [int(v) for v in stat.split("\n", 1)[0].split()[1:]]
+    return sum(values[:8]), values[3] + values[4]
+
+
+def _read_proc_stat() -> str:
     with open("/proc/stat", encoding="ascii") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return sum(values[:8]), values[3] + values[4]  # idle + iowait
+        return f.readline()
 
 
 def idle_cores() -> int:

@@ -75,12 +75,6 @@ def quickstart_run() -> Path:
     return _wait_for("quickstart_run")
 
 
-@pytest.fixture(scope="session")
-def copy_run() -> Path:
-    """The run directory of a copy-task model (trained.py)."""
-    return _wait_for("copy_run")
-
-
 def _wait_for(name: str) -> Path:
     trainer = next((t for t in _trained if name in t.names), None)
     if trainer is None:  # e.g. requested through getfixturevalue, unseen at collection

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import tiny_model
+from conftest import ROOT, tiny_model
 from tfbuilder import decoding, registry
 from tfbuilder.data.tokenizers import BOS, EOS, MASK, PAD
 from tfbuilder.components.attention import MultiHeadAttention
@@ -215,9 +215,12 @@ def test_sampling_controls():
 
 
 @pytest.fixture(scope="module")
-def copy_checkpoint(copy_run):
-    """A copy-task model trained once per test run (pre-norm, conftest.py), shared by the tests below."""
-    return str(copy_run)
+def copy_checkpoint(quickstart_run, tmp_path_factory):
+    """The quick-start copy model, trained once per test run (conftest.py), copied: the tests below
+    write scores and outputs into its run directory."""
+    import shutil
+
+    return str(shutil.copytree(quickstart_run, tmp_path_factory.mktemp("copy") / "quickstart"))
 
 
 def test_trained_model_reproduces_held_out_sequences_and_beam_is_never_below_greedy(copy_checkpoint):
@@ -245,7 +248,7 @@ def test_load_checkpoint_picks_what_every_command_picks(copy_checkpoint, caplog)
     with caplog.at_level(logging.INFO, logger="tfbuilder"):
         loaded = tfbuilder.load_checkpoint(run)
     assert loaded.path == run / "checkpoints" / "best.ckpt"
-    assert f"loaded {loaded.describe()}" in caplog.text and "best.ckpt (step 600)" in loaded.describe()
+    assert f"loaded {loaded.describe()}" in caplog.text and f"best.ckpt (step {loaded.step:,})" in loaded.describe()
     assert tfbuilder.load_checkpoint(run, checkpoint="last").path == run / "checkpoints" / "last.ckpt"
     assert tfbuilder.load_checkpoint(run, checkpoint=str(run / "checkpoints" / "last.ckpt")).path.name == "last.ckpt"
     with pytest.raises(CheckpointError, match="tfbuilder average"):
@@ -258,7 +261,7 @@ def test_the_python_translation_example_runs(copy_checkpoint, capsys):
     example = page.split("<!-- example: translation -->")[1].split("```python")[1].split("```")[0]
     exec(compile(example.replace("runs/quickstart/version_0", str(copy_checkpoint)), "python-api.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].endswith("best.ckpt (step 600)")
+    assert printed[0] == tfbuilder.load_checkpoint(copy_checkpoint).describe()
     assert printed[1:] == ["abcjihg", "hbea", "abcjihg"]
 
 
@@ -336,6 +339,17 @@ def test_translate_answers_each_line_of_a_slow_pipe_before_the_next(copy_checkpo
         assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
     finally:
         proc.kill()
+
+
+def test_the_default_beam_copies_what_greedy_copies(copy_checkpoint, tmp_path, capsys):
+    """A search that stopped once `beam` hypotheses had ended gave 'hae hbe hbi' here, while
+    greedy copied the lines (on a small vocabulary an early </s> is always among the best few)."""
+    lines = ["haeh", "hbea", "hbii", "hgf", "a", "jihgfedcba"]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n")
+    for beam in ([], ["--beam", "2"], ["--beam", "8"], ["--beam", "1"]):
+        assert main(["translate", copy_checkpoint, "--input", str(src), *beam]) == 0
+        assert capsys.readouterr().out.splitlines() == lines, beam
 
 
 def test_translate_nbest_and_sampling(copy_checkpoint, tmp_path, capsys):

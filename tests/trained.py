@@ -21,18 +21,10 @@ QUICKSTART = Path(__file__).resolve().parent.parent / "recipes" / "quickstart.ya
 
 TRAINED = {
     # recipes/quickstart.yaml as shipped (on one thread): the README's promise is tested on it; the
-    # attention maps use it as their trained model.
+    # decoding tests and the attention maps use it as their trained model.
     "quickstart_run": [],
-    # A copy-task model for the decoding tests (pre-norm, 600 steps).
-    "copy_run": [
-        "model.placement=pre",
-        "data.train_size=4000",
-        "data.lengths=[1, 10]",
-        "trainer.max_steps=600",
-        "trainer.val_every=600",
-    ],
 }
-TRAIN_ORDER = ["copy_run", "quickstart_run"]  # the shorter first: its tests can start sooner
+TRAIN_ORDER = ["quickstart_run"]
 
 # Trains each named run in turn, marking each as done (with its exit status) once fit has returned.
 TRAINER = r"""

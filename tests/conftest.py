@@ -30,6 +30,24 @@ TINY_MODEL = {
 }
 
 
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+# The quick-start model at its smallest: one layer a side, width 32.
+ONE_LAYER = ["model.d_model=32", "model.attention.heads=2", "model.ffn.hidden=32", "model.encoder.layers=1", "model.decoder.layers=1"]
+
+
+def short_run(tmp_path, *overrides: str, train: int = 2000, val: int = 200, longest: int = 8) -> list[str]:
+    """Overrides that make the quick-start recipe a short run writing under ``tmp_path``: ``train``
+    and ``val`` examples of 1 to ``longest`` symbols, then ``overrides``."""
+    return [
+        f"trainer.output={tmp_path / 'runs'}",
+        "trainer.progress=false",
+        f"data.train_size={train}",
+        f"data.val_size={val}",
+        f"data.lengths=[1, {longest}]",
+        *overrides,
+    ]
+
+
 def tiny_model(**changes) -> dict:
     """A copy of TINY_MODEL with ``changes`` applied (None removes a key)."""
     spec = copy.deepcopy(TINY_MODEL)

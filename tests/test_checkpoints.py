@@ -15,27 +15,19 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import ROOT
+from conftest import ONE_LAYER, QUICKSTART, short_run
 from tfbuilder import atomic, objectives
 from tfbuilder.averaging import average
 from tfbuilder.cli import main
 from tfbuilder.errors import RecipeError
 from tfbuilder.runs import RunLock, load_checkpoint, read_checkpoint
 
-QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 FROZEN = ["optim.schedule.type=constant", "optim.schedule.warmup=0", "optim.lr=1e-30"]  # updates below one ulp
-TINY = ["model.d_model=32", "model.attention.heads=2", "model.ffn.hidden=32", "model.encoder.layers=1", "model.decoder.layers=1"]
+TINY = ONE_LAYER
 
 
 def small(tmp_path, *overrides: str) -> list[str]:
-    return [
-        f"trainer.output={tmp_path / 'runs'}",
-        "trainer.progress=false",
-        "data.train_size=1000",
-        "data.val_size=100",
-        "data.lengths=[1, 8]",
-        *overrides,
-    ]
+    return short_run(tmp_path, *overrides, train=1000, val=100)
 
 
 def sets(overrides: list[str]) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import tfbuilder
-from conftest import ROOT, tiny_model
+from conftest import ONE_LAYER, QUICKSTART, short_run, tiny_model
 from recording import StepRecorder, fit_recording, global_norm
 from tfbuilder.data.tokenizers import PAD
 from tfbuilder.objectives import objective
@@ -19,26 +19,11 @@ from tfbuilder.recipe import Recipe
 from tfbuilder.runs import read_checkpoint
 from tfbuilder.training import Task
 
-QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 
 
 def tiny_fit(tmp_path, *overrides: str) -> list[str]:
     """A one-layer quickstart on small batches of varying size (a budget of 64 tokens)."""
-    return [
-        f"trainer.output={tmp_path / 'runs'}",
-        "trainer.progress=false",
-        "data.train_size=300",
-        "data.val_size=20",
-        "data.lengths=[1, 9]",
-        "data.max_tokens=64",
-        "model.d_model=32",
-        "model.attention.heads=2",
-        "model.ffn.hidden=32",
-        "model.encoder.layers=1",
-        "model.decoder.layers=1",
-        "optim.label_smoothing=0.1",
-        *overrides,
-    ]
+    return short_run(tmp_path, "data.max_tokens=64", *ONE_LAYER, "optim.label_smoothing=0.1", *overrides, train=300, val=20, longest=9)
 
 
 def one_batch(batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

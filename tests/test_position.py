@@ -13,7 +13,6 @@ import torch
 import tfbuilder
 from conftest import tiny_model
 from tfbuilder import registry
-from tfbuilder.components.position import ALiBiPosition, RelativeBiasPosition, RotaryPosition
 from tfbuilder.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 

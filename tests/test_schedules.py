@@ -14,12 +14,11 @@ import math
 import pytest
 
 import tfbuilder
-from conftest import ROOT
+from conftest import ONE_LAYER, QUICKSTART, short_run
 from recording import StepRecorder, fit_recording
 from tfbuilder.schedules import learning_rate
 from tfbuilder.sections import ScheduleSection
 
-QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 
 
 def rate(type: str, *, d_model: int = 512, lr: float = 1e-3, max_steps: int = 100, **schedule):
@@ -102,19 +101,7 @@ def test_constant_warms_up_then_holds():
 
 
 def tiny_fit(tmp_path, *overrides: str) -> list[str]:
-    return [
-        f"trainer.output={tmp_path / 'runs'}",
-        "trainer.progress=false",
-        "data.train_size=200",
-        "data.val_size=20",
-        "data.lengths=[1, 6]",
-        "model.d_model=32",
-        "model.attention.heads=2",
-        "model.ffn.hidden=32",
-        "model.encoder.layers=1",
-        "model.decoder.layers=1",
-        *overrides,
-    ]
+    return short_run(tmp_path, *ONE_LAYER, *overrides, train=200, val=20, longest=6)
 
 
 @pytest.mark.parametrize(

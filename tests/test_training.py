@@ -15,25 +15,15 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import ROOT
+from conftest import QUICKSTART, ROOT, short_run
 from tfbuilder.cli import main
 from tfbuilder.recipe import recipe_from_dict
 from tfbuilder.runs import CheckpointError, load_checkpoint, model_state, read_checkpoint
 from tfbuilder.training import fit
 
-QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 
 
-def small(tmp_path, *overrides: str) -> list[str]:
-    """Overrides that make the quickstart recipe a few-second run writing under tmp_path."""
-    return [
-        f"trainer.output={tmp_path / 'runs'}",
-        "trainer.progress=false",
-        "data.train_size=2000",
-        "data.val_size=200",
-        "data.lengths=[1, 8]",
-        *overrides,
-    ]
+small = short_run  # a few-second quick-start run writing under tmp_path
 
 
 def val_metrics(run_dir) -> list[dict]:

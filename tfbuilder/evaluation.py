@@ -181,23 +181,11 @@ class Output:
     score: float
 
 
-def evaluate(
-    loaded: Loaded,
-    split: str = "test",
-    *,
-    beam: int = 4,
-    alpha: float = 0.6,
-    max_tokens: int = 6000,
-    precision: Precision = "32",
-    search: Search | None = None,
-    ensemble: Sequence[Loaded] = (),
-) -> Scores:
+def evaluate(loaded: Loaded, split: str = "test", **options) -> Scores:
     """Loss and perplexity on ``split`` (per-token NLL, unsmoothed, float32); for sequence-to-sequence
-    models also sacreBLEU and chrF of the detokenized output (decoded in ``precision``) against the
-    raw references. See :func:`evaluate_outputs` for the options."""
-    return evaluate_outputs(
-        loaded, split, beam=beam, alpha=alpha, max_tokens=max_tokens, precision=precision, search=search, ensemble=ensemble
-    )[0]
+    models also sacreBLEU and chrF of the detokenized output against the raw references.
+    ``options`` are :func:`evaluate_outputs`'s (beam, alpha, max_tokens, precision, search, ensemble)."""
+    return evaluate_outputs(loaded, split, **options)[0]
 
 
 @torch.no_grad()

@@ -335,7 +335,7 @@ class _BeamSearch:
         """The candidates ``index`` (n, beam) with the greedy hypothesis's continuation in the last
         slot where the best ``beam`` left it out, and the greedy hypothesis's new slot (-1 once its
         most likely next token is </s>: then it has just ended and been recorded)."""
-        if self.beam == 1:  # the one live hypothesis is the greedy one until greedy ends: nothing to keep
+        if self.beam == 1 or not bool((self.greedy >= 0).any()):  # beam 1 follows greedy until it ends
             return index, live_scores, self.greedy
         n, vocab = logp.shape[0], logp.shape[-1]
         has = self.greedy >= 0

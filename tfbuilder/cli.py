@@ -181,6 +181,11 @@ def parser() -> argparse.ArgumentParser:
     _add_set(f)
     f.set_defaults(run=cmd_fit)
 
+    pr = sub.add_parser("prepare", help="tokenize a recipe's data once into a memory-mapped store (fit does it when needed)")
+    pr.add_argument("recipe", metavar="RECIPE", help="a recipe file (YAML)")
+    _add_set(pr)
+    pr.set_defaults(run=cmd_prepare)
+
     av = sub.add_parser("average", help="average the weights of a run's last N kept checkpoints (Vaswani et al. sec. 6.1)")
     av.add_argument("run_dir", metavar="RUN_DIR", help="a run directory trained with trainer.keep_last")
     av.add_argument("--last", type=int, default=5, metavar="N", help="how many of the kept checkpoints (default 5)")
@@ -372,6 +377,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
     summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
     if summary is not None and _is_rank_zero():
         print("\n".join(summary.lines()))
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .data.prepare import prepare, summary_lines
+    from .recipe import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    if recipe.data is None:
+        print("prepare: the recipe has no data section", file=sys.stderr)
+        return EXIT_USAGE
+    prepared = prepare(recipe.data, model_vocab=recipe.model.vocab_size, say=print)
+    print("\n".join(summary_lines(prepared)))
     return 0
 
 

@@ -11,12 +11,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import nn
 
 from . import decoding, objectives
 from .data.batching import pack
-from .data.collate import Collate
+from .data.collate import Collate, lengths
+from .data.packing import packed_splits
 from .data.prepare import Vocab, prepare
 from .devices import model_device
 from .ensemble import Ensemble
@@ -211,18 +213,19 @@ def evaluate_outputs(
     prepared = prepare(data, vocab=loaded.vocab, model_vocab=recipe.model.vocab_size)
     if split not in prepared.splits:
         raise ValueError(f"no '{split}' split in {data.path or 'the data'} (have: {', '.join(prepared.splits)})")
-    examples = prepared.splits[split]
+    examples = packed_splits(prepared.splits, data, causal=recipe.model.kind == "decoder")[split]
     model = ensemble_of(loaded, ensemble) if ensemble else loaded.model.eval()
     device = model_device(model)
     kind = recipe.model.kind
     objective = teacher_forced if ensemble else objectives.objective(recipe, epsilon=0.0)
     collate = Collate(examples)
-    sizes = [len(s) + 2 for s in examples.src]
+    src_sizes, tgt_sizes, extra = lengths(examples)
     nll = tokens = correct = 0.0
     torch.manual_seed(0)  # the masked-LM objective draws its masks
     # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
     unpadded = {"max_tokens": None, "batch_size": 1} if recipe.model.pad_id is None else {"max_tokens": max_tokens, "batch_size": None}
-    for batch_ids in pack(sizes, sizes, sorted(range(len(sizes)), key=sizes.__getitem__), **unpadded):
+    by_length = np.lexsort((tgt_sizes, src_sizes))
+    for batch_ids in pack(src_sizes, tgt_sizes, by_length, extra=extra, **unpadded):
         batch = {k: v.to(device, non_blocking=True) for k, v in collate(batch_ids).items()}
         result = objective(model, batch)
         nll += float(result.nll)

@@ -55,3 +55,10 @@ def window_mask(
     distance = i - j
     near = distance < window if causal else distance.abs() < window
     return near[None, None]
+
+
+def document_mask(segments: Tensor) -> Tensor:
+    """Block-diagonal mask (b, 1, i, j) of packed documents: query i may attend to key j only inside
+    its own document. ``segments`` (b, n) numbers each position's document (see
+    :func:`tfbuilder.data.packing.segments`); made on their device."""
+    return (segments[:, :, None] == segments[:, None, :])[:, None]

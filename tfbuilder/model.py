@@ -196,12 +196,22 @@ class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
         self.pad_id = pad_id
 
     def features(
-        self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
+        self,
+        tokens: Tensor,
+        *,
+        cache: list[dict] | None = None,
+        offset: int = 0,
+        token_types: Tensor | None = None,
+        segments: Tensor | None = None,
     ) -> Tensor:
         """``tokens`` (b, n) -> hidden states before the output head (b, n, d); with ``cache``,
         ``tokens`` continue the ``offset`` tokens fed before. Self-attention is causal by
-        construction: right padding needs no mask (see :mod:`masks`)."""
-        return self.decoder(self.embed(tokens, offset=offset, token_types=token_types), cache=cache)
+        construction: right padding needs no mask (see :mod:`masks`). ``segments`` (b, n), for
+        packed documents, keeps attention inside each document."""
+        x = self.embed(tokens, offset=offset, token_types=token_types)
+        if segments is None:
+            return self.decoder(x, cache=cache)
+        return self.decoder(x, cache=cache, mask=masks.document_mask(segments))
 
     def forward(
         self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
@@ -222,9 +232,12 @@ class EncoderOnly(AuxiliaryLosses, nn.Module):
         self.head = head
         self.pad_id = pad_id
 
-    def features(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
-        """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d)."""
+    def features(self, tokens: Tensor, *, token_types: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
+        """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d);
+        ``segments`` (b, n), for packed documents, keeps attention inside each document."""
         mask = masks.key_mask(tokens, self.pad_id)
+        if segments is not None:
+            mask = masks.combine(mask, masks.document_mask(segments))
         return self.encoder(self.embed(tokens, token_types=token_types), mask=mask)
 
     def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:

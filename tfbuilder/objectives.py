@@ -15,6 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from .data.packing import segments
 from .data.tokenizers import MASK
 from .sections import SPECIAL_TOKENS
 
@@ -149,16 +150,21 @@ def seq2seq(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Resul
     return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=_ignored(model))
 
 
-def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Result:
-    """Next-token prediction on ``tokens`` (<s> x </s>)."""
+def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, documents: bool = False) -> Result:
+    """Next-token prediction on ``tokens`` (<s> x </s>, or a packed block); with ``documents``, a
+    packed block's documents do not see each other."""
     tokens = batch["tokens"]
-    hidden = model.features(tokens[:, :-1])
+    inputs = tokens[:, :-1]
+    hidden = model.features(inputs, segments=segments(inputs)) if documents else model.features(inputs)
     return head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model))
 
 
-def masked_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, probability: float, vocab_size: int) -> Result:
+def masked_lm(
+    model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, probability: float, vocab_size: int, documents: bool = False
+) -> Result:
     """BERT's masked LM (Devlin et al. 2019): predict a random ``probability`` share of the real tokens,
-    shown as <mask> 80% of the time, a random token 10%, unchanged 10%."""
+    shown as <mask> 80% of the time, a random token 10%, unchanged 10%; with ``documents``, a packed
+    block's documents do not see each other."""
     tokens = batch["tokens"]
     candidates = tokens >= len(SPECIAL_TOKENS)
     chosen = candidates & (torch.rand(tokens.shape, device=tokens.device) < probability)
@@ -170,7 +176,7 @@ def masked_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, pro
     inputs = torch.where(chosen & (roll < 0.8), torch.full_like(tokens, MASK), tokens)
     random_ids = torch.randint(len(SPECIAL_TOKENS), vocab_size, tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, inputs)
-    hidden = model.features(inputs)
+    hidden = model.features(inputs, segments=segments(tokens)) if documents else model.features(inputs)
     return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100)
 
 
@@ -184,10 +190,11 @@ def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> in
 def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tensor]], Result]:
     """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``."""
     kind = recipe.model.kind
+    data = recipe.data
+    documents = data is not None and data.packing and data.document_mask
     if kind == "encoder_decoder":
         return partial(seq2seq, epsilon=epsilon)
     if kind == "decoder":
-        return partial(causal_lm, epsilon=epsilon)
-    data = recipe.data
+        return partial(causal_lm, epsilon=epsilon, documents=documents)
     probability = data.mlm_probability if data is not None else 0.15
-    return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size)
+    return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size, documents=documents)

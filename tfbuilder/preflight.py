@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import devices
@@ -87,23 +88,35 @@ def check_lengths(recipe: Recipe) -> list[Problem]:
 
 def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
     """Every example of every prepared split fits the model's positions (validation and test lines
-    are not filtered by data.max_len); a :class:`DataError` naming the split and the example if not."""
+    are not filtered by data.max_len; packed blocks are block_size tokens); a :class:`DataError`
+    naming the split and the example if not. Reads the length arrays only (vectorised)."""
     from .data.tokenizers import DataError
 
     limit = max_positions(recipe.model)
     if limit is None:
         return
+    data = recipe.data
+    if data is not None and data.packing and data.block_size is not None:
+        if data.block_size > limit:
+            raise DataError(
+                f"data.block_size ({data.block_size:,}) is more than the {limit:,} positions the model covers "
+                f"(model.position.max_len {limit})"
+            )
+        return
     extra = specials(recipe.model.kind)
     for name, split in splits.items():
         for side, rows in (("source", split.src), ("target", split.tgt)):
-            for index, row in enumerate(rows or ()):
-                if len(row) + extra > limit:
-                    side_name = side if split.tgt is not None else "text"
-                    raise DataError(
-                        f"the {name} split's example {index + 1:,} has {len(row):,} {side_name} tokens, more than the "
-                        f"{limit - extra:,} the learned positions cover (model.position.max_len {limit}); "
-                        "raise max_len or shorten the data"
-                    )
+            if rows is None or len(rows) == 0:
+                continue
+            too_long = np.flatnonzero(rows.lengths.astype(np.int64) + extra > limit)
+            if len(too_long):
+                index = int(too_long[0])
+                side_name = side if split.tgt is not None else "text"
+                raise DataError(
+                    f"the {name} split's example {index + 1:,} has {int(rows.lengths[index]):,} {side_name} tokens, more than the "
+                    f"{limit - extra:,} the learned positions cover (model.position.max_len {limit}); "
+                    "raise max_len or shorten the data"
+                )
 
 
 # --- size ------------------------------------------------------------------------------------

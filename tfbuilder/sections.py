@@ -44,6 +44,13 @@ class TokenizerSection(Section):
         None, ge=len(SPECIAL_TOKENS) + 1, le=10_000_000, description="vocabulary size, specials included"
     )
     shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
+    sample: int | None = Field(
+        1_000_000,
+        ge=1,
+        le=1_000_000_000,
+        description="train the tokenizer on this many training examples, drawn uniformly (every example when the "
+        "split is smaller); null: on all of them",
+    )
 
 
 # What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
@@ -86,7 +93,27 @@ class DataSection(Section):
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
     splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits")
-    max_len: int = Field(256, ge=1, le=1_000_000, description="training examples longer than this (in tokens) are dropped")
+    max_len: int = Field(
+        256, ge=1, le=1_000_000, description="training examples longer than this (in tokens) are dropped (not with packing)"
+    )
+    documents: Literal["lines", "paragraphs"] = Field(
+        "lines", description="monolingual text: one document per line, or documents separated by blank lines"
+    )
+    packing: bool = Field(
+        False,
+        description="language models: join the documents with </s> between them and cut blocks of block_size "
+        "tokens, so that no text is dropped (nanoGPT, Megatron)",
+    )
+    block_size: int | None = Field(None, ge=2, le=1_000_000, description="with packing: tokens per example")
+    document_mask: bool = Field(
+        False, description="with packing: a token attends only to tokens of its own document (a block-diagonal mask)"
+    )
+    cache: str | None = Field(
+        None,
+        min_length=1,
+        description="folder of prepared data stores (default: .tfbuilder/ beside the data, or the user cache "
+        "folder where the data folder is read-only); TFBUILDER_CACHE overrides the default",
+    )
     mlm_probability: float = Field(0.15, gt=0.0, lt=1.0, description="masked-LM: share of tokens to predict")
     # tokenizer and batching
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection, description="the tokenizer")
@@ -129,6 +156,18 @@ class DataSection(Section):
                 problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
         if self.max_tokens is not None and self.batch_size is not None:
             problems.append((("batch_size",), "set max_tokens or batch_size, not both", self.batch_size))
+        if self.packing:
+            if self.type != "monolingual":
+                problems.append((("packing",), "packing is for monolingual text (language models)", True))
+            if self.block_size is None:
+                problems.append((("block_size",), "packing needs block_size (tokens per example)", None))
+        else:
+            if self.block_size is not None:
+                problems.append((("block_size",), "block_size needs packing: true", self.block_size))
+            if self.document_mask:
+                problems.append((("document_mask",), "document_mask needs packing: true", True))
+        if self.documents != "lines" and self.type != "monolingual":
+            problems.append((("documents",), "documents are monolingual text", self.documents))
         fail("DataSection", problems)
         return self
 

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -448,7 +449,7 @@ def fit(
     origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force)
     _probe(recipe)
     # All data problems surface here, before a run directory exists or anything trains.
-    prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size)
+    prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
     preflight.check_split_lengths(recipe, prepared.splits)
     vocab_json = prepared.vocab.to_json()
     model = _initial_model(recipe, origin)
@@ -462,6 +463,12 @@ def fit(
     finally:
         if lock is not None:
             lock.release()
+
+
+def _say(line: str) -> None:
+    """One line on the terminal from the first process (what the data preparation did)."""
+    if rank_zero_only.rank == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _refuse_untrainable(recipe: Recipe, *, resume, init_from) -> None:
@@ -568,7 +575,13 @@ def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invoca
     if workers == "auto":
         workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if accelerated else 0
     datamodule = DataModule(
-        prepared, recipe.data, seed=recipe.trainer.seed, workers=workers, pin_memory=accelerated, position_source=lambda: task.batches_seen
+        prepared,
+        recipe.data,
+        seed=recipe.trainer.seed,
+        workers=workers,
+        pin_memory=accelerated,
+        position_source=lambda: task.batches_seen,
+        causal=recipe.model.kind == "decoder",
     )
 
     t = recipe.trainer

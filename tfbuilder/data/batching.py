@@ -8,31 +8,80 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 
+def cut(
+    src_lens: np.ndarray,
+    tgt_lens: np.ndarray,
+    order: np.ndarray,
+    *,
+    max_tokens: int | None,
+    batch_size: int | None,
+    extra: tuple[int, int] = (0, 0),
+) -> np.ndarray:
+    """Where consecutive batches of ``order`` begin and end (``bounds``, batch k is
+    ``order[bounds[k]:bounds[k + 1]]``). With ``max_tokens``, a batch's padded source and target sizes
+    (examples x longest) each stay within the budget, filled greedily in order; an example longer than
+    the budget is a batch alone; ``extra`` is added to every source and target length (the special
+    tokens). Vectorised: numpy work per batch, not a Python step per example."""
+    n = len(order)
+    if max_tokens is None:
+        return np.append(np.arange(0, n, batch_size, dtype=np.int64), n)
+    bounds = [0]
+    start = 0
+    window = 64
+    while start < n:
+        while True:  # widen the window until the budget is exceeded inside it, or the order ends
+            stop = min(n, start + window)
+            picked = order[start:stop]
+            count = np.arange(1, stop - start + 1, dtype=np.int64)
+            longest_src = np.maximum.accumulate(src_lens[picked].astype(np.int64)) + extra[0]
+            longest_tgt = np.maximum.accumulate(tgt_lens[picked].astype(np.int64)) + extra[1]
+            over = (count * longest_src > max_tokens) | (count * longest_tgt > max_tokens)
+            over[0] = False  # the first example always goes in
+            if over.any() or stop == n:
+                break
+            window *= 2
+        size = int(np.argmax(over)) if over.any() else stop - start
+        start += size
+        bounds.append(start)
+        window = max(64, 2 * size)
+    return np.asarray(bounds, dtype=np.int64)
+
+
 def pack(
-    src_lens: Sequence[int], tgt_lens: Sequence[int], order: Sequence[int], *, max_tokens: int | None, batch_size: int | None
+    src_lens: Sequence[int] | np.ndarray,
+    tgt_lens: Sequence[int] | np.ndarray,
+    order: Sequence[int] | np.ndarray,
+    *,
+    max_tokens: int | None,
+    batch_size: int | None,
+    extra: tuple[int, int] = (0, 0),
 ) -> list[list[int]]:
-    """Cut ``order`` into consecutive batches. With ``max_tokens``, a batch's padded source and target sizes
-    (examples x longest) each stay within the budget; an example longer than the budget is a batch alone."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest_src = longest_tgt = 0
-    for index in order:
-        s, t = src_lens[index], tgt_lens[index]
-        if current:
-            n = len(current) + 1
-            full = (
-                len(current) >= batch_size
-                if max_tokens is None
-                else n * max(longest_src, s) > max_tokens or n * max(longest_tgt, t) > max_tokens
-            )
-            if full:
-                batches.append(current)
-                current, longest_src, longest_tgt = [], 0, 0
-        current.append(int(index))
-        longest_src, longest_tgt = max(longest_src, s), max(longest_tgt, t)
-    if current:
-        batches.append(current)
-    return batches
+    """:func:`cut` as lists of example indices."""
+    order = np.asarray(order, dtype=np.int64)
+    src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
+    bounds = cut(src, tgt, order, max_tokens=max_tokens, batch_size=batch_size, extra=extra)
+    return [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class Epoch:
+    """One rank's batches of one epoch, as arrays (a few bytes per example, no Python list per batch):
+    batch k is ``order[bounds[p]:bounds[p + 1]]`` with ``p = picks[k]``."""
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray, picks: np.ndarray):
+        self.order, self.bounds, self.picks = order, bounds, picks
+
+    def __len__(self) -> int:
+        return len(self.picks)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        p = self.picks[k]
+        return self.order[self.bounds[p] : self.bounds[p + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[k] for k in range(len(self)))
+
+    def tolist(self) -> list[list[int]]:
+        return [batch.tolist() for batch in self]
 
 
 class BucketBatchSampler:
@@ -50,6 +99,7 @@ class BucketBatchSampler:
         *,
         max_tokens: int | None = None,
         batch_size: int | None = None,
+        extra: tuple[int, int] = (0, 0),
         seed: int = 0,
         shuffle: bool = True,
         infinite: bool = False,
@@ -60,28 +110,31 @@ class BucketBatchSampler:
             raise ValueError("give exactly one of max_tokens and batch_size")
         self.src_lens = np.asarray(src_lens)
         self.tgt_lens = np.asarray(tgt_lens)
-        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self.max_tokens, self.batch_size, self.extra = max_tokens, batch_size, extra
         self.seed, self.shuffle, self.infinite = seed, shuffle, infinite
         self.rank, self.world = rank, world
         self.start: Callable[[], int] = lambda: 0  # batches consumed before this run (resume)
-        self._cache: tuple[int, list[list[int]]] | None = None
+        self._cache: tuple[int, Epoch] | None = None
 
-    def epoch(self, epoch: int) -> list[list[int]]:
+    def epoch(self, epoch: int) -> Epoch:
         """This rank's batches of ``epoch``."""
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
+        self._cache = None  # the previous epoch's arrays go before this one's are made
         rng = np.random.default_rng([self.seed, epoch])
         n = len(self.src_lens)
-        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        index = np.int32 if n < 2**31 else np.int64
+        order = rng.permutation(n).astype(index) if self.shuffle else np.arange(n, dtype=index)
         # Stable sort: equal lengths keep the random order, so batches differ between epochs.
         order = order[np.lexsort((self.tgt_lens[order], self.src_lens[order]))]
-        batches = pack(self.src_lens, self.tgt_lens, order, max_tokens=self.max_tokens, batch_size=self.batch_size)
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
+        bounds = cut(self.src_lens, self.tgt_lens, order, max_tokens=self.max_tokens, batch_size=self.batch_size, extra=self.extra)
+        count = len(bounds) - 1
+        picks = rng.permutation(count) if self.shuffle else np.arange(count)
         if self.world > 1:
             if self.infinite:  # every rank must take the same number of steps
-                batches = batches[: len(batches) // self.world * self.world]
-            batches = batches[self.rank :: self.world]
+                picks = picks[: count // self.world * self.world]
+            picks = picks[self.rank :: self.world]
+        batches = Epoch(order, bounds, picks)
         self._cache = (epoch, batches)
         return batches
 
@@ -89,7 +142,7 @@ class BucketBatchSampler:
     def batches_per_epoch(self) -> int:
         return len(self.epoch(0))
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         if not self.infinite:
             yield from self.epoch(0)
             return

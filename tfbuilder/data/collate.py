@@ -7,21 +7,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .prepare import Split
+from .packing import Packed
 from .tokenizers import BOS, EOS, PAD
+from .tokens import Split
 
 Batch = dict[str, torch.Tensor]
 
 
-def pad(rows: Sequence[Sequence[int]], *, bos: bool = False, eos: bool = False) -> torch.Tensor:
+def pad(rows: Sequence[Sequence[int] | np.ndarray], *, bos: bool = False, eos: bool = False) -> torch.Tensor:
     """Right-padded int64 (b, n) from ragged rows, adding <s> and/or </s>."""
     extra = int(bos) + int(eos)
     out = np.full((len(rows), max(map(len, rows)) + extra), PAD, dtype=np.int64)
+    start = int(bos)
+    if bos:
+        out[:, 0] = BOS
     for r, row in enumerate(rows):
-        start = 0
-        if bos:
-            out[r, 0] = BOS
-            start = 1
         out[r, start : start + len(row)] = row
         if eos:
             out[r, start + len(row)] = EOS
@@ -30,25 +30,29 @@ def pad(rows: Sequence[Sequence[int]], *, bos: bool = False, eos: bool = False) 
 
 class Collate:
     """Examples -> a batch. Seq2seq: ``src`` x</s>, ``tgt_in`` <s>y, ``tgt_out`` y</s>;
-    language models: ``tokens`` <s>x</s> (the objective shifts or masks them)."""
+    language models: ``tokens`` <s>x</s> (the objective shifts or masks them), or a packed block as it
+    is (documents already end in </s>)."""
 
     def __init__(self, split: Split):
         self.split = split
 
-    def __call__(self, indices: list[int]) -> Batch:
+    def __call__(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         src = [self.split.src[i] for i in indices]
+        if isinstance(self.split.src, Packed):
+            return {"tokens": torch.from_numpy(np.stack(src).astype(np.int64)), "index": index}
         if self.split.tgt is None:
-            return {"tokens": pad(src, bos=True, eos=True), "index": torch.tensor(indices)}
+            return {"tokens": pad(src, bos=True, eos=True), "index": index}
         tgt = [self.split.tgt[i] for i in indices]
-        return {
-            "src": pad(src, eos=True),
-            "tgt_in": pad(tgt, bos=True),
-            "tgt_out": pad(tgt, eos=True),
-            "index": torch.tensor(indices),
-        }
+        return {"src": pad(src, eos=True), "tgt_in": pad(tgt, bos=True), "tgt_out": pad(tgt, eos=True), "index": index}
 
 
-def lengths(split: Split) -> tuple[list[int], list[int]]:
-    src = [len(s) + 2 for s in split.src]  # room for the specials
-    tgt = [len(t) + 1 for t in split.tgt] if split.tgt is not None else src
-    return src, tgt
+def lengths(split: Split) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """The token counts of ``split``'s sources and targets (the store's arrays, not copies), and what
+    :class:`Collate` adds to each: x</s> and <s>y (or y</s>) for translation, <s>x</s> for language
+    models, nothing to a packed block."""
+    if isinstance(split.src, Packed):
+        return split.src.lengths, split.src.lengths, (0, 0)
+    if split.tgt is None:
+        return split.src.lengths, split.src.lengths, (2, 2)
+    return split.src.lengths, split.tgt.lengths, (1, 1)

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 from ..sections import DataSection
 from .batching import BucketBatchSampler
 from .collate import Collate, lengths
+from .packing import packed_splits
 from .prepare import Prepared
 
 
@@ -26,11 +27,13 @@ class DataModule(L.LightningDataModule):
         workers: int = 0,
         pin_memory: bool = False,
         position_source: Callable[[], int] = lambda: 0,
+        causal: bool = True,
     ):
         super().__init__()
         self.workers = workers  # batches are built in worker processes, off the training step's path
         self.pin_memory = pin_memory  # page-locked batches: copies to a GPU overlap the step
         self.prepared = prepared
+        self.splits = packed_splits(prepared.splits, data, causal=causal)
         self.data = data
         self.seed = seed
         self.batch_size_default = batch_size_default
@@ -41,7 +44,7 @@ class DataModule(L.LightningDataModule):
     def sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
         """The bucketing batch sampler of ``split``: shuffled and endless for training, this rank's
         share once a trainer is attached (rank 0 of 1 before)."""
-        src, tgt = lengths(self.prepared.splits[split])
+        src, tgt, extra = lengths(self.splits[split])
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         budget = self.data.max_tokens
@@ -49,6 +52,7 @@ class DataModule(L.LightningDataModule):
             src,
             tgt,
             max_tokens=budget,
+            extra=extra,
             batch_size=None if budget else (self.data.batch_size or self.batch_size_default),
             seed=self.seed,
             shuffle=train,
@@ -61,7 +65,7 @@ class DataModule(L.LightningDataModule):
         sampler = self.sampler(split, train=train)
         if train:
             sampler.start = self.position_source
-        data = self.prepared.splits[split]
+        data = self.splits[split]
         # The dataset yields indices; Collate looks the examples up, so a batch is built in one go.
         return DataLoader(
             range(len(data)),
@@ -80,4 +84,4 @@ class DataModule(L.LightningDataModule):
         return self.loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self.loader("test" if "test" in self.prepared.splits else "val")
+        return self.loader("test" if "test" in self.splits else "val")

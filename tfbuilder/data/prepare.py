@@ -1,16 +1,29 @@
-"""Turn a recipe's data section into tokenized splits, checking everything before training starts."""
+"""Turn a recipe's data section into tokenized splits, checking everything before training starts.
+
+Text data is prepared once into a store on disk (:mod:`tfbuilder.data.store`) and memory-mapped
+afterwards; generated (synthetic) data is made in memory, in the same flat layout, at every start.
+Reading, tokenizer training and encoding stream in chunks, so preparing costs bounded memory.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TextIO
+
+import numpy as np
 
 from ..sections import DataSection
-from . import synthetic, text
+from . import store, synthetic
 from . import tokenizers as toks
+from .readers import Row, SplitSource, chunks, split_sources
 from .tokenizers import DataError, Tokenizer
+from .tokens import Split, TokenArray, token_dtype
 
 log = logging.getLogger("tfbuilder")
 
@@ -50,52 +63,234 @@ class Vocab:
 
 
 @dataclass
-class Split:
-    """Tokenized examples of one split (targets are None for monolingual text)."""
-
-    src: list[list[int]]
-    tgt: list[list[int]] | None = None
-    dropped: int = 0
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-
-@dataclass
 class Prepared:
+    """Every split of a recipe's data, tokenized; ``raw`` keeps the text of translation data's
+    validation and test splits (for BLEU); ``store`` is where it lives on disk (None: in memory)."""
+
     vocab: Vocab
     splits: dict[str, Split] = field(default_factory=dict)
-    raw: dict[str, tuple[list[str], list[str] | None]] = field(default_factory=dict)  # for BLEU
+    raw: dict[str, tuple[list[str], list[str] | None]] = field(default_factory=dict)
+    store: Path | None = None
 
 
-def raw_splits(data: DataSection) -> dict[str, tuple[list[str], list[str] | None]]:
-    """The text of every split, read and checked (files, alignment, emptiness)."""
-    names = {"train": data.splits.train, "val": data.splits.val, "test": data.splits.test}
-    if data.type == "synthetic":
-        sizes = {"train": data.train_size, "val": data.val_size, "test": data.test_size}
-        return {
-            split: synthetic.generate(data.task, n=sizes[split], symbols=data.symbols, lengths=data.lengths, seed=data.seed + i)
-            for i, split in enumerate(("train", "val", "test"))
-        }
-    directory = Path(data.path)
-    out: dict[str, tuple[list[str], list[str] | None]] = {}
-    for split, stem in names.items():
-        langs = (data.src_lang, data.tgt_lang) if data.type == "parallel" else (data.lang,)
-        if split == "test" and not any(text.exists(directory, stem, lang) for lang in langs):
-            continue  # a test split is optional for training
-        if data.type == "parallel":
-            out[split] = text.read_parallel(directory, stem, data.src_lang, data.tgt_lang)
-        else:
-            out[split] = (text.read_lines(text.find(directory, stem, data.lang)), None)
-    return out
+CHUNK = 8192  # rows encoded at once: bounded memory, and large enough for the tokenizer's parallel batches
 
 
-def build_vocab(data: DataSection, train: tuple[list[str], list[str] | None]) -> Vocab:
-    """Train the tokenizer(s) on the training split."""
+def prepare(
+    data: DataSection, *, vocab: Vocab | None = None, model_vocab: int | None = None, say: Callable[[str], None] | None = None
+) -> Prepared:
+    """Read, check and tokenize all splits, or open the store a previous call prepared; train the
+    vocabulary unless one is given (resume, other ranks, scoring). ``say`` hears one line on what
+    happened (prepared, and why; or reused); by default the ``tfbuilder`` logger does."""
+    say = say or log.info
+    sources = split_sources(data)
+    prepared = _generated(data, sources, vocab) if data.type == "synthetic" else _stored(data, sources, vocab, say)
+    if model_vocab is not None and prepared.vocab.tgt.vocab_size != model_vocab:
+        raise DataError(f"the tokenizer has {prepared.vocab.tgt.vocab_size} tokens but the model expects {model_vocab}")
+    train = prepared.splits["train"]
+    if train.dropped:
+        say(f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, or longer than data.max_len={data.max_len}")
+    for name, split in prepared.splits.items():
+        if len(split) == 0:
+            raise DataError(f"the {name} split has no usable examples")
+    budget = data.max_tokens
+    if budget is not None and not data.packing:
+        longest = max(positions(s) for s in prepared.splits.values())
+        if longest > budget:
+            raise DataError(f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)")
+    return prepared
+
+
+def _generated(data: DataSection, sources: dict[str, SplitSource], vocab: Vocab | None) -> Prepared:
+    """Synthetic data: generated from its seed in a moment, so made in memory at every start."""
+    if vocab is None:
+        tok = toks.CharTokenizer(synthetic.alphabet(data.symbols))
+        vocab = Vocab(tok, tok)
+    prepared = Prepared(vocab)
+    for name, source in sources.items():
+        sides = [_MemorySide() for _ in range(2 if source.paired else 1)]
+        texts: list[list[str]] = [[] for _ in sides] if name != "train" else []
+        info = _encode(source, vocab, sides, texts, max_len=data.max_len if name == "train" else None)
+        arrays = [side.finish() for side in sides]
+        prepared.splits[name] = Split(arrays[0], arrays[1] if len(arrays) > 1 else None, info["dropped"], info["dropped_tokens"])
+        if texts:
+            prepared.raw[name] = (texts[0], texts[1] if len(texts) > 1 else None)
+    return prepared
+
+
+def _stored(data: DataSection, sources: dict[str, SplitSource], vocab: Vocab | None, say: Callable[[str], None]) -> Prepared:
+    """Open the store whose key matches, or prepare it (one process at a time per key)."""
+    root = store.root(data).resolve()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the prepared-data folder {root}: {exc.strerror or exc} (set data.cache)") from None
+    given = vocab.to_json() if vocab is not None else None
+    trained = store.key_material(data, sources, "train")
+    candidates = [trained] if given is None else [trained, store.key_material(data, sources, store.vocab_hash(given))]
+    for material in candidates:
+        found = _reuse(root / store.key_of(material), given)
+        if found is not None:
+            say(f"data: using the prepared store {found.store} (files and settings unchanged)")
+            return found
+    material = candidates[-1]
+    key = store.key_of(material)
+    path = root / key
+    with store.locked(root / f"{key}.lock"):
+        found = _reuse(path, given)  # prepared by another process while this one waited
+        if found is not None:
+            say(f"data: using the prepared store {found.store} (prepared by another process)")
+            return found
+        why = store.closest(root, material) or "no store for these files yet"
+        store.clear_temporaries(root, key)
+        tmp = store.temp_dir(root, key)
+        tmp.mkdir()
+        start = time.perf_counter()
+        try:
+            meta = _write(tmp, data, sources, vocab, material)
+            store.publish(tmp, path, meta)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    prepared = _from_store(store.open_store(path))
+    counts = " / ".join(f"{len(s):,} {n}" for n, s in prepared.splits.items())
+    say(f"data: prepared {counts} examples into {path} in {store.elapsed(start)} ({why})")
+    return prepared
+
+
+def _reuse(path: Path, given: str | None) -> Prepared | None:
+    """The store at ``path`` if it is complete, intact and (when a vocabulary is given) uses it."""
+    if not store.is_complete(path):
+        return None
+    try:
+        opened = store.open_store(path)
+    except DataError:
+        return None  # damaged: prepared again under the lock, replacing it
+    if given is not None and opened.vocab_json != given:
+        return None
+    return _from_store(opened)
+
+
+def _from_store(opened: store.Opened) -> Prepared:
+    return Prepared(Vocab.from_json(opened.vocab_json), opened.splits, opened.raw, opened.path)
+
+
+def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab: Vocab | None, material: dict) -> dict:
+    """Prepare every split into ``tmp``; the store's ``meta.json`` content."""
+    start = time.perf_counter()
+    if vocab is None:
+        vocab = build_vocab(data, sources["train"])
+    vocab_json = vocab.to_json()
+    (tmp / "tokenizer.json").write_text(vocab_json, encoding="utf-8")
+    dtype = token_dtype(max(vocab.src.vocab_size, vocab.tgt.vocab_size))
+    splits = {}
+    for name, source in sources.items():
+        names = ["src", "tgt"] if source.paired else ["src"]
+        sides = [store.SideWriter(tmp, f"{name}.{side}", dtype) for side in names]
+        keep_text = source.paired and name != "train"
+        handles = [open(tmp / f"{name}.{side}.txt", "w", encoding="utf-8", newline="\n") for side in names] if keep_text else []
+        try:
+            info = _encode(source, vocab, sides, handles, max_len=data.max_len if name == "train" and not data.packing else None)
+        finally:
+            for side in sides:
+                side.close()
+            for handle in handles:
+                handle.close()
+        splits[name] = {**info, "sides": names, "text": keep_text, "tokens": {n: s.tokens for n, s in zip(names, sides)}}
+    return {
+        "version": store.STORE_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "seconds": round(time.perf_counter() - start, 2),
+        "dtype": dtype.name,
+        "vocab_size": vocab.tgt.vocab_size,
+        "splits": splits,
+        "key_material": material,
+    }
+
+
+class _Side(Protocol):
+    """Where encoded rows of one side go: a file (:class:`~tfbuilder.data.store.SideWriter`) or memory."""
+
+    def add(self, rows: list[list[int]]) -> None: ...
+
+
+class _MemorySide:
+    def __init__(self) -> None:
+        self.rows: list[list[int]] = []
+
+    def add(self, rows: list[list[int]]) -> None:
+        self.rows.extend(rows)
+
+    def finish(self) -> TokenArray:
+        return TokenArray.from_rows(self.rows)
+
+
+def _encode(
+    source: SplitSource, vocab: Vocab, sides: Sequence[_Side], texts: Sequence[list[str] | TextIO], *, max_len: int | None
+) -> dict:
+    """Stream ``source`` through the tokenizer into ``sides`` (one per side), chunk by chunk, keeping
+    the text in ``texts`` (lists or files) when given. Empty examples are left out, and with
+    ``max_len`` longer ones; returns the counts."""
+    rows = seen = dropped = dropped_tokens = 0
+    nonblank = [0, 0]
+    for chunk in chunks(source.rows(), CHUNK):
+        columns = [[row[0] for row in chunk]] + ([[row[1] or "" for row in chunk]] if source.paired else [])
+        for i, lines in enumerate(columns):
+            nonblank[i] += sum(1 for line in lines if line.strip())
+            if texts:
+                if isinstance(texts[i], list):
+                    texts[i].extend(lines)
+                else:
+                    texts[i].write("".join(line.replace("\n", " ") + "\n" for line in lines))
+        encoded = [vocab.src.encode_batch(columns[0])] + ([vocab.tgt.encode_batch(columns[1])] if source.paired else [])
+        keep = [
+            i for i in range(len(chunk))
+            if all(ids[i] for ids in encoded) and (max_len is None or all(len(ids[i]) <= max_len for ids in encoded))
+        ]
+        if len(keep) < len(chunk):
+            kept = set(keep)
+            dropped += len(chunk) - len(keep)
+            dropped_tokens += sum(len(ids[i]) for ids in encoded for i in range(len(chunk)) if i not in kept)
+            encoded = [[ids[i] for i in keep] for ids in encoded]
+        for side, ids in zip(sides, encoded):
+            side.add(ids)
+        rows += len(chunk)
+        seen += len(keep)
+    for i, count in enumerate(nonblank[: len(sides)]):
+        if count == 0:
+            where = source.files[i] if i < len(source.files) else f"the {source.name} split"
+            raise DataError(f"{where} is empty")
+    return {"examples": seen, "rows": rows, "dropped": dropped, "dropped_tokens": dropped_tokens}
+
+
+def sample_rows(rows: Iterable[Row], size: int | None, *, seed: int = 0) -> list[Row]:
+    """A uniform sample of ``size`` rows in one pass with bounded memory (reservoir sampling, Vitter's
+    algorithm R, drawn a chunk at a time); every row, in order, when there are no more than ``size``."""
+    if size is None:
+        return list(rows)
+    rng = np.random.default_rng(seed)
+    kept: list[Row] = []
+    seen = 0
+    for chunk in chunks(rows, 65536):
+        fill = min(len(chunk), max(size - seen, 0))
+        kept.extend(chunk[:fill])
+        if fill < len(chunk):
+            positions = np.arange(seen + fill, seen + len(chunk)) + 1
+            slots = rng.integers(0, positions)  # row n replaces a random slot with probability size / n
+            for offset in np.flatnonzero(slots < size):
+                kept[slots[offset]] = chunk[fill + offset]
+        seen += len(chunk)
+    return kept
+
+
+def build_vocab(data: DataSection, train: SplitSource) -> Vocab:
+    """Train the tokenizer(s) on (a sample of ``data.tokenizer.sample`` examples of) the training split."""
     if data.type == "synthetic":
         tok = toks.CharTokenizer(synthetic.alphabet(data.symbols))
         return Vocab(tok, tok)
-    src, tgt = train
+    rows = sample_rows(train.rows(), data.tokenizer.sample)
+    src = [row[0] for row in rows]
+    tgt = [row[1] or "" for row in rows] if train.paired else None
     size = data.tokenizer.vocab_size
     if tgt is None or data.tokenizer.shared:
         tok = toks.train(data.tokenizer.type, src + (tgt or []), size)
@@ -103,48 +298,23 @@ def build_vocab(data: DataSection, train: tuple[list[str], list[str] | None]) ->
     return Vocab(toks.train(data.tokenizer.type, src, size), toks.train(data.tokenizer.type, tgt, size))
 
 
-def encode(vocab: Vocab, src: list[str], tgt: list[str] | None, *, max_len: int | None) -> Split:
-    """Tokenize a split, dropping empty pairs and (when ``max_len``) pairs longer than it."""
-    src_ids = vocab.src.encode_batch(src)
-    tgt_ids = vocab.tgt.encode_batch(tgt) if tgt is not None else None
-    keep = [
-        i
-        for i in range(len(src_ids))
-        if src_ids[i]
-        and (tgt_ids is None or tgt_ids[i])
-        and (max_len is None or (len(src_ids[i]) <= max_len and (tgt_ids is None or len(tgt_ids[i]) <= max_len)))
-    ]
-    return Split(
-        [src_ids[i] for i in keep],
-        [tgt_ids[i] for i in keep] if tgt_ids is not None else None,
-        dropped=len(src_ids) - len(keep),
-    )
-
-
-def prepare(data: DataSection, *, vocab: Vocab | None = None, model_vocab: int | None = None) -> Prepared:
-    """Read, check and tokenize all splits; train the vocabulary unless one is given (resume, other ranks)."""
-    raw = raw_splits(data)
-    vocab = vocab or build_vocab(data, raw["train"])
-    if model_vocab is not None and vocab.tgt.vocab_size != model_vocab:
-        raise DataError(f"the tokenizer has {vocab.tgt.vocab_size} tokens but the model expects {model_vocab}")
-    prepared = Prepared(vocab, raw=raw)
-    for split, (src, tgt) in raw.items():
-        prepared.splits[split] = encode(vocab, src, tgt, max_len=data.max_len if split == "train" else None)
-        if split == "train" and prepared.splits[split].dropped:
-            log.info("dropped %d training examples (empty, or longer than data.max_len=%d)", prepared.splits[split].dropped, data.max_len)
-        if len(prepared.splits[split]) == 0:
-            raise DataError(f"the {split} split has no usable examples")
-    budget = data.max_tokens
-    if budget is not None:
-        longest = max(positions(s) for s in prepared.splits.values())
-        if longest > budget:
-            raise DataError(f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)")
-    return prepared
-
-
 def positions(split: Split) -> int:
     """The most positions one example of ``split`` takes in a batch, special tokens included (see
     collate.Collate): x</s>, <s>y and y</s> for translation; <s>x</s> for language models."""
     if split.tgt is None:
-        return max(map(len, split.src)) + 2
-    return max(max(map(len, split.src)), max(map(len, split.tgt))) + 1
+        return split.src.longest() + 2
+    return max(split.src.longest(), split.tgt.longest()) + 1
+
+
+def summary_lines(prepared: Prepared) -> list[str]:
+    """What ``tfbuilder prepare`` prints: where the store is, and each split's examples and tokens."""
+    where = f"store: {prepared.store}" if prepared.store else "generated in memory at every start (synthetic data): nothing is stored"
+    lines = [where]
+    for name, split in prepared.splits.items():
+        sides = [split.src] + ([split.tgt] if split.tgt is not None else [])
+        tokens = " + ".join(f"{int(side.lengths.sum(dtype=np.int64)):,}" for side in sides)
+        lines.append(f"  {name:<6} {len(split):>12,} examples  {tokens} tokens" + (f"  ({split.dropped:,} left out)" if split.dropped else ""))
+    if prepared.store:
+        size = sum(f.stat().st_size for f in prepared.store.iterdir())
+        lines.append(f"  {size / 2**20:,.1f} MiB on disk")
+    return lines

@@ -1,19 +1,31 @@
-"""Reading text: one sentence per line, plain or gzipped, checked before anything trains."""
+"""Reading text: one sentence (or document) per line, plain or gzipped, streamed with bounded memory.
+
+Lines are read one at a time through a bounded buffer: a file of any size, or a small gzip that
+expands to gigabytes, costs at most :data:`MAX_LINE_BYTES` of memory per line, and an absurdly long
+line is an error naming the file and the line. Paths are checked before they are opened: a directory,
+a FIFO or a device is named for what it is, never read (a FIFO would block, ``/dev/zero`` never end).
+"""
 
 from __future__ import annotations
 
 import gzip
+import os
+import stat
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from .tokenizers import DataError
+
+MAX_LINE_BYTES = 16 * 2**20  # a longer "line" is a binary file or a missing line end, not a sentence
 
 
 def find(directory: Path, stem: str, lang: str) -> Path:
     """``<directory>/<stem>.<lang>`` or its ``.gz``; a clear error naming both when neither exists."""
     plain = directory / f"{stem}.{lang}"
     for candidate in (plain, plain.with_name(plain.name + ".gz")):
-        if candidate.is_file():
+        if candidate.exists() or candidate.is_symlink():
+            check_regular(candidate)
             return candidate
     if not directory.is_dir():
         raise DataError(f"data directory {directory} does not exist (data.path)")
@@ -21,45 +33,102 @@ def find(directory: Path, stem: str, lang: str) -> Path:
 
 
 def exists(directory: Path, stem: str, lang: str) -> bool:
-    """Whether ``<directory>/<stem>.<lang>`` or its ``.gz`` is a file."""
+    """Whether ``<directory>/<stem>.<lang>`` or its ``.gz`` exists (a file or not: :func:`find` says)."""
     plain = directory / f"{stem}.{lang}"
-    return plain.is_file() or plain.with_name(plain.name + ".gz").is_file()
+    return any(p.exists() or p.is_symlink() for p in (plain, plain.with_name(plain.name + ".gz")))
 
 
-def split_lines(text: str) -> list[str]:
-    """Lines end at ``\\n`` (``\\r\\n`` too) and nowhere else: not at U+2028, U+0085, form feed or a
-    lone ``\\r``, as ``str.splitlines`` would, which would shift every pair after such a character."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final line end
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+def check_regular(path: Path) -> None:
+    """A :class:`DataError` unless ``path`` is (a link to) a regular file that can be read."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == 40:  # ELOOP
+            raise DataError(f"cannot read {path}: a loop of symbolic links") from None
+        if path.is_symlink():
+            raise DataError(f"cannot read {path}: a symbolic link to nothing") from None
+        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise DataError(f"cannot read {path}: it is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise DataError(f"cannot read {path}: not a regular file (a FIFO, socket or device)")
+
+
+def lines(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
+    """The lines of ``path`` without line ends, one at a time. Lines end at ``\\n`` (``\\r\\n`` too) and
+    nowhere else: not at U+2028, U+0085, form feed or a lone ``\\r``, as ``str.splitlines`` would,
+    which would shift every pair after such a character. Errors (unreadable, not UTF-8, a damaged
+    gzip stream, a line over ``max_line_bytes``) name the file and the line."""
+    check_regular(path)
+    number = 0
+    try:
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            while True:
+                raw = f.readline(max_line_bytes + 1)
+                if not raw:
+                    return
+                number += 1
+                if len(raw) > max_line_bytes:
+                    raise DataError(f"cannot read {path}: line {number:,} is longer than {max_line_bytes // 2**20} MiB")
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise DataError(f"cannot read {path}: line {number:,} is not UTF-8 text") from None
+                if line.endswith("\n"):
+                    line = line[:-2] if line.endswith("\r\n") else line[:-1]
+                yield line
+    except (OSError, EOFError, zlib.error) as exc:
+        damaged = isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile))
+        reason = "a damaged or truncated gzip stream" if damaged else (exc.strerror or exc)
+        raise DataError(f"cannot read {path}: {reason} (line {number + 1:,})") from None
 
 
 def read_lines(path: Path) -> list[str]:
-    """All lines of ``path`` without line ends; errors (unreadable, not UTF-8, empty) name the file."""
-    try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"cannot read {path}: line {line:,} is not UTF-8 text") from None
-    except (OSError, EOFError, zlib.error) as exc:
-        reason = "a damaged or truncated gzip stream" if isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile)) else (exc.strerror or exc)
-        raise DataError(f"cannot read {path}: {reason}") from None
-    lines = split_lines(text)
-    if not any(line.strip() for line in lines):
+    """All lines of ``path`` (see :func:`lines`); an error if none holds text. For small files: the
+    data pipeline streams instead."""
+    out = list(lines(path))
+    if not any(line.strip() for line in out):
         raise DataError(f"{path} is empty")
-    return lines
+    return out
+
+
+def parallel_lines(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """Aligned (source, target) lines, streamed; line counts must agree (checked when one file ends)."""
+    src, tgt = lines(src_path), lines(tgt_path)
+    count = rest_src = rest_tgt = 0
+    for s in src:
+        t = next(tgt, None)
+        if t is None:
+            rest_src = 1
+            break
+        count += 1
+        yield s, t
+    rest_src += sum(1 for _ in src)
+    rest_tgt = sum(1 for _ in tgt)
+    if rest_src or rest_tgt:
+        raise DataError(
+            f"{src_path} has {count + rest_src:,} lines but {tgt_path} has {count + rest_tgt:,}: they must be aligned"
+        )
 
 
 def read_parallel(directory: Path, stem: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
-    """Aligned source and target lines of one split; line counts must agree."""
+    """Aligned source and target lines of one split (small files); line counts must agree."""
     src_path, tgt_path = find(directory, stem, src_lang), find(directory, stem, tgt_lang)
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(f"{src_path} has {len(src):,} lines but {tgt_path} has {len(tgt):,}: they must be aligned")
-    return src, tgt
+    pairs = list(parallel_lines(src_path, tgt_path))
+    for path, side in ((src_path, 0), (tgt_path, 1)):
+        if not any(p[side].strip() for p in pairs):
+            raise DataError(f"{path} is empty")
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def paragraphs(path: Path) -> Iterator[str]:
+    """Documents separated by blank lines; a document's lines are joined with ``\\n``."""
+    current: list[str] = []
+    for line in lines(path):
+        if line.strip():
+            current.append(line)
+        elif current:
+            yield "\n".join(current)
+            current = []
+    if current:
+        yield "\n".join(current)

@@ -1,0 +1,246 @@
+"""The prepared store (tfbuilder/data/store.py, prepare.py): prepared once, keyed by content, reused
+without reading text, safe under concurrent preparers, and exactly the tokens the tokenizer gives."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tfbuilder
+from conftest import ONE_LAYER
+from tfbuilder.data import store, text
+from tfbuilder.data.prepare import prepare, sample_rows
+from tfbuilder.data.tokenizers import DataError
+from tfbuilder.sections import DataSection
+
+WORDS = "the a cat dog sat on mat ran far away house tree big small red green blue".split()
+
+
+def corpus(folder: Path, *, train: int = 400, seed: int = 0, gz: bool = True) -> Path:
+    """A small parallel corpus: target = source reversed word by word (plain or gzipped files)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train), ("val", 30), ("test", 20)):
+        src = [" ".join(rng.choice(WORDS, rng.integers(2, 9))) for _ in range(n)]
+        tgt = [" ".join(reversed(line.split())) for line in src]
+        for lang, lines in (("de", src), ("en", tgt)):
+            body = "\n".join(lines) + "\n"
+            if gz:
+                with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                    f.write(body)
+            else:
+                (folder / f"{split}.{lang}").write_text(body, encoding="utf-8")
+    return folder
+
+
+def section(folder: Path, **changes) -> DataSection:
+    fields = {
+        "type": "parallel", "path": str(folder), "src_lang": "de", "tgt_lang": "en",
+        "tokenizer": {"type": "bpe", "vocab_size": 280}, "max_tokens": 400, **changes,
+    }
+    return DataSection(**fields)
+
+
+@pytest.fixture
+def said():
+    lines: list[str] = []
+    return lines
+
+
+def last(said: list[str]) -> str:
+    """The last line on what happened to the store (prepared or reused)."""
+    return [line for line in said if "prepared" in line][-1]
+
+
+def test_every_data_field_decides_the_content_or_only_how_it_is_read():
+    fields = set(DataSection.model_fields)
+    assert set(store.CONTENT_FIELDS) | set(store.READING_FIELDS) == fields
+    assert not set(store.CONTENT_FIELDS) & set(store.READING_FIELDS)
+
+
+def test_prepared_once_beside_the_data_then_reused_without_reading_text(tmp_path, monkeypatch, said):
+    monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    data = section(corpus(tmp_path / "data"))
+    first = prepare(data, say=said.append)
+    assert first.store is not None and first.store.parent == (tmp_path / "data" / ".tfbuilder").resolve()
+    assert said[-1].startswith("data: prepared 400 train / 30 val / 20 test examples into") and "no store for these files yet" in said[-1]
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("text was read although a store matched")
+
+    monkeypatch.setattr(text, "lines", no_reading)
+    for loader_change in ({}, {"max_tokens": 999}, {"workers": 2}, {"batch_size": 8, "max_tokens": None}):
+        again = prepare(section(tmp_path / "data", **loader_change), say=said.append)
+        assert again.store == first.store
+        assert "using the prepared store" in said[-1]
+        assert again.splits["train"].src.tolist() == first.splits["train"].src.tolist()
+
+
+def test_a_changed_file_or_setting_prepares_again_and_says_why(tmp_path, said):
+    folder = corpus(tmp_path / "data")
+    first = prepare(section(folder), say=said.append)
+    bigger = prepare(section(folder, max_len=8), say=said.append)
+    assert bigger.store != first.store and "data.max_len changed" in last(said)
+    train = folder / "train.en.gz"
+    os.utime(train, ns=(train.stat().st_atime_ns, train.stat().st_mtime_ns + 10**9))
+    prepare(section(folder), say=said.append)
+    assert "train.en.gz changed" in last(said)
+    prepare(section(folder, tokenizer={"type": "bpe", "vocab_size": 290}), say=said.append)
+    assert "data.tokenizer changed" in last(said)
+
+
+def test_the_store_holds_exactly_what_the_tokenizer_gives(tmp_path):
+    folder = corpus(tmp_path / "data", gz=False)
+    prepared = prepare(section(folder, max_len=5))
+    src = text.read_lines(folder / "train.de")
+    tgt = text.read_lines(folder / "train.en")
+    kept = [(s, t) for s, t in zip(src, tgt) if len(prepared.vocab.src.encode(s)) <= 5 and len(prepared.vocab.tgt.encode(t)) <= 5]
+    train = prepared.splits["train"]
+    assert train.dropped == len(src) - len(kept) > 0
+    assert train.src.tolist() == [prepared.vocab.src.encode(s) for s, _ in kept]
+    assert train.tgt.tolist() == [prepared.vocab.tgt.encode(t) for _, t in kept]
+    assert train.src.flat.dtype == np.uint16 and isinstance(train.src.flat, np.memmap)
+    assert list(train.src.lengths) == [len(r) for r in train.src.tolist()]
+    assert prepared.raw["val"] == (text.read_lines(folder / "val.de"), text.read_lines(folder / "val.en"))
+
+
+def test_a_given_vocabulary_reuses_the_store_that_has_it_and_prepares_with_another(tmp_path, said):
+    folder = corpus(tmp_path / "data")
+    first = prepare(section(folder), say=said.append)
+    resumed = prepare(section(folder), vocab=first.vocab, say=said.append)  # a resumed run's vocabulary
+    assert resumed.store == first.store and "using the prepared store" in said[-1]
+    other = prepare(section(corpus(tmp_path / "other", seed=5), tokenizer={"type": "bpe", "vocab_size": 290})).vocab
+    foreign = prepare(section(folder), vocab=other, say=said.append)  # --init-from a model of other data
+    assert foreign.store != first.store and foreign.vocab.to_json() == other.to_json()
+    assert "another vocabulary" in last(said)
+
+
+def test_a_damaged_store_or_a_killed_preparers_leftovers_are_prepared_again(tmp_path, said):
+    folder = corpus(tmp_path / "data")
+    first = prepare(section(folder), say=said.append)
+    expected = first.splits["train"].src.tolist()
+    leftover = first.store.parent / f".{first.store.name}.tmp-999999"
+    leftover.mkdir()
+    (leftover / "train.src.tok").write_bytes(b"half")
+    token_file = first.store / "train.src.tok"
+    token_file.write_bytes(token_file.read_bytes()[:-4])  # truncated
+    again = prepare(section(folder), say=said.append)
+    assert last(said).startswith("data: prepared") and not leftover.exists()
+    assert again.splits["train"].src.tolist() == expected
+
+
+def test_a_read_only_data_folder_uses_the_user_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    folder = corpus(tmp_path / "data")
+    real_access = os.access
+    monkeypatch.setattr(store.os, "access", lambda p, mode: False if Path(p).parent == folder else real_access(p, mode))
+    assert store.root(section(folder)) == tmp_path / "home-cache" / "tfbuilder" / "data"
+    assert store.root(section(folder, cache=str(tmp_path / "mine"))) == tmp_path / "mine"
+    monkeypatch.setenv(store.CACHE_ENV, str(tmp_path / "env"))
+    assert store.root(section(folder)) == tmp_path / "env"
+
+
+def test_concurrent_preparers_prepare_once(tmp_path):
+    """Two processes asked for the same store at once (two sweeps, several ranks): one prepares, the
+    other waits for it and opens it; whatever the timing, exactly one prepared."""
+    folder = corpus(tmp_path / "data", train=3000)
+    script = (
+        "import sys; from tfbuilder.data.prepare import prepare; from tfbuilder.sections import DataSection\n"
+        f"data = DataSection(type='parallel', path={str(folder)!r}, src_lang='de', tgt_lang='en', tokenizer={{'type': 'bpe', 'vocab_size': 60}})\n"
+        "prepare(data, say=print)\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop(store.CACHE_ENV, None)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    lines = [line for out, _ in outputs for line in out.splitlines()]
+    assert sum(line.startswith("data: prepared") for line in lines) == 1, lines
+    assert sum("using the prepared store" in line for line in lines) == 1, lines
+    stores = [p for p in (folder / ".tfbuilder").iterdir() if p.is_dir()]
+    assert len(stores) == 1
+
+
+def test_reservoir_sample_is_uniform_deterministic_and_keeps_small_inputs_whole():
+    rows = [(str(i), None) for i in range(20000)]
+    assert sample_rows(rows[:50], 100) == rows[:50]
+    sample = sample_rows(rows, 2000)
+    assert sample == sample_rows(rows, 2000) and len(sample) == 2000 and len(set(sample)) == 2000
+    picked = np.array([int(r[0]) for r in sample])
+    # Uniform: every tenth of the input holds about a tenth of the sample (fixed seed: no flakes).
+    counts = np.bincount(picked // 2000, minlength=10)
+    assert counts.min() > 150 and counts.max() < 250
+
+
+@pytest.mark.parametrize("case", ["directory", "fifo", "loop", "device", "long line", "dangling"])
+def test_data_paths_that_are_not_files_are_named_for_what_they_are(tmp_path, case):
+    path = tmp_path / "train.de"
+    if case == "directory":
+        path.mkdir()
+        expect = "is a directory"
+    elif case == "fifo":
+        os.mkfifo(path)
+        expect = "not a regular file"
+    elif case == "loop":
+        path.symlink_to(tmp_path / "train.de")
+        expect = "loop of symbolic links"
+    elif case == "device":
+        path.symlink_to("/dev/zero")
+        expect = "not a regular file"
+    elif case == "dangling":
+        path.symlink_to(tmp_path / "nowhere")
+        expect = "symbolic link to nothing"
+    else:
+        path.write_bytes(b"short\n" + b"x" * 5000 + b"\n")
+        with pytest.raises(DataError, match=r"train\.de: line 2 is longer than"):
+            list(text.lines(path, max_line_bytes=4096))
+        return
+    with pytest.raises(DataError, match=expect):
+        text.find(tmp_path, "train", "de")
+
+
+def test_a_small_gzip_that_expands_to_one_huge_line_is_refused_in_bounded_memory(tmp_path):
+    """64 MiB of one line in a 64 KiB gzip: refused at the line limit, reading at most one line's worth."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    with gzip.open(folder / "train.de.gz", "wb") as f:
+        for _ in range(64):
+            f.write(b"a" * 2**20)
+    script = (
+        "import resource, sys; from pathlib import Path; from tfbuilder.data import text\n"
+        "try:\n"
+        f"    list(text.lines(Path({str(folder / 'train.de.gz')!r})))\n"
+        "except Exception as exc:\n"
+        "    print(exc)\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120).stdout.splitlines()
+    assert "line 1 is longer than 16 MiB" in out[0]
+    assert int(out[1]) < 400  # MiB: the interpreter, numpy and one 16 MiB line, not the 64 MiB expansion
+
+
+def test_fit_prepares_once_and_a_second_fit_reuses_the_store(tmp_path, monkeypatch):
+    from tfbuilder.training import fit
+
+    monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    folder = corpus(tmp_path / "data")
+    overrides = [
+        *ONE_LAYER, "data.type=parallel", f"data.path={folder}", "data.src_lang=de", "data.tgt_lang=en",
+        "data.tokenizer.type=bpe", "data.tokenizer.vocab_size=280", "data.max_tokens=400", "model.vocab_size=280",
+        "trainer.max_steps=2", "trainer.val_every=2", "trainer.progress=false", f"trainer.output={tmp_path / 'runs'}",
+        "trainer.val_bleu=0",
+    ]
+    recipe = tfbuilder.load_recipe(Path(__file__).parent.parent / "recipes" / "quickstart.yaml", overrides)
+    fit(recipe)
+    stores = [p for p in (folder / ".tfbuilder").iterdir() if p.is_dir()]
+    monkeypatch.setattr(text, "lines", lambda *a, **k: (_ for _ in ()).throw(AssertionError("text was read")))
+    summary = fit(recipe)
+    assert summary.steps == 2
+    assert [p for p in (folder / ".tfbuilder").iterdir() if p.is_dir()] == stores

@@ -9,10 +9,11 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from tfbuilder.data.datamodule import DataModule
 from tfbuilder.data.prepare import prepare
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.data.tokenizers import PAD, DataError
 from tfbuilder.sections import SPECIAL_TOKENS, DataSection
 
 MAX_LEN = 20  # characters (the char tokenizer: one token each)
@@ -150,3 +151,22 @@ def test_a_batch_fills_its_budget_exactly():
     assert [len(b) for b in pack(sizes, sizes, range(9), max_tokens=20, batch_size=None)] == [4, 4, 1]
     assert [len(b) for b in pack(sizes, sizes, range(9), max_tokens=19, batch_size=None)] == [3, 3, 3]
     assert [len(b) for b in pack(sizes, sizes, range(9), max_tokens=None, batch_size=4)] == [4, 4, 1]
+
+
+@pytest.mark.parametrize("kind", ["translation", "language model"])
+def test_the_budget_counts_exactly_the_positions_a_batch_takes(tmp_path, kind):
+    """What bucketing counts per example is what collation makes of it (x</s> and <s>y; <s>x</s>), no
+    more (batches would be needlessly small) and no less (over the budget)."""
+    from tfbuilder.data.collate import Collate, lengths
+
+    data = parallel_section(tmp_path, max_tokens=200)
+    split = prepare(data).splits["train"]
+    if kind == "language model":
+        split = type(split)(split.src)
+    src, tgt, extra = lengths(split)
+    batch = Collate(split)(list(range(len(split))))
+    if kind == "language model":
+        assert ((batch["tokens"] != PAD).sum(1) == torch.as_tensor(src.astype("int64") + extra[0])).all()
+        return
+    assert ((batch["src"] != PAD).sum(1) == torch.as_tensor(src.astype("int64") + extra[0])).all()
+    assert ((batch["tgt_in"] != PAD).sum(1) == torch.as_tensor(tgt.astype("int64") + extra[1])).all()

@@ -506,12 +506,11 @@ def _origin(recipe: Recipe, *, resume, init_from, run_dir, force: bool) -> _Orig
 
 def _shared_run_dir(run_dir: Path) -> tuple[Path, None, None, None, Vocab | None]:
     """One directory for every process of a job: set by rank 0 for the processes it launches, or by
-    the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Ranks other
-    than 0 use the vocabulary rank 0 wrote there."""
+    the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
+    for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
+    it, so all use the vocabulary it holds."""
     if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-    if rank_zero_only.rank != 0:
-        _wait_for(run_dir / "tokenizer.json")
     vocab_file = run_dir / "tokenizer.json"
     vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
     return run_dir, None, None, None, vocab
@@ -652,15 +651,6 @@ def signal_name(signum: int) -> str:
     import signal
 
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
-def _wait_for(path: Path, seconds: float = 600.0) -> None:
-    """Ranks other than 0 wait for rank 0 to write the vocabulary."""
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TfbuilderError(f"rank {rank_zero_only.rank}: gave up waiting for {path} from rank 0")
-        time.sleep(0.2)
 
 
 __all__ = ["Interrupted", "NonFiniteLoss", "Summary", "Task", "fit"]

@@ -180,6 +180,7 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
     start = time.perf_counter()
     if vocab is None:
         vocab = build_vocab(data, sources["train"])
+    trained = time.perf_counter() - start
     vocab_json = vocab.to_json()
     (tmp / "tokenizer.json").write_text(vocab_json, encoding="utf-8")
     dtype = token_dtype(max(vocab.src.vocab_size, vocab.tgt.vocab_size))
@@ -201,6 +202,7 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
         "version": store.STORE_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "seconds": round(time.perf_counter() - start, 2),
+        "seconds_tokenizer": round(trained, 2),
         "dtype": dtype.name,
         "vocab_size": vocab.tgt.vocab_size,
         "splits": splits,

@@ -244,3 +244,30 @@ def test_fit_prepares_once_and_a_second_fit_reuses_the_store(tmp_path, monkeypat
     summary = fit(recipe)
     assert summary.steps == 2
     assert [p for p in (folder / ".tfbuilder").iterdir() if p.is_dir()] == stores
+
+
+def test_a_run_on_the_store_resumes_bit_equal_with_loader_workers(tmp_path, monkeypatch):
+    """Six steps straight, against three steps then a resume to six reading through two DataLoader
+    worker processes: the same weights, bit for bit (the store's batches do not depend on who reads)."""
+    import torch
+
+    from tfbuilder.recipe import recipe_from_dict
+    from tfbuilder.runs import read_checkpoint
+    from tfbuilder.training import fit
+
+    monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    folder = corpus(tmp_path / "data")
+    common = [
+        *ONE_LAYER, "data.type=parallel", f"data.path={folder}", "data.src_lang=de", "data.tgt_lang=en",
+        "data.tokenizer.type=bpe", "data.tokenizer.vocab_size=280", "data.max_tokens=300", "model.dropout=0.1",
+        "trainer.val_every=3", "trainer.progress=false", "trainer.val_bleu=0", "trainer.deterministic=true", "trainer.threads=1",
+    ]
+    quickstart = Path(__file__).parent.parent / "recipes" / "quickstart.yaml"
+    straight = fit(tfbuilder.load_recipe(quickstart, [*common, "trainer.max_steps=6", f"trainer.output={tmp_path / 'a'}"]))
+    first = fit(tfbuilder.load_recipe(quickstart, [*common, "trainer.max_steps=3", f"trainer.output={tmp_path / 'b'}"]))
+    meta = read_checkpoint(first.last_checkpoint)["tfbuilder"]
+    resumed = fit(recipe_from_dict(meta["recipe"], ["trainer.max_steps=6", "data.workers=2"]), resume=first.run_dir)
+    assert resumed.steps == 6
+    a = read_checkpoint(straight.last_checkpoint)["state_dict"]
+    b = read_checkpoint(resumed.last_checkpoint)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

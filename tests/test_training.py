@@ -174,14 +174,26 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
+    """Two ranks on text data: one prepares the store, the other opens it; both train in step."""
+    from test_store import corpus
+
+    folder = corpus(tmp_path / "data")
+    text_data = [
+        "data.type=parallel", f"data.path={folder}", "data.src_lang=de", "data.tgt_lang=en", "data.tokenizer.type=bpe",
+        "data.tokenizer.vocab_size=280", "data.max_tokens=300", "trainer.val_bleu=0",
+    ]
     sets = small(tmp_path, "trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "trainer.max_steps=6", "trainer.val_every=3",
-                 "trainer.threads=1")  # two processes on two cores
+                 "trainer.threads=1", *text_data)  # two processes on two cores
     driver = tmp_path / "ddp_driver.py"
     driver.write_text(DDP_DRIVER)
     cmd = [sys.executable, str(driver), "fit", str(QUICKSTART), *sum((["--set", o] for o in sets), [])]
     env = {**os.environ, "WEIGHTS_DIR": str(tmp_path)}
+    env.pop("TFBUILDER_CACHE", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    stores = [p for p in (folder / ".tfbuilder").iterdir() if p.is_dir()]
+    assert len(stores) == 1, stores  # prepared once, by one rank
+    assert len(re.findall(r"^data: (prepared \d|using the prepared store .* \(prepared by another process\))", proc.stderr, re.M)) == 1, proc.stderr
     assert re.search(r"^ranks agree +yes$", proc.stdout, re.M), proc.stdout
     runs = list((tmp_path / "runs" / "quickstart").iterdir())
     assert len(runs) == 1  # both ranks wrote into one run directory

@@ -206,6 +206,12 @@ def test_data_paths_that_are_not_files_are_named_for_what_they_are(tmp_path, cas
         text.find(tmp_path, "train", "de")
 
 
+def test_a_data_path_that_is_a_file_is_named_so(tmp_path):
+    (tmp_path / "corpus.txt").write_text("a\n")
+    with pytest.raises(DataError, match=r"data.path .*corpus.txt is a file, not a directory"):
+        text.find(tmp_path / "corpus.txt", "train", "de")
+
+
 def test_a_small_gzip_that_expands_to_one_huge_line_is_refused_in_bounded_memory(tmp_path):
     """64 MiB of one line in a 64 KiB gzip: refused at the line limit, reading at most one line's worth."""
     folder = tmp_path / "data"

@@ -27,6 +27,8 @@ def find(directory: Path, stem: str, lang: str) -> Path:
         if candidate.exists() or candidate.is_symlink():
             check_regular(candidate)
             return candidate
+    if directory.exists() and not directory.is_dir():
+        raise DataError(f"data.path {directory} is a file, not a directory")
     if not directory.is_dir():
         raise DataError(f"data directory {directory} does not exist (data.path)")
     raise DataError(f"missing data file: {plain} (or {plain.name}.gz) in {directory}")

@@ -115,3 +115,16 @@ def test_a_packed_language_model_trains_on_documents_longer_than_its_block(tmp_p
     assert int(train.src.lengths.min()) > 3 * 32
     summary = fit(recipe)
     assert summary.steps == 3 and summary.best_val_loss is not None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sorting_by_length_equals_a_stable_sort_on_the_pair(seed):
+    from tfbuilder.data.batching import by_length
+
+    rng = np.random.default_rng(seed)
+    n = 5000
+    src = rng.integers(0, 70_000 if seed == 3 else 60, n).astype(np.uint32)  # 16-bit radix keys, and wider ones
+    tgt = rng.integers(0, 60, n).astype(np.uint32)
+    order = rng.permutation(n).astype(np.int32)
+    expected = sorted(order.tolist(), key=lambda i: (src[i], tgt[i]))  # Python's sort is stable
+    assert by_length(order, src, tgt).tolist() == expected

@@ -63,6 +63,18 @@ def pack(
     return [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def by_length(order: np.ndarray, src_lens: np.ndarray, tgt_lens: np.ndarray) -> np.ndarray:
+    """``order`` sorted by source then target length, stably: equal lengths keep their order (the random
+    one, so batches differ between epochs). Two stable passes (target, then source) equal one sort on
+    the pair; on 16-bit keys numpy sorts them by radix, in linear time."""
+    for lens in (tgt_lens, src_lens):
+        keys = lens[order]
+        if len(keys) and int(keys.max()) < 2**16:
+            keys = keys.astype(np.uint16)
+        order = order[np.argsort(keys, kind="stable")]
+    return order
+
+
 class Epoch:
     """One rank's batches of one epoch, as arrays (a few bytes per example, no Python list per batch):
     batch k is ``order[bounds[p]:bounds[p + 1]]`` with ``p = picks[k]``."""
@@ -125,8 +137,7 @@ class BucketBatchSampler:
         n = len(self.src_lens)
         index = np.int32 if n < 2**31 else np.int64
         order = rng.permutation(n).astype(index) if self.shuffle else np.arange(n, dtype=index)
-        # Stable sort: equal lengths keep the random order, so batches differ between epochs.
-        order = order[np.lexsort((self.tgt_lens[order], self.src_lens[order]))]
+        order = by_length(order, self.src_lens, self.tgt_lens)
         bounds = cut(self.src_lens, self.tgt_lens, order, max_tokens=self.max_tokens, batch_size=self.batch_size, extra=self.extra)
         count = len(bounds) - 1
         picks = rng.permutation(count) if self.shuffle else np.arange(count)

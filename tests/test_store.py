@@ -277,3 +277,24 @@ def test_a_run_on_the_store_resumes_bit_equal_with_loader_workers(tmp_path, monk
     a = read_checkpoint(straight.last_checkpoint)["state_dict"]
     b = read_checkpoint(resumed.last_checkpoint)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_prepare_on_the_command_line_reports_bad_data_with_exit_2_and_leaves_nothing_half_made(tmp_path, capsys, monkeypatch):
+    from tfbuilder.cli import main
+
+    monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    folder = corpus(tmp_path / "data", gz=False)
+    quickstart = str(Path(__file__).parent.parent / "recipes" / "quickstart.yaml")
+    sets = sum((["--set", o] for o in [
+        "data.type=parallel", f"data.path={folder}", "data.src_lang=de", "data.tgt_lang=en",
+        "data.tokenizer.type=bpe", "data.tokenizer.vocab_size=280",
+    ]), [])
+    assert main(["prepare", quickstart, *sets]) == 0
+    out = capsys.readouterr().out
+    assert "data: prepared 400 train / 30 val / 20 test examples" in out and "store: " in out and "MiB on disk" in out
+    with open(folder / "val.en", "a", encoding="utf-8") as f:
+        f.write("one line too many\n")
+    assert main(["prepare", quickstart, *sets]) == 2
+    err = capsys.readouterr().err
+    assert "val.de has 30 lines but" in err and "val.en has 31" in err and "Traceback" not in err
+    assert not [p for p in (folder / ".tfbuilder").iterdir() if store.TEMP_MARK in p.name]

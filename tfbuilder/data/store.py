@@ -181,8 +181,11 @@ class SideWriter:
         offsets.tofile(self.directory / f"{self.stem}.idx")
 
 
+TEMP_MARK = ".tmp-"  # a store being written: ".<key>.tmp-<pid>", hidden, never opened
+
+
 def temp_dir(root_dir: Path, key: str) -> Path:
-    return root_dir / f".{key}.tmp-{os.getpid()}"
+    return root_dir / f".{key}{TEMP_MARK}{os.getpid()}"
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> None:
@@ -198,7 +201,7 @@ def publish(tmp: Path, final: Path, meta: dict) -> None:
 
 def clear_temporaries(root_dir: Path, key: str) -> None:
     """Remove what a killed preparer of ``key`` left (the caller holds the key's lock)."""
-    for leftover in root_dir.glob(f".{key}.tmp-*"):
+    for leftover in root_dir.glob(f".{key}{TEMP_MARK}*"):
         shutil.rmtree(leftover, ignore_errors=True)
 
 

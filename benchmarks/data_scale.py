@@ -166,7 +166,8 @@ def main() -> None:
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "multi30k"), help="the Multi30k folder")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 30, 150], help="copies of the training pairs")
     ap.add_argument("--steps", type=int, default=20, help="training steps per fit")
-    ap.add_argument("--scratch", default=None, help="where corpora and runs go (default: a temporary folder, removed)")
+    ap.add_argument("--scratch", default=None, help="where corpora and runs go (default: a temporary folder, removed); "
+                    "given, corpora and their stores are kept and reused")
     args = ap.parse_args()
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="tfbuilder-data-scale-"))
     recipe = str(ROOT / "recipes" / "multi30k" / "vanilla-small.yaml")
@@ -176,7 +177,11 @@ def main() -> None:
     try:
         for copies in args.sizes:
             folder = scratch / f"x{copies}"
-            raw = make_corpus(Path(args.data), folder, copies)
+            if folder.exists():  # kept from an earlier run (--scratch): the same corpus, prepared again below
+                raw = (folder / "train.de").stat().st_size + (folder / "train.en").stat().st_size
+                shutil.rmtree(folder / ".tfbuilder", ignore_errors=True)
+            else:
+                raw = make_corpus(Path(args.data), folder, copies)
             base = [f"data.path={folder}", "data.splits.test=test_2016_flickr", "data.splits.train=train"]
             prepared, seconds, rss, _ = run(
                 [sys.executable, "-m", "tfbuilder", "prepare", recipe, *sum((["--set", o] for o in base), [])], env
@@ -200,7 +205,8 @@ def main() -> None:
             row["loader_batches_s"] = loader["batches_per_s"]
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-            shutil.rmtree(folder)
+            if args.scratch is None:
+                shutil.rmtree(folder)  # the next size needs the disk
     finally:
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -105,7 +105,7 @@ def test_the_store_holds_exactly_what_the_tokenizer_gives(tmp_path):
     assert train.dropped == len(src) - len(kept) > 0
     assert train.src.tolist() == [prepared.vocab.src.encode(s) for s, _ in kept]
     assert train.tgt.tolist() == [prepared.vocab.tgt.encode(t) for _, t in kept]
-    assert train.src.flat.dtype == np.uint16 and isinstance(train.src.flat, np.memmap)
+    assert train.src.dtype == np.uint16 and train.src.lengths.dtype == np.uint16
     assert list(train.src.lengths) == [len(r) for r in train.src.tolist()]
     assert prepared.raw["val"] == (text.read_lines(folder / "val.de"), text.read_lines(folder / "val.en"))
 
@@ -298,3 +298,13 @@ def test_prepare_on_the_command_line_reports_bad_data_with_exit_2_and_leaves_not
     err = capsys.readouterr().err
     assert "val.de has 30 lines but" in err and "val.en has 31" in err and "Traceback" not in err
     assert not [p for p in (folder / ".tfbuilder").iterdir() if store.TEMP_MARK in p.name]
+
+
+def test_stored_tokens_travel_to_spawned_workers(tmp_path):
+    """A DataLoader started with spawn pickles the dataset: a stored side goes without its open files."""
+    import pickle
+
+    train = prepare(section(corpus(tmp_path / "data"))).splits["train"]
+    first = train.src[0].tolist()
+    copy = pickle.loads(pickle.dumps(train.src))
+    assert copy[0].tolist() == first and copy[len(copy) - 1].tolist() == train.src[len(train) - 1].tolist()

@@ -181,7 +181,7 @@ def parser() -> argparse.ArgumentParser:
     _add_set(f)
     f.set_defaults(run=cmd_fit)
 
-    pr = sub.add_parser("prepare", help="tokenize a recipe's data once into a memory-mapped store (fit does it when needed)")
+    pr = sub.add_parser("prepare", help="tokenize a recipe's data once into a store on disk (fit does it when needed)")
     pr.add_argument("recipe", metavar="RECIPE", help="a recipe file (YAML)")
     _add_set(pr)
     pr.set_defaults(run=cmd_prepare)

@@ -4,7 +4,7 @@ The documents of a split are read as one stream, each followed by </s>: ``d0 </s
 Example ``i`` is the window of ``window`` tokens starting at ``i * stride``. A causal LM takes
 ``window = block_size + 1`` and ``stride = block_size``: it reads ``block_size`` tokens and predicts
 the next one at each, so every token of the stream is predicted once and no document is dropped,
-however long. Nothing is copied: a window is gathered from the memory-mapped documents on demand.
+however long. Nothing is copied: a window is gathered from the stored documents on demand.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import numpy as np
 
 from ..sections import DataSection
 from .tokenizers import EOS
-from .tokens import Split, TokenArray
+from .tokens import Split, StoredTokens, TokenArray
 
 
 class Packed:
     """Fixed windows over documents joined by </s>; reads like a :class:`TokenArray` (``len``,
     ``[i]``, ``lengths``)."""
 
-    def __init__(self, docs: TokenArray, *, window: int, stride: int):
+    def __init__(self, docs: TokenArray | StoredTokens, *, window: int, stride: int):
         self.docs, self.window, self.stride = docs, window, stride
         stream = int(docs.offsets[-1]) + len(docs)  # every document and its </s>
         count = (stream - window) // stride + 1 if stream >= window else 0
@@ -82,7 +82,7 @@ def packed_splits(splits: dict[str, Split], data: DataSection, *, causal: bool) 
         return splits
     out = {}
     for name, split in splits.items():
-        if not isinstance(split.src, TokenArray):
+        if not isinstance(split.src, (TokenArray, StoredTokens)):
             raise TypeError(f"the {name} split is already packed")
         out[name] = Split(Packed(split.src, window=data.block_size + int(causal), stride=data.block_size))
     return out

@@ -1,6 +1,6 @@
 """Turn a recipe's data section into tokenized splits, checking everything before training starts.
 
-Text data is prepared once into a store on disk (:mod:`tfbuilder.data.store`) and memory-mapped
+Text data is prepared once into a store on disk (:mod:`tfbuilder.data.store`) and read from it
 afterwards; generated (synthetic) data is made in memory, in the same flat layout, at every start.
 Reading, tokenizer training and encoding stream in chunks, so preparing costs bounded memory.
 """

@@ -1,4 +1,4 @@
-"""The prepared store: a corpus tokenized once, written to disk, memory-mapped by every run that uses it.
+"""The prepared store: a corpus tokenized once, written to disk, read by every run that uses it.
 
 Layout of one store, ``<root>/<key>/``::
 
@@ -17,8 +17,9 @@ does. A store is written into a hidden temporary folder and renamed into place w
 exclusive lock on ``<root>/<key>.lock`` makes concurrent preparers (sweeps, DDP ranks, several jobs)
 wait for the one that prepares, so nothing is prepared twice or read half-written.
 
-The same design as fairseq's binarized indexed datasets and Megatron's ``.bin``/``.idx`` pairs, with
-the cache keyed by content as Hugging Face ``datasets`` fingerprints its caches.
+The same layout as fairseq's binarized indexed datasets and Megatron's ``.bin``/``.idx`` pairs, with
+the cache keyed by content as Hugging Face ``datasets`` fingerprints its caches; examples are read
+with positioned reads rather than a memory map (see :mod:`tfbuilder.data.tokens`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 from ..sections import DataSection
 from .readers import SplitSource
 from .tokenizers import DataError
-from .tokens import Split, TokenArray
+from .tokens import Split, StoredTokens
 
 STORE_VERSION = 1
 CACHE_ENV = "TFBUILDER_CACHE"
@@ -110,7 +111,7 @@ def locked(path: Path) -> Iterator[None]:
 
 @dataclass
 class Opened:
-    """A store read back: its splits (memory-mapped), the validation/test text, the vocabulary JSON."""
+    """A store read back: its splits (read from disk on demand), the validation/test text, the vocabulary JSON."""
 
     path: Path
     meta: dict
@@ -124,7 +125,7 @@ def is_complete(path: Path) -> bool:
 
 
 def open_store(path: Path) -> Opened:
-    """Map a complete store; a :class:`DataError` if it is damaged (a file missing or of the wrong size)."""
+    """Open a complete store; a :class:`DataError` if it is damaged (a file missing or of the wrong size)."""
     try:
         meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
         vocab_json = (path / "tokenizer.json").read_text(encoding="utf-8")
@@ -142,16 +143,13 @@ def open_store(path: Path) -> Opened:
     return Opened(path, meta, vocab_json, splits, raw)
 
 
-def _map_side(path: Path, stem: str, dtype: np.dtype, examples: int, tokens: int) -> TokenArray:
+def _map_side(path: Path, stem: str, dtype: np.dtype, examples: int, tokens: int) -> StoredTokens:
     expected = {".tok": tokens * dtype.itemsize, ".idx": (examples + 1) * 8, ".len": examples * 4}
     for suffix, size in expected.items():
         got = (path / f"{stem}{suffix}").stat().st_size
         if got != size:
             raise ValueError(f"{stem}{suffix} has {got:,} bytes, not {size:,}")
-    flat = np.memmap(path / f"{stem}.tok", dtype=dtype, mode="r") if tokens else np.zeros(0, dtype)
-    offsets = np.memmap(path / f"{stem}.idx", dtype=np.int64, mode="r")
-    lengths = np.memmap(path / f"{stem}.len", dtype=np.uint32, mode="r") if examples else np.zeros(0, np.uint32)
-    return TokenArray(flat, offsets, lengths)
+    return StoredTokens(path / stem, dtype, examples)
 
 
 class SideWriter:

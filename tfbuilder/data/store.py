@@ -138,7 +138,7 @@ def open_store(path: Path) -> Opened:
             if info.get("text"):
                 texts = [(path / f"{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1] for side in info["sides"]]
                 raw[name] = (texts[0], texts[1] if len(texts) > 1 else None)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise DataError(f"the prepared data in {path} is damaged ({type(exc).__name__}: {str(exc)[:120]})") from None
     return Opened(path, meta, vocab_json, splits, raw)
 
@@ -212,7 +212,7 @@ def closest(root_dir: Path, material: dict) -> str | None:
         try:
             other = json.loads(meta_path.read_text(encoding="utf-8"))["key_material"]
             theirs = {p[0] for files in other["files"].values() for p in files}
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue
         if theirs == ours and (best is None or meta_path.stat().st_mtime > best[0]):
             best = (meta_path.stat().st_mtime, other)

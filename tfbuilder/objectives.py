@@ -181,8 +181,9 @@ def masked_lm(
 
 
 def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> int:
-    """Target tokens of a batch of a ``kind`` model as its objective counts them (the masked LM: every
-    real token), from host-side ids: counting on an accelerator would make the host wait for it."""
+    """Target tokens a batch of a ``kind`` model feeds its objective (the masked LM: every real token,
+    not only the masked ones it predicts), from host-side ids: counting on an accelerator would make the
+    host wait for it. Throughput (tokens/s) counts these; losses and metrics divide by ``Result.tokens``."""
     ids = {"encoder_decoder": lambda: batch["tgt_out"], "decoder": lambda: batch["tokens"][:, 1:]}.get(kind, lambda: batch["tokens"])()
     return int(ids.numel() if pad_id is None else (ids != pad_id).sum())
 

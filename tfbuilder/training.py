@@ -123,8 +123,11 @@ class Task(L.LightningModule):
         size = self._host_tokens
         self._batch_tokens = size
         self.log("train_loss", result.loss, prog_bar=True, batch_size=size)
-        self.log("train_ppl", torch.exp(result.nll / max(size, 1)), batch_size=size)
-        self.log("train_acc", result.correct.float() / max(size, 1), batch_size=size)
+        # Over the tokens the objective predicted (a masked LM: its masked share), as validation does;
+        # tokens/s counts every target token the step read.
+        predicted = result.tokens.clamp(min=1)
+        self.log("train_ppl", torch.exp(result.nll / predicted), batch_size=size)
+        self.log("train_acc", result.correct.float() / predicted, batch_size=size)
         if self.recipe.optim.accumulate > 1:
             # Lightning averages the k micro-batches' losses; a step must instead average over their
             # target tokens, as one batch k times larger would. The token-summed loss is returned here

@@ -48,7 +48,7 @@ def batch(kind: str) -> dict[str, torch.Tensor]:
 
 def logged_step(task: Task, data: dict[str, torch.Tensor], monkeypatch) -> dict[str, float]:
     logged: dict[str, float] = {}
-    monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, float(value)))
+    monkeypatch.setattr(task, "log", lambda name, value, **_: logged.__setitem__(name, float(torch.as_tensor(value).detach())))
     task.on_before_batch_transfer(data, 0)
     task.training_step(data, 0)
     return logged

@@ -25,7 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from . import __version__, atomic, devices, objectives, preflight, registry
+from . import __version__, atomic, devices, objectives, preflight, registry, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
@@ -444,7 +444,22 @@ def fit(
     instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
     (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
     written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
-    after every optimizer step. Nothing is created before every check has passed."""
+    after every optimizer step. Nothing is created before every check has passed. The process's
+    thread count, random generators and deterministic settings are given back as they were when
+    ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
+    with torch_state.kept():
+        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, on_step=on_step)
+
+
+def _fit(
+    recipe: Recipe,
+    *,
+    resume: str | Path | None,
+    run_dir: str | Path | None,
+    init_from: str | Path | None,
+    force: bool,
+    on_step: Callable[[int, int], None] | None,
+) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
     quiet_lightning()
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from . import atomic
 from .data.tokenizers import BOS, EOS, MASK, PAD, UNK, Tokenizer
 from .devices import model_device
 from .errors import TfbuilderError
@@ -138,6 +139,7 @@ def write_maps(
         title = "masked " + title if (part, what) == ("decoder", "self") else title
         fig = plot(w, queries, keys, title=f"{part} layer {layer[1:]}: {title}")
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=120, metadata={METADATA_KEY: json.dumps(w.tolist())})
+        metadata = {METADATA_KEY: json.dumps(w.tolist())}
+        atomic.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=metadata), what="attention map")
         written.append(path)
     return written

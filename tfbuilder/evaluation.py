@@ -314,11 +314,22 @@ def write_outputs(outputs: Sequence[Output], path: str | Path, *, layout: Litera
     write_text(Path(path), text, what="translations")
 
 
+MAX_SCORE_COPIES = 10_000
+
+
 def save_scores(loaded: Loaded, scores: Scores) -> Path:
-    """Write ``scores`` as JSON beside the checkpoint's run (``tfbuilder test`` and sweeps)."""
-    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32")
-    path.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
-    return path
+    """Write ``scores`` as JSON beside the checkpoint's run (``tfbuilder test`` and sweeps), atomically
+    and never over an earlier file: when :func:`scores_path` is taken, the next free
+    ``<name>-<n>.json``. Returns the path written (compare it with :func:`scores_path` to tell)."""
+    from .atomic import write_new_text
+
+    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
+    text = json.dumps(asdict(scores), indent=2)
+    for n in range(1, MAX_SCORE_COPIES):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        if write_new_text(candidate, text, what="scores") is not None:
+            return candidate
+    raise FileExistsError(f"{path} and {MAX_SCORE_COPIES - 1:,} numbered copies exist: not overwriting them")
 
 
 def generate(loaded: Loaded, prompt: str, **kwargs) -> str:

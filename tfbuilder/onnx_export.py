@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import atomic
 from .errors import TfbuilderError
 
 TOLERANCE = 1e-4
@@ -62,8 +63,14 @@ def export_onnx(model: nn.Module, recipe: Any, path: Path) -> Path:
             _Forward(model).eval(), tuple(inputs.values()), input_names=names, output_names=["logits"],
             dynamic_shapes=(shapes,), dynamo=True, verbose=False,
         )
-    program.save(str(path))
-    check(model, path, inputs, onnxruntime)
+    # Checked at a temporary name first: a graph that differs from PyTorch is never in place.
+    tmp = atomic.temp_path(path).with_name(atomic.temp_path(path).name + ".onnx")
+    try:
+        program.save(str(tmp))
+        check(model, tmp, inputs, onnxruntime)
+        atomic.copy(tmp, path, what="ONNX model")
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

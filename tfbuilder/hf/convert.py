@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import __version__
+from .. import __version__, atomic
 from ..errors import TfbuilderError
 from . import weights
 from .configs import UnsupportedConfig, from_config, to_config
@@ -51,6 +50,13 @@ def _safetensors():
     except ImportError:
         raise TfbuilderError("this needs the safetensors package: pip install 'tfbuilder[hf]'") from None
     return safetensors.torch
+
+
+def tokenizers_json(tokenizer: Any) -> str | None:
+    """The ``tokenizers`` library's JSON of a byte-level BPE or Hugging Face tokenizer (what a
+    save_pretrained directory holds as tokenizer.json), read from its saved form; None for others."""
+    saved = json.loads(tokenizer.to_json())
+    return saved.get("tokenizer") if saved.get("type") in ("bpe", "hf") else None
 
 
 def _recipe_name(hf_dir: Path) -> str:
@@ -112,11 +118,11 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tup
     family, recipe, model, vocab = load_hf(hf_dir, overrides)
     run_dir = _fresh_dir(out)
     write_recipe(run_dir, recipe.to_dict())
-    (run_dir / "tokenizer.json").write_text(vocab.to_json(), encoding="utf-8")
-    shutil.copyfile(hf_dir / "config.json", run_dir / "hf-config.json")
+    atomic.write_text(run_dir / "tokenizer.json", vocab.to_json(), what="vocabulary")
+    atomic.copy(hf_dir / "config.json", run_dir / "hf-config.json", what="config")
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir()
-    torch.save(checkpoint_dict(model, recipe, vocab, source=f"hf:{family}"), ckpt)
+    atomic.save(checkpoint_dict(model, recipe, vocab, source=f"hf:{family}"), ckpt)
     return ckpt
 
 
@@ -198,21 +204,23 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
     model = loaded.model
     if format == "safetensors":
         save_model = _safetensors().save_model
-        save_model(model, str(out / "model.safetensors"))
+        atomic.write_by_name(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)), what="weights")
         write_recipe(out, loaded.recipe.to_dict())
-        (out / "tokenizer.json").write_text(loaded.vocab.to_json(), encoding="utf-8")
+        atomic.write_text(out / "tokenizer.json", loaded.vocab.to_json(), what="vocabulary")
         return [out / "model.safetensors", out / "recipe.yaml", out / "tokenizer.json"]
     if format == "hf":
         save_file = _safetensors().save_file
         rules = weights.rules(family, loaded.recipe.model)
         tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        atomic.write_by_name(
+            out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), what="weights"
+        )
         config = {**to_config(loaded.recipe.model, family), **config_ids(model.specials, family)}
-        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
         written = [out / "model.safetensors", out / "config.json"]
-        raw = getattr(loaded.vocab.tgt, "_tok", None)
+        raw = tokenizers_json(loaded.vocab.tgt)
         if raw is not None:
-            (out / "tokenizer.json").write_text(raw.to_str(), encoding="utf-8")
+            atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
             written.append(out / "tokenizer.json")
         return written
     from ..onnx_export import export_onnx

@@ -22,7 +22,7 @@ MAX_LENGTH = 1 << 16
 def example_inputs(model: nn.Module, vocab_size: int) -> dict[str, torch.Tensor]:
     """Inputs that exercise padding (a pad id at the end of one row) when the model has a pad id."""
     g = torch.Generator().manual_seed(0)
-    pad = getattr(model, "pad_id", None)
+    pad = model.pad_id
     low = 0 if pad is None else min(pad + 1, vocab_size - 1)
 
     def ids(n: int) -> torch.Tensor:

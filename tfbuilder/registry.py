@@ -107,11 +107,12 @@ def register(family: str, name: str) -> Callable[[C], C]:
     """Class decorator: register ``cls`` as ``family``/``name``.
 
     ``cls`` must define a nested ``Params(ComponentParams)`` whose ``type`` field is
-    ``Literal[name]`` with default ``name``, and be constructible as ``cls(params, ctx)``.
+    ``Literal[name]`` with default ``name``, be constructible as ``cls(params, ctx)``, and satisfy its
+    family's contract (:mod:`tfbuilder.contracts`).
     """
 
     def decorate(cls: C) -> C:
-        _add(family, name, cls, source=getattr(cls, "__module__", "?"))
+        _add(family, name, cls, source=cls.__module__)
         return cls
 
     return decorate
@@ -136,6 +137,13 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
     if existing is not None:
         raise RegistryError(
             f"{family} type '{name}' is already registered by {existing.source} ({existing.cls.__name__})"
+        )
+    from .contracts import missing as lacking  # imports torch: only once a component registers
+
+    absent = lacking(family, cls)
+    if absent:
+        raise RegistryError(
+            f"{cls.__name__} does not satisfy the {family} contract (tfbuilder.contracts): it lacks " + "; ".join(absent)
         )
     params.family = family
     package, package_version = ("tfbuilder", _own_version()) if source.startswith("tfbuilder.") else _provider

@@ -30,7 +30,7 @@ members itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
@@ -210,6 +210,6 @@ def missing(family: str, cls: type) -> list[str]:
     return out
 
 
-def satisfies(family: str, module: Any) -> bool:
+def satisfies(family: str, module: nn.Module) -> bool:
     """Whether a built ``module`` is what its family's protocol says (a check for tests and tools)."""
     return isinstance(module, {"attention": Attention, "position": Position, "norm": Norm, "ffn": FeedForward}[family])

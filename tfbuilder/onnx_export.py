@@ -7,13 +7,16 @@ and ``tgt`` (b, i); the output is ``logits``. Batch and lengths are dynamic.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from . import atomic
 from .errors import TfbuilderError
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
 
 TOLERANCE = 1e-4
 MAX_LENGTH = 1 << 16
@@ -47,7 +50,7 @@ class _Forward(nn.Module):
         return self.model(*ids)
 
 
-def export_onnx(model: nn.Module, recipe: Any, path: Path) -> Path:
+def export_onnx(model: nn.Module, recipe: Recipe, path: Path) -> Path:
     """Write ``model``'s forward pass to ``path`` and check it with onnxruntime; returns ``path``."""
     try:
         import onnxruntime

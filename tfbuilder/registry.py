@@ -12,12 +12,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # only named in annotations: this module imports no component (nor torch)
     from torch import Tensor
+    from torch.nn import Module
 
     from .components.position import AttentionPosition
 
@@ -239,6 +240,7 @@ def entries(family: str) -> list[Entry]:
     return [_entries[family][n] for n in sorted(_entries[family])]
 
 
-def build(family: str, params: ComponentParams, ctx: BuildContext) -> Any:
-    """Instantiate the component that ``params`` describes."""
+def build(family: str, params: ComponentParams, ctx: BuildContext) -> Module:
+    """Instantiate the component that ``params`` describes (an ``nn.Module`` satisfying its family's
+    contract, :mod:`tfbuilder.contracts`)."""
     return get(family, params.type).cls(params, ctx)

@@ -7,9 +7,12 @@ and that tfbuilder cannot express is refused, naming the field; values that only
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TfbuilderError
+
+if TYPE_CHECKING:
+    from ..recipe import ModelSection
 
 # architectures[0] in config.json -> family
 FAMILIES = {
@@ -215,7 +218,7 @@ def _llama(cfg: dict) -> dict:
     }
 
 
-def to_config(model: Any, family: str) -> dict:
+def to_config(model: ModelSection, family: str) -> dict:
     """The ``config.json`` of ``family`` for a model section; the caller checks that it round-trips."""
     m = model
     att, ffn, norm, pos = m.attention, m.ffn, m.norm, m.position

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,11 @@ from ..errors import TfbuilderError
 from . import weights
 from .configs import UnsupportedConfig, from_config, to_config
 from .specials import config_ids, special_ids
+
+if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
+    from ..data.prepare import Vocab
+    from ..data.tokenizers import Tokenizer
+    from ..recipe import ModelSection, Recipe
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse anything absurd
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -52,7 +57,7 @@ def _safetensors():
     return safetensors.torch
 
 
-def tokenizers_json(tokenizer: Any) -> str | None:
+def tokenizers_json(tokenizer: Tokenizer) -> str | None:
     """The ``tokenizers`` library's JSON of a byte-level BPE or Hugging Face tokenizer (what a
     save_pretrained directory holds as tokenizer.json), read from its saved form; None for others."""
     saved = json.loads(tokenizer.to_json())
@@ -63,7 +68,7 @@ def _recipe_name(hf_dir: Path) -> str:
     return re.sub(r"[^\w.\-]", "-", hf_dir.resolve().name) or "imported"
 
 
-def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Any, torch.nn.Module, Any]:
+def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Recipe, torch.nn.Module, Vocab]:
     """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory.
     ``overrides`` (``--set``) may add what a config does not say (data, optim, trainer), not change the model."""
     load_file = _safetensors().load_file
@@ -126,7 +131,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tup
     return ckpt
 
 
-def checkpoint_dict(model: torch.nn.Module, recipe: Any, vocab: Any, *, source: str) -> dict:
+def checkpoint_dict(model: torch.nn.Module, recipe: Recipe, vocab: Vocab, *, source: str) -> dict:
     """A checkpoint that ``runs.load_checkpoint`` reads (the layout training writes, step 0)."""
     return {
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
@@ -145,7 +150,7 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Any, vocab: Any, *, source: 
     }
 
 
-def _comparable(model_section: Any) -> dict:
+def _comparable(model_section: ModelSection) -> dict:
     """A model section's data without what does not change the function (dropout, initialisation)."""
     from ..components.ffn import glu_hidden
 
@@ -169,7 +174,7 @@ def _comparable(model_section: Any) -> dict:
     return data
 
 
-def hf_family(model_section: Any) -> str:
+def hf_family(model_section: ModelSection) -> str:
     """The Hugging Face family a model section is exactly, or an error naming what differs."""
     from ..recipe import ModelSection
 

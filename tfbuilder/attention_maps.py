@@ -20,13 +20,14 @@ from torch import Tensor, nn
 from . import atomic
 from .blocks import DecoderLayer
 from .contracts import Attention
-from .data.tokenizers import BOS, EOS, MASK, PAD, UNK, Tokenizer
+from .data.tokenizers import Tokenizer
+from .specials import BOS, EOS, SPECIAL_TOKENS
 from .devices import model_device
 from .errors import TfbuilderError
 from .runs import Loaded
 
 METADATA_KEY = "tfbuilder:weights"
-_SPECIAL = {PAD: "<pad>", BOS: "<s>", EOS: "</s>", UNK: "<unk>", MASK: "<mask>"}
+_SPECIAL = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", ...
 
 
 class AttentionMapError(TfbuilderError):

@@ -25,7 +25,7 @@ from pydantic_core import PydanticCustomError
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
-from .sections import SPECIAL_TOKENS, DataSection, OptimSection, Section, TrainerSection, fail
+from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
 from .sources import Source, apply_overrides, dotted_path, load_source
 
 if TYPE_CHECKING:  # named in annotations only: the schema imports no tensors
@@ -342,10 +342,13 @@ def _vocab_hint(data: dict) -> int:
     """The vocabulary an invalid data section names, or a placeholder (the model is then checked,
     but the data section's errors are what get fixed)."""
     if data.get("type", "synthetic") == "synthetic":
-        symbols = data.get("symbols", 10)
-        return 5 + symbols if isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= 36 else 15
+        default = DataSection.model_fields["symbols"].default
+        symbols = data.get("symbols", default)
+        valid = isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= len(SYNTHETIC_ALPHABET)
+        return SPECIAL_COUNT + (symbols if valid else default)
     size = data.get("tokenizer", {}).get("vocab_size") if isinstance(data.get("tokenizer"), dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and 6 <= size <= 10_000_000 else 16
+    valid = isinstance(size, int) and not isinstance(size, bool) and SPECIAL_COUNT + 1 <= size <= 10_000_000
+    return size if valid else SPECIAL_COUNT + 11  # any vocabulary with ordinary tokens will do
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

@@ -397,11 +397,16 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
 
 
 def _changes(before: dict, after: dict) -> dict[str, list]:
-    """The recipe keys a resume changed: ``{"trainer.max_steps": [before, after]}``."""
-    from .diffing import flatten
+    """The recipe keys a resume changed: ``{"trainer.max_steps": [before, after]}`` (None where a key
+    is absent), from :func:`tfbuilder.diffing.differences`, the one place recipes are compared."""
+    from .diffing import MISSING, differences
 
-    a, b = flatten(before), flatten(after)
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    changed = {}
+    for key, *values in differences(before, after, include_name=True):
+        a, b = (None if v is MISSING else v for v in values)
+        if a != b:  # absent and null are the same here
+            changed[key] = [a, b]
+    return changed
 
 
 def quiet_lightning() -> None:

@@ -153,6 +153,7 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Recipe, vocab: Vocab, *, sou
 def _comparable(model_section: ModelSection) -> dict:
     """A model section's data without what does not change the function (dropout, initialisation)."""
     from ..components.ffn import glu_hidden
+    from ..contracts import default_ffn_hidden, default_head_dim
 
     data = model_section.model_dump(mode="json")
     data.pop("init", None)
@@ -164,10 +165,10 @@ def _comparable(model_section: ModelSection) -> dict:
     d, att, ffn = model_section.d_model, data["attention"], data["ffn"]
     if att.get("type") == "multihead":
         att["kv_heads"] = att.get("kv_heads") or att["heads"]
-        att["key_dim"] = att.get("key_dim") or d // att["heads"]
-        att["value_dim"] = att.get("value_dim") or d // att["heads"]
+        att["key_dim"] = att.get("key_dim") or default_head_dim(d, att["heads"])
+        att["value_dim"] = att.get("value_dim") or default_head_dim(d, att["heads"])
     if ffn.get("type") == "mlp":
-        ffn["hidden"] = ffn.get("hidden") or 4 * d
+        ffn["hidden"] = ffn.get("hidden") or default_ffn_hidden(d)
     elif ffn.get("type") in ("swiglu", "geglu", "reglu"):
         ffn["hidden"] = glu_hidden(model_section.ffn, d)
         ffn.pop("match_params", None)

@@ -29,7 +29,7 @@ from . import __version__, atomic, devices, objectives, preflight, registry, tor
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
-from .data.prepare import Vocab, prepare
+from .data.prepare import Prepared, Vocab, prepare
 from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .progress import Progress
@@ -434,6 +434,20 @@ class _Origin:
         return self.invocation["kind"] == "resume"
 
 
+@dataclass
+class _Start:
+    """What :func:`_train` starts from, once every check has passed and the run directory is set up."""
+
+    recipe: Recipe
+    model: nn.Module  # built (and seeded) from the recipe; --init-from's weights loaded
+    prepared: Prepared  # the data, as prepare() made it
+    vocab_json: str
+    run_dir: Path
+    origin: _Origin  # the checkpoint a resume continues, and this invocation's record
+    started: float  # perf_counter() when fit began (data preparation counts in the wall time)
+    on_step: Callable[[int, int], None] | None = None
+
+
 def fit(
     recipe: Recipe,
     *,
@@ -482,7 +496,7 @@ def _fit(
     try:
         if rank_zero:
             _set_up_run_dir(run_dir, recipe, origin, vocab_json)
-        return _train(recipe, model, prepared, vocab_json, run_dir, origin.checkpoint, origin.invocation, start, on_step)
+        return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step))
     finally:
         if lock is not None:
             lock.release()
@@ -494,7 +508,7 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _refuse_untrainable(recipe: Recipe, *, resume, init_from) -> None:
+def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None) -> None:
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
@@ -504,7 +518,9 @@ def _refuse_untrainable(recipe: Recipe, *, resume, init_from) -> None:
         raise TfbuilderError("give --resume or --init-from, not both")
 
 
-def _origin(recipe: Recipe, *, resume, init_from, run_dir, force: bool) -> _Origin:
+def _origin(
+    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool
+) -> _Origin:
     """Read (and check) what the fit starts from; nothing is written."""
     invocation: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": "new", "from_step": 0}
     if resume is not None:
@@ -516,18 +532,19 @@ def _origin(recipe: Recipe, *, resume, init_from, run_dir, force: bool) -> _Orig
         invocation.update(kind="resume", checkpoint=str(ckpt_path), from_step=int(source.get("global_step", 0)), changed=changed)
         if meta.get("run_dir") and Path(meta["run_dir"]) != run_dir.resolve():
             invocation["adopted_from"] = meta["run_dir"]
-        return _Origin(invocation, run_dir, ckpt_path, source, ckpt_path, Vocab.from_json(meta["vocab"]))
+        vocab = Vocab.from_json(meta["vocab"])
+        return _Origin(invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab)
     if init_from is not None:
         source = read_checkpoint(init_from)
         invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
         # The weights' token ids mean these tokens.
-        return _Origin(invocation, None, None, source, init_from, Vocab.from_json(source["tfbuilder"]["vocab"]))
+        return _Origin(invocation, source=source, source_path=init_from, vocab=Vocab.from_json(source["tfbuilder"]["vocab"]))
     if run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        return _Origin(invocation, *_shared_run_dir(Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV])))
+        return _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]))
     return _Origin(invocation)
 
 
-def _shared_run_dir(run_dir: Path) -> tuple[Path, None, None, None, Vocab | None]:
+def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
     """One directory for every process of a job: set by rank 0 for the processes it launches, or by
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Ranks other
     than 0 use the vocabulary rank 0 wrote there."""
@@ -537,7 +554,7 @@ def _shared_run_dir(run_dir: Path) -> tuple[Path, None, None, None, Vocab | None
         _wait_for(run_dir / "tokenizer.json")
     vocab_file = run_dir / "tokenizer.json"
     vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
-    return run_dir, None, None, None, vocab
+    return _Origin(invocation, run_dir=run_dir, vocab=vocab)
 
 
 def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
@@ -581,12 +598,14 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: 
         write_recipe(run_dir, recipe.to_dict())
 
 
-def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invocation: dict, start: float, on_step) -> Summary:
+def _train(start: _Start) -> Summary:
+    recipe, model, prepared, run_dir, on_step = start.recipe, start.model, start.prepared, start.run_dir, start.on_step
+    ckpt_path, invocation = start.origin.checkpoint, start.origin.invocation
     bleu_lines = None
     if recipe.trainer.val_bleu:
         sources, references = prepared.raw["val"]
         bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
-    task = Task(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start)
+    task = Task(recipe, model, start.vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start.started)
     task.run_dir = str(run_dir.resolve())
     task.invocation = invocation
     if recipe.trainer.compile:

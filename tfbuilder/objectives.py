@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from .data.packing import segments
+from .model import OutputProjection
 from .sections import MLM_PROBABILITY
 from .specials import COUNT as SPECIAL_COUNT
 from .specials import MASK
@@ -101,7 +102,7 @@ def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear
     """Split an output head into what comes before its vocabulary projection (an MLM head's dense
     layer and norm, a scale before a tied projection) and the projection itself."""
     linear, before = (head, []) if isinstance(head, nn.Linear) else (head.out, [head.transform])
-    if hasattr(linear, "transform"):
+    if isinstance(linear, OutputProjection):  # its scale comes before the projection
         before.append(linear.transform)
 
     def transform(x: Tensor) -> Tensor:

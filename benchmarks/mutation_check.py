@@ -111,7 +111,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("scalenorm: initial gain 1/sqrt(d)", "tfbuilder/components/norm.py", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** 0.5))", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** -0.5))", REFS + ("-k", "scalenorm")),
     Mutation("mlp: activation dropped", "tfbuilder/components/ffn.py", "self.ff_out(self.drop(self.act(self.ff_in(x))))", "self.ff_out(self.drop(self.ff_in(x)))", HFC + ("-k", "random_config and gpt2")),
     Mutation("glu: gate and value swapped", "tfbuilder/components/ffn.py", "self.act(gate) * value", "self.act(value) * gate", HFC + ("-k", "random_config and llama")),
-    Mutation("glu: width rounded down", "tfbuilder/components/ffn.py", "return -(-(8 * d_model) // 3 // 8) * 8", "return (8 * d_model) // 3 // 8 * 8", ("tests/test_ffn.py",)),
+    Mutation("glu: width rounded down", "tfbuilder/components/ffn.py", "return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8", "return (2 * default_ffn_hidden(d_model)) // 3 // 8 * 8", ("tests/test_ffn.py",)),
     Mutation("moe: router weights not renormalised", "tfbuilder/components/ffn.py", "weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)", "weights = weights.to(x.dtype)", ("tests/test_ffn.py",)),
     Mutation("moe: balancing counts the last choice", "tfbuilder/components/ffn.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
     Mutation("moe: capacity rounded down", "tfbuilder/components/ffn.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
@@ -126,7 +126,10 @@ MUTATIONS: list[Mutation] = [
     Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
     Mutation("causal lm predicts the current token", "tfbuilder/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
     Mutation("masked lm: 70% shown as <mask>", "tfbuilder/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
-    Mutation("masked lm: special tokens may be chosen", "tfbuilder/objectives.py", "candidates = tokens >= len(SPECIAL_TOKENS)", "candidates = tokens >= 0", OBJ),
+    Mutation("masked lm: special tokens may be chosen", "tfbuilder/objectives.py", "candidates = tokens >= SPECIAL_COUNT", "candidates = tokens >= 0", OBJ),
+    Mutation("training metrics over every real token", "tfbuilder/training.py", "predicted = result.tokens.clamp(min=1)", "predicted = max(size, 1)", ("tests/test_training_metrics.py",)),
+    Mutation("residual scaling misses the output projections", "tfbuilder/builder.py", "for linear in residual.inner.output_projections():", "for linear in []:", ("tests/test_contracts.py", "-k", "residual_scaling")),
+    Mutation("positions built for one head", "tfbuilder/builder.py", "return shape.heads, shape.key_dim", "return 1, self.spec.d_model", ("tests/test_contracts.py", "-k", "declared_shape")),
     Mutation("target count includes the first token", "tfbuilder/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),
     # --- learning-rate schedules (Vaswani et al. 2017 eq. 3; Loshchilov & Hutter 2017)
     Mutation("inverse_sqrt: warmup^-0.5", "tfbuilder/schedules.py", "min(step**-0.5, step * warmup**-1.5)", "min(step**-0.5, step * warmup**-0.5)", SCHED),

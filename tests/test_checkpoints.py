@@ -253,10 +253,10 @@ def test_init_from_starts_from_the_weights_with_a_fresh_schedule(tmp_path, monke
     seen = {}
     real = training._train
 
-    def spy(recipe, model, *rest):
-        seen["model"] = model
-        seen["before"] = {k: v.clone() for k, v in model.state_dict().items()}
-        return real(recipe, model, *rest)
+    def spy(start):
+        seen["model"] = start.model
+        seen["before"] = {k: v.clone() for k, v in start.model.state_dict().items()}
+        return real(start)
 
     monkeypatch.setattr(training, "_train", spy)
     new = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.val_every=3", "trainer.max_steps=3")), init_from=source.last_checkpoint)

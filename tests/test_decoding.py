@@ -415,3 +415,27 @@ def test_bad_checkpoints_exit_2_without_traceback(tmp_path, verb, capsys):
         assert main([verb, str(target), *extra]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_generate_past_a_learned_position_table_is_refused_before_it_starts(tmp_path, capsys):
+    """A decoder with a learned table of 8 positions: <s> and a 3-symbol prompt take 4, and sampling
+    feeds each new token, so --max-new 4 fits and 5 does not; the refusal names the largest that fits."""
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import CharTokenizer
+    from tfbuilder.hf.convert import checkpoint_dict
+    from tfbuilder.recipe import recipe_from_dict
+
+    spec = tiny_model(kind="decoder", encoder=None, vocab_size=15, position={"type": "learned", "max_len": 8})
+    recipe = recipe_from_dict({"name": "learned-8", "model": spec})
+    tok = CharTokenizer("abcdefghij")
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save(checkpoint_dict(tfbuilder.build_model(recipe), recipe, Vocab(tok, tok), source="test"), ckpt)
+    run = lambda prompt, new: main(["generate", str(ckpt), "--prompt", prompt, "--max-new", str(new), "--temperature", "0"])  # noqa: E731
+    assert run("abc", 4) == 0
+    capsys.readouterr()
+    assert run("abc", 5) == 2
+    err = capsys.readouterr().err
+    assert "need 9 positions" in err and "learned position table has 8" in err and "--max-new 4 or less" in err
+    assert run("abcdefg", 1) == 2
+    assert "shorten the prompt" in capsys.readouterr().err

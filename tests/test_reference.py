@@ -88,6 +88,9 @@ def test_a_new_component_makes_the_components_page_stale(capsys):
         def __init__(self, params, ctx):
             super().__init__()
 
+        def forward(self, x):
+            return x
+
     try:
         status, err = check(capsys)
         assert "### norm: reference_test_norm " in reference.components_page()

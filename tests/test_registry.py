@@ -26,7 +26,7 @@ def scaled_relu():
     """A third-party FFN registered from Python for the duration of a test."""
 
     @tfbuilder.register("ffn", "scaled_relu_test")
-    class ScaledReLU(nn.Module):
+    class ScaledReLU(tfbuilder.contracts.FeedForwardBase, nn.Module):
         """A test-only feed-forward: relu(x) * scale."""
 
         class Params(ComponentParams):
@@ -37,6 +37,9 @@ def scaled_relu():
             super().__init__()
             self.proj = nn.Linear(ctx.d_model, ctx.d_model)
             self.scale = params.scale
+
+        def output_projections(self):
+            return [self.proj]
 
         def forward(self, x):
             return torch.relu(self.proj(x)) * self.scale

@@ -1,11 +1,13 @@
 """tfbuilder: declarative transformers from validated YAML recipes.
 
 Public API: :func:`load_recipe`, :func:`build_model`, :func:`fit`, :func:`load_checkpoint`,
-:func:`register`, :class:`Recipe`, :class:`RecipeError`, :class:`ComponentParams`, :class:`BuildContext`.
+:func:`register`, :class:`Recipe`, :class:`RecipeError`, :class:`ComponentParams`, :class:`BuildContext`;
+the component contract in :mod:`tfbuilder.contracts`.
 """
 
 __version__ = "0.1.0"
 
+from . import contracts
 from .builder import build_model, count_parameters
 from .errors import Problem, RecipeError
 from .recipe import Recipe, json_schema, load_recipe
@@ -29,6 +31,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "build_model",
+    "contracts",
     "count_parameters",
     "fit",
     "load_checkpoint",

@@ -9,9 +9,11 @@ previous file or the new one, never a torn one; a failed write removes its tempo
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -68,13 +70,37 @@ def _os_error(exc: BaseException) -> OSError | None:
 def write_atomic(path: str | Path, write: Callable[[BinaryIO], None], *, what: str = "file") -> Path:
     """Write ``path`` through ``write(f)`` atomically; on failure the old file is kept and
     :class:`WriteError` says why."""
-    path = Path(path)
-    tmp = temp_path(path)
-    try:
+
+    def produce(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+
+    return _commit(Path(path), produce, what=what)
+
+
+def write_by_name(path: str | Path, write: Callable[[Path], None], *, what: str = "file") -> Path:
+    """Atomically write ``path`` through a writer that takes a file name rather than a file
+    (safetensors, ONNX): it writes a temporary name, which is fsync'ed and renamed over ``path``."""
+
+    def produce(tmp: Path) -> None:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    return _commit(Path(path), produce, what=what)
+
+
+def _commit(path: Path, produce: Callable[[Path], None], *, what: str) -> Path:
+    """``produce(tmp)`` writes the whole file at a temporary name beside ``path``; it is renamed over
+    ``path``. On failure the temporary goes and :class:`WriteError` says why (Ctrl-C stays Ctrl-C)."""
+    tmp = temp_path(path)
+    try:
+        produce(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)  # whatever stopped the write (Ctrl-C too), its temporary goes
@@ -90,6 +116,46 @@ def write_atomic(path: str | Path, write: Callable[[BinaryIO], None], *, what: s
 
 def write_text(path: str | Path, text: str, *, what: str = "file") -> Path:
     return write_atomic(path, lambda f: f.write(text.encode("utf-8")), what=what)
+
+
+@contextmanager
+def text_file(path: str | Path, *, what: str = "file") -> Iterator[io.StringIO]:
+    """A text stream (newlines as written) whose content replaces ``path`` atomically when the block
+    ends without an exception; nothing is written when it raises."""
+    buffer = io.StringIO(newline="")
+    yield buffer
+    write_text(path, buffer.getvalue(), what=what)
+
+
+def copy(source: str | Path, path: str | Path, *, what: str = "file") -> Path:
+    """Atomically write a copy of ``source`` at ``path``."""
+    with open(source, "rb") as src:
+        return write_atomic(path, lambda f: shutil.copyfileobj(src, f), what=what)
+
+
+def write_new_text(path: str | Path, text: str, *, what: str = "file") -> Path | None:
+    """Write ``text`` at ``path`` whole, only if nothing is there: returns None (writing nothing) when
+    ``path`` exists. The complete temporary file is hard-linked to ``path``, which fails rather than
+    replaces; where links are impossible, it is renamed after a check."""
+    path = Path(path)
+    if os.path.lexists(path):
+        return None
+    tmp = write_text(temp_path(path).with_name(temp_path(path).name + "-new"), text, what=what)
+    try:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise WriteError(f"cannot write {what} {path}: {exc.strerror or exc} (nothing was written)") from None
+            if os.path.lexists(path):
+                return None
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return path
 
 
 def save(obj: object, path: str | Path, *, what: str = "checkpoint") -> Path:

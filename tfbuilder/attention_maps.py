@@ -17,29 +17,30 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .data.tokenizers import BOS, EOS, MASK, PAD, UNK, Tokenizer
+from . import atomic
+from .blocks import DecoderLayer
+from .contracts import Attention
+from .data.tokenizers import Tokenizer
+from .specials import BOS, EOS, SPECIAL_TOKENS
 from .devices import model_device
 from .errors import TfbuilderError
 from .runs import Loaded
 
 METADATA_KEY = "tfbuilder:weights"
-_SPECIAL = {PAD: "<pad>", BOS: "<s>", EOS: "</s>", UNK: "<unk>", MASK: "<mask>"}
+_SPECIAL = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", ...
 
 
 class AttentionMapError(TfbuilderError):
     """The model's attention cannot be shown (a component that does not keep weights, a bad layer)."""
 
 
-def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
+def attention_modules(model: nn.Module) -> dict[str, Attention]:
     """``{"encoder-self-L0": module, "decoder-self-L0": ..., "decoder-cross-L0": ...}`` in layer order."""
-    found: dict[str, nn.Module] = {}
-    for part in ("encoder", "decoder"):
-        stack = getattr(model, part, None)
-        if stack is None:
-            continue
+    found: dict[str, Attention] = {}
+    for part, stack in model.stacks().items():
         for index, layer in enumerate(stack.layers):
             found[f"{part}-self-L{index}"] = layer.self_attn.inner
-            if getattr(layer, "cross_attn", None) is not None:
+            if isinstance(layer, DecoderLayer) and layer.cross_attn is not None:
                 found[f"{part}-cross-L{index}"] = layer.cross_attn.inner
     return found
 
@@ -49,9 +50,9 @@ def attention_weights(model: nn.Module, tokens: Tensor, tgt: Tensor | None = Non
     """Run ``model`` once (eval mode) on one sequence, or one source ``tokens`` and target ``tgt``
     (each (1, n)), keeping every attention layer's weights: name -> (heads, queries, keys)."""
     modules = attention_modules(model)
-    lacking = sorted({type(m).__name__ for m in modules.values() if not hasattr(m, "keep_weights")})
+    lacking = sorted({type(m).__name__ for m in modules.values() if not m.keeps_weights})
     if lacking:
-        raise AttentionMapError(f"attention of type {', '.join(lacking)} does not keep its weights (no keep_weights)")
+        raise AttentionMapError(f"attention of type {', '.join(lacking)} does not keep its weights (keeps_weights is False)")
     was_training = model.training
     model.eval()
     for module in modules.values():
@@ -138,6 +139,7 @@ def write_maps(
         title = "masked " + title if (part, what) == ("decoder", "self") else title
         fig = plot(w, queries, keys, title=f"{part} layer {layer[1:]}: {title}")
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=120, metadata={METADATA_KEY: json.dumps(w.tolist())})
+        metadata = {METADATA_KEY: json.dumps(w.tolist())}
+        atomic.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=metadata), what="attention map")
         written.append(path)
     return written

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from torch import nn
 
 from . import registry
@@ -9,7 +11,7 @@ from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
 from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
-from .recipe import InitSection, ModelSection, Recipe, StackSection
+from .recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
 from .registry import BuildContext, ComponentParams
 from .sources import dotted_path
 
@@ -52,22 +54,22 @@ class _Builder:
             norm_out=self.norm(stack, where) if sandwich else None,
         )
 
-    def attention_shape(self, part: str) -> tuple[int, int]:
-        """Heads and key width per head of the ``part`` stack's self-attention: what its layers and
-        the position module of the side feeding it are built for (read here only, so they agree)."""
-        attention = self.spec.self_attention(part)
-        heads = getattr(attention, "heads", 1)
-        return heads, getattr(attention, "key_dim", None) or self.spec.d_model // heads
+    def attention_shape(self, part: Literal["encoder", "decoder"]) -> tuple[int, int]:
+        """Heads and key width per head of the ``part`` stack's self-attention (the params' contract):
+        what its layers and the position module of the side feeding it are built for (read here only,
+        so they agree)."""
+        shape = self.spec.attention_shape(part)
+        return shape.heads, shape.key_dim
 
-    def stack(self, part: str, position: nn.Module) -> Stack:
+    def stack(self, part: Literal["encoder", "decoder"], position: nn.Module) -> Stack:
         """The encoder or decoder stack; ``position`` is its side's position module, given to
         self-attention when it acts there (an :class:`AttentionPosition`)."""
         spec = self.spec
         in_attention = position if isinstance(position, AttentionPosition) else None
-        section = getattr(spec, part)
-        decoder = part == "decoder"
+        section = spec.stack(part)
+        decoder = isinstance(section, DecoderSection)
         attention = spec.self_attention(part)
-        cross_params = getattr(section, "cross_attention", None) or attention
+        cross_params = (section.cross_attention if decoder else None) or attention
         ffn = section.ffn or spec.ffn
         heads, head_dim = self.attention_shape(part)
         ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
@@ -87,7 +89,7 @@ class _Builder:
         final = self.norm(section, part) if spec.uses_final_norm else None
         return Stack(layers, final)
 
-    def embedding(self, tokens: nn.Embedding, *, part: str) -> Embedding:
+    def embedding(self, tokens: nn.Embedding, *, part: Literal["encoder", "decoder"]) -> Embedding:
         """Token embedding plus the position module of the side that feeds the ``part`` stack
         (positions acting inside attention take that stack's heads and key width)."""
         heads, head_dim = self.attention_shape(part)
@@ -152,26 +154,23 @@ class _Builder:
 
 def apply_init(model: nn.Module, init: InitSection) -> None:
     """Every linear and embedding weight N(0, std), biases zero, norms left at their identity (GPT-2,
-    Radford et al. 2019; BERT, Devlin et al. 2019). With ``residual_scaling``, the projection that ends
-    each residual branch (attention ``to_out``, feed-forward ``ff_out``) gets std / sqrt(2 * layers),
-    so that the residual stream's variance does not grow with depth (GPT-2, sec. 2.3)."""
+    Radford et al. 2019; BERT, Devlin et al. 2019). With ``residual_scaling``, the projections that end
+    each residual branch (each attention's and feed-forward's ``output_projections()``, see
+    :mod:`tfbuilder.contracts`) get std / sqrt(2 * layers), so that the residual stream's variance does
+    not grow with depth (GPT-2, sec. 2.3)."""
     std = init.std
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
     if not init.residual_scaling:
         return
-    for stack in (getattr(model, part, None) for part in ("encoder", "decoder")):
-        if stack is None:
-            continue
+    for stack in model.stacks().values():
         scaled = std / (2 * len(stack.layers)) ** 0.5
         for residual in (m for m in stack.modules() if isinstance(m, Residual)):
-            # The output projections are named by role in every built-in attention and feed-forward.
-            for name, linear in residual.inner.named_modules():
-                if isinstance(linear, nn.Linear) and name.rsplit(".", 1)[-1] in ("to_out", "ff_out"):
-                    nn.init.normal_(linear.weight, std=scaled)
+            for linear in residual.inner.output_projections():
+                nn.init.normal_(linear.weight, std=scaled)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -25,6 +25,9 @@ from lightning.pytorch.callbacks import Callback
 from . import atomic
 from .errors import TfbuilderError
 from .runs import STEP_PREFIX, step_checkpoints
+
+if TYPE_CHECKING:  # the callbacks serve training's Task (training.py imports this module)
+    from .training import Task
 
 class NonFiniteLoss(TfbuilderError):
     """Training produced a NaN or infinite loss (exit 1: the input was fine, the run diverged)."""
@@ -140,9 +143,9 @@ class RunGuard(Callback):
         self.stopped = self.record["stopped"] = why
         trainer.should_stop = True
 
-    def check_finite(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def check_finite(self, trainer: L.Trainer, pl_module: Task) -> None:
         """Read the first non-finite step (a device tensor the task updates without syncing)."""
-        bad = getattr(pl_module, "bad_step", None)
+        bad = pl_module.bad_step
         if bad is None:
             return
         if trainer.world_size > 1 and torch.distributed.is_initialized():

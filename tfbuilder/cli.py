@@ -563,27 +563,18 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def _save_scores_new(loaded, scores) -> "Path":
-    """Write the scores JSON; when the usual name is taken, the next free ``<name>-<n>.json``
-    (an earlier run of ``test`` is never replaced), and say so."""
-    from dataclasses import asdict
+    """Write the scores JSON (:func:`tfbuilder.evaluation.save_scores`: an earlier file is never
+    replaced), and say so when the usual name was taken."""
+    from .evaluation import save_scores, scores_path
 
-    from .evaluation import scores_path
-
+    try:
+        written = save_scores(loaded, scores)
+    except FileExistsError as exc:
+        raise TfbuilderError(str(exc)) from None
     path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
-    text = json.dumps(asdict(scores), indent=2)
-    for n in range(1, 10_000):
-        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
-        try:
-            with open(candidate, "x", encoding="utf-8") as f:
-                f.write(text)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise TfbuilderError(f"cannot write {candidate}: {exc.strerror or exc}") from None
-        if n > 1:
-            print(f"{path} exists: not overwriting it; wrote {candidate.name} instead", file=sys.stderr)
-        return candidate
-    raise TfbuilderError(f"{path} and 9,999 numbered copies exist: not overwriting them")
+    if written != path:
+        print(f"{path} exists: not overwriting it; wrote {written.name} instead", file=sys.stderr)
+    return written
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -766,16 +757,14 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    from .atomic import write_new_text
     from .recipe import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
         _new_file(args.output, "--output")
-        try:
-            with open(args.output, "x", encoding="utf-8") as f:  # never replaces a file
-                f.write(text)
-        except OSError as exc:
-            raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
+        if write_new_text(args.output, text, what="schema") is None:  # never replaces a file
+            raise TfbuilderError(f"--output {args.output} is an existing file: not overwriting it; name a new file")
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)

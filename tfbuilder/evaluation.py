@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import decoding, objectives
+from . import decoding, objectives, preflight
 from .data.batching import pack
 from .data.collate import Collate, lengths
 from .data.packing import packed_splits
@@ -314,16 +314,43 @@ def write_outputs(outputs: Sequence[Output], path: str | Path, *, layout: Litera
     write_text(Path(path), text, what="translations")
 
 
+MAX_SCORE_COPIES = 10_000
+
+
 def save_scores(loaded: Loaded, scores: Scores) -> Path:
-    """Write ``scores`` as JSON beside the checkpoint's run (``tfbuilder test`` and sweeps)."""
-    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32")
-    path.write_text(json.dumps(asdict(scores), indent=2), encoding="utf-8")
-    return path
+    """Write ``scores`` as JSON beside the checkpoint's run (``tfbuilder test`` and sweeps), atomically
+    and never over an earlier file: when :func:`scores_path` is taken, the next free
+    ``<name>-<n>.json``. Returns the path written (compare it with :func:`scores_path` to tell)."""
+    from .atomic import write_new_text
+
+    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
+    text = json.dumps(asdict(scores), indent=2)
+    for n in range(1, MAX_SCORE_COPIES):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        if write_new_text(candidate, text, what="scores") is not None:
+            return candidate
+    raise FileExistsError(f"{path} and {MAX_SCORE_COPIES - 1:,} numbered copies exist: not overwriting them")
 
 
 def generate(loaded: Loaded, prompt: str, **kwargs) -> str:
     """Continue ``prompt`` with a decoder-only checkpoint, from the model's start id (see
     :func:`tfbuilder.decoding.sample`, which takes ``kwargs``)."""
     start = loaded.model.specials.start
-    ids = torch.tensor([([] if start is None else [start]) + loaded.vocab.tgt.encode(prompt)], device=model_device(loaded.model))
+    prefix = ([] if start is None else [start]) + loaded.vocab.tgt.encode(prompt)
+    check_positions(loaded, len(prefix), kwargs.get("max_new", 100))
+    ids = torch.tensor([prefix], device=model_device(loaded.model))
     return loaded.vocab.tgt.decode(decoding.sample(loaded.model, ids, **kwargs)[0])
+
+
+def check_positions(loaded: Loaded, prefix: int, max_new: int) -> None:
+    """Refuse (``ValueError``) a continuation that could run past the model's learned position table:
+    :func:`tfbuilder.decoding.sample` feeds the ``prefix`` tokens and each of ``max_new`` new ones."""
+    limit = preflight.max_positions(loaded.recipe.model)
+    if limit is None or prefix + max_new <= limit:
+        return
+    if prefix >= limit:
+        raise ValueError(f"the prompt takes {prefix} positions; the model's learned position table has {limit}: shorten the prompt")
+    raise ValueError(
+        f"the prompt ({prefix} positions) and --max-new {max_new} need {prefix + max_new} positions; the model's "
+        f"learned position table has {limit}: give --max-new {limit - prefix} or less"
+    )

@@ -150,6 +150,10 @@ class EncoderDecoder(IncrementalDecoding, AuxiliaryLosses, nn.Module):
         self.head = head
         self.pad_id = pad_id
 
+    def stacks(self) -> dict[str, Stack]:
+        """The encoder and the decoder, by name."""
+        return {"encoder": self.encoder, "decoder": self.decoder}
+
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor | None]:
         """``src`` (b, j) -> memory (b, j, d) and its key mask (b, 1, 1, j), None without a pad id."""
         src_mask = masks.key_mask(src, self.pad_id)
@@ -195,6 +199,10 @@ class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
         self.head = head
         self.pad_id = pad_id
 
+    def stacks(self) -> dict[str, Stack]:
+        """The decoder, by name."""
+        return {"decoder": self.decoder}
+
     def features(
         self,
         tokens: Tensor,
@@ -231,6 +239,10 @@ class EncoderOnly(AuxiliaryLosses, nn.Module):
         self.encoder = encoder
         self.head = head
         self.pad_id = pad_id
+
+    def stacks(self) -> dict[str, Stack]:
+        """The encoder, by name."""
+        return {"encoder": self.encoder}
 
     def features(self, tokens: Tensor, *, token_types: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
         """``tokens`` (b, n), ``token_types`` (b, n) or None -> hidden states before the masked-LM head (b, n, d);

@@ -16,8 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from .data.packing import segments
-from .data.tokenizers import MASK
-from .sections import SPECIAL_TOKENS
+from .model import OutputProjection
+from .sections import MLM_PROBABILITY
+from .specials import COUNT as SPECIAL_COUNT
+from .specials import MASK
 
 # Rows of logits computed at once: about 2^26 values (256 MB in float32) per chunk.
 CHUNK_ELEMENTS = 1 << 26
@@ -100,7 +102,7 @@ def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear
     """Split an output head into what comes before its vocabulary projection (an MLM head's dense
     layer and norm, a scale before a tied projection) and the projection itself."""
     linear, before = (head, []) if isinstance(head, nn.Linear) else (head.out, [head.transform])
-    if hasattr(linear, "transform"):
+    if isinstance(linear, OutputProjection):  # its scale comes before the projection
         before.append(linear.transform)
 
     def transform(x: Tensor) -> Tensor:
@@ -166,7 +168,7 @@ def masked_lm(
     shown as <mask> 80% of the time, a random token 10%, unchanged 10%; with ``documents``, a packed
     block's documents do not see each other."""
     tokens = batch["tokens"]
-    candidates = tokens >= len(SPECIAL_TOKENS)
+    candidates = tokens >= SPECIAL_COUNT
     chosen = candidates & (torch.rand(tokens.shape, device=tokens.device) < probability)
     # Always predict at least one token: when a batch drew none, each row's first candidate (decided
     # on the device, without reading the draw back).
@@ -174,15 +176,16 @@ def masked_lm(
     chosen = chosen | (first & ~chosen.any())
     roll = torch.rand(tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll < 0.8), torch.full_like(tokens, MASK), tokens)
-    random_ids = torch.randint(len(SPECIAL_TOKENS), vocab_size, tokens.shape, device=tokens.device)
+    random_ids = torch.randint(SPECIAL_COUNT, vocab_size, tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, inputs)
     hidden = model.features(inputs, segments=segments(tokens)) if documents else model.features(inputs)
     return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100)
 
 
 def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> int:
-    """Target tokens of a batch of a ``kind`` model as its objective counts them (the masked LM: every
-    real token), from host-side ids: counting on an accelerator would make the host wait for it."""
+    """Target tokens a batch of a ``kind`` model feeds its objective (the masked LM: every real token,
+    not only the masked ones it predicts), from host-side ids: counting on an accelerator would make the
+    host wait for it. Throughput (tokens/s) counts these; losses and metrics divide by ``Result.tokens``."""
     ids = {"encoder_decoder": lambda: batch["tgt_out"], "decoder": lambda: batch["tokens"][:, 1:]}.get(kind, lambda: batch["tokens"])()
     return int(ids.numel() if pad_id is None else (ids != pad_id).sum())
 
@@ -196,5 +199,5 @@ def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tenso
         return partial(seq2seq, epsilon=epsilon)
     if kind == "decoder":
         return partial(causal_lm, epsilon=epsilon, documents=documents)
-    probability = data.mlm_probability if data is not None else 0.15
+    probability = data.mlm_probability if data is not None else MLM_PROBABILITY
     return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size, documents=documents)

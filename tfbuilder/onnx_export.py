@@ -7,12 +7,16 @@ and ``tgt`` (b, i); the output is ``logits``. Batch and lengths are dynamic.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from . import atomic
 from .errors import TfbuilderError
+
+if TYPE_CHECKING:
+    from .recipe import Recipe
 
 TOLERANCE = 1e-4
 MAX_LENGTH = 1 << 16
@@ -21,7 +25,7 @@ MAX_LENGTH = 1 << 16
 def example_inputs(model: nn.Module, vocab_size: int) -> dict[str, torch.Tensor]:
     """Inputs that exercise padding (a pad id at the end of one row) when the model has a pad id."""
     g = torch.Generator().manual_seed(0)
-    pad = getattr(model, "pad_id", None)
+    pad = model.pad_id
     low = 0 if pad is None else min(pad + 1, vocab_size - 1)
 
     def ids(n: int) -> torch.Tensor:
@@ -46,7 +50,7 @@ class _Forward(nn.Module):
         return self.model(*ids)
 
 
-def export_onnx(model: nn.Module, recipe: Any, path: Path) -> Path:
+def export_onnx(model: nn.Module, recipe: Recipe, path: Path) -> Path:
     """Write ``model``'s forward pass to ``path`` and check it with onnxruntime; returns ``path``."""
     try:
         import onnxruntime
@@ -62,8 +66,14 @@ def export_onnx(model: nn.Module, recipe: Any, path: Path) -> Path:
             _Forward(model).eval(), tuple(inputs.values()), input_names=names, output_names=["logits"],
             dynamic_shapes=(shapes,), dynamo=True, verbose=False,
         )
-    program.save(str(path))
-    check(model, path, inputs, onnxruntime)
+    # Checked at a temporary name first: a graph that differs from PyTorch is never in place.
+    tmp = atomic.temp_path(path).with_name(atomic.temp_path(path).name + ".onnx")
+    try:
+        program.save(str(tmp))
+        check(model, tmp, inputs, onnxruntime)
+        atomic.copy(tmp, path, what="ONNX model")
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

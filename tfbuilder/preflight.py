@@ -58,8 +58,7 @@ def check_run(recipe: Recipe) -> None:
 
 def max_positions(model: ModelSection) -> int | None:
     """The longest sequence the model's positions cover, or None when unbounded."""
-    position = model.position
-    return getattr(position, "max_len", None) if getattr(position, "type", None) == "learned" else None
+    return model.position.max_positions()  # the position's contract (tfbuilder.contracts.PositionParams)
 
 
 def specials(kind: str) -> int:
@@ -125,11 +124,11 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
 def count_parameters(recipe: Recipe) -> int:
     """Parameters of the recipe's model, counted on the meta device from one- and two-layer stacks."""
     model = recipe.model
-    parts = [p for p in ("encoder", "decoder") if getattr(model, p) is not None]
+    parts = [p for p in ("encoder", "decoder") if model.stack(p) is not None]
     base = _meta_parameters(recipe, _with_layers(model, {p: 1 for p in parts}))
     total = base
     for part in parts:
-        layers = getattr(model, part).layers
+        layers = model.stack(part).layers
         if layers > 1:
             two = _meta_parameters(recipe, _with_layers(model, {p: 2 if p == part else 1 for p in parts}))
             total += (two - base) * (layers - 1)
@@ -188,7 +187,7 @@ def trial_model(model: ModelSection) -> ModelSection:
     update: dict[str, Any] = {"vocab_size": min(model.vocab_size, small)}
     if model.src_vocab_size is not None:
         update["src_vocab_size"] = min(model.src_vocab_size, small)
-    return _with_layers(model, {p: 1 for p in ("encoder", "decoder") if getattr(model, p) is not None}, **update)
+    return _with_layers(model, {p: 1 for p in ("encoder", "decoder") if model.stack(p) is not None}, **update)
 
 
 def trial_step(recipe: Recipe) -> None:
@@ -232,7 +231,7 @@ def trial_step(recipe: Recipe) -> None:
 
 def _with_layers(model: ModelSection, layers: dict[str, int], **update: Any) -> ModelSection:
     for part, n in layers.items():
-        update[part] = getattr(model, part).model_copy(update={"layers": n})
+        update[part] = model.stack(part).model_copy(update={"layers": n})
     return model.model_copy(update=update)
 
 

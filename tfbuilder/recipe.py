@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -25,8 +25,11 @@ from pydantic_core import PydanticCustomError
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
-from .sections import SPECIAL_TOKENS, DataSection, OptimSection, Section, TrainerSection, fail
+from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
 from .sources import Source, apply_overrides, dotted_path, load_source
+
+if TYPE_CHECKING:  # named in annotations only: the schema imports no tensors
+    from .contracts import AttentionParams, AttentionShape
 
 
 class _Dispatch:
@@ -172,7 +175,7 @@ class ModelSection(Section):
         problems: list[tuple[tuple, str, Any]] = []
         needs = {"encoder_decoder": ("encoder", "decoder"), "decoder": ("decoder",), "encoder": ("encoder",)}[self.kind]
         for part in ("encoder", "decoder"):
-            present = getattr(self, part) is not None
+            present = self.stack(part) is not None
             if part in needs and not present:
                 problems.append(((part,), f"kind '{self.kind}' needs {'an' if part == 'encoder' else 'a'} {part} section (e.g. {part}: {{layers: 6}})", None))
             elif part not in needs and present:
@@ -209,19 +212,28 @@ class ModelSection(Section):
         found: list[tuple[tuple, ComponentParams]] = [(("position",), self.position), (("norm",), self.norm)]
         found += [(("attention",), self.attention), (("ffn",), self.ffn)]
         for part in ("encoder", "decoder"):
-            stack = getattr(self, part)
+            stack = self.stack(part)
             if stack is None:
                 continue
-            for field in ("attention", "cross_attention", "ffn", "norm"):
-                params = getattr(stack, field, None)
+            cross = stack.cross_attention if isinstance(stack, DecoderSection) else None
+            for field, params in (("attention", stack.attention), ("cross_attention", cross), ("ffn", stack.ffn), ("norm", stack.norm)):
                 if params is not None:
                     found.append(((part, field), params))
         return found
 
-    def self_attention(self, part: str) -> ComponentParams:
+    def stack(self, part: Literal["encoder", "decoder"]) -> "StackSection | DecoderSection | None":
+        """The ``part`` stack's section, None when the kind has no such stack."""
+        return self.encoder if part == "encoder" else self.decoder
+
+    def self_attention(self, part: Literal["encoder", "decoder"]) -> "AttentionParams":
         """The self-attention of the ``part`` stack (encoder or decoder): its own, else ``model.attention``."""
-        stack = getattr(self, part)
+        stack = self.stack(part)
         return (stack.attention if stack is not None else None) or self.attention
+
+    def attention_shape(self, part: Literal["encoder", "decoder"]) -> "AttentionShape":
+        """Heads and key width per head of the ``part`` stack's self-attention, from its params'
+        contract: what its layers and the position module of the side feeding it are built for."""
+        return self.self_attention(part).shape(self.d_model)
 
     @property
     def uses_final_norm(self) -> bool:
@@ -330,10 +342,13 @@ def _vocab_hint(data: dict) -> int:
     """The vocabulary an invalid data section names, or a placeholder (the model is then checked,
     but the data section's errors are what get fixed)."""
     if data.get("type", "synthetic") == "synthetic":
-        symbols = data.get("symbols", 10)
-        return 5 + symbols if isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= 36 else 15
+        default = DataSection.model_fields["symbols"].default
+        symbols = data.get("symbols", default)
+        valid = isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= len(SYNTHETIC_ALPHABET)
+        return SPECIAL_COUNT + (symbols if valid else default)
     size = data.get("tokenizer", {}).get("vocab_size") if isinstance(data.get("tokenizer"), dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and 6 <= size <= 10_000_000 else 16
+    valid = isinstance(size, int) and not isinstance(size, bool) and SPECIAL_COUNT + 1 <= size <= 10_000_000
+    return size if valid else SPECIAL_COUNT + 11  # any vocabulary with ordinary tokens will do
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from . import registry
+from . import atomic, registry
 
 COMMAND = "python -m tfbuilder.reference"
 DEFAULT_DIR = Path("docs") / "reference"
@@ -480,7 +480,7 @@ def write(directory: Path) -> list[str]:
     changed = stale(directory, generated)
     directory.mkdir(exist_ok=True)
     for name in changed:
-        (directory / name).write_text(generated[name], encoding="utf-8", newline="\n")
+        atomic.write_text(directory / name, generated[name], what="reference page")
     return changed
 
 

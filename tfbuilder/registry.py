@@ -12,12 +12,13 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # only named in annotations: this module imports no component (nor torch)
     from torch import Tensor
+    from torch.nn import Module
 
     from .components.position import AttentionPosition
 
@@ -107,11 +108,12 @@ def register(family: str, name: str) -> Callable[[C], C]:
     """Class decorator: register ``cls`` as ``family``/``name``.
 
     ``cls`` must define a nested ``Params(ComponentParams)`` whose ``type`` field is
-    ``Literal[name]`` with default ``name``, and be constructible as ``cls(params, ctx)``.
+    ``Literal[name]`` with default ``name``, be constructible as ``cls(params, ctx)``, and satisfy its
+    family's contract (:mod:`tfbuilder.contracts`).
     """
 
     def decorate(cls: C) -> C:
-        _add(family, name, cls, source=getattr(cls, "__module__", "?"))
+        _add(family, name, cls, source=cls.__module__)
         return cls
 
     return decorate
@@ -136,6 +138,13 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
     if existing is not None:
         raise RegistryError(
             f"{family} type '{name}' is already registered by {existing.source} ({existing.cls.__name__})"
+        )
+    from .contracts import missing as lacking  # imports torch: only once a component registers
+
+    absent = lacking(family, cls)
+    if absent:
+        raise RegistryError(
+            f"{cls.__name__} does not satisfy the {family} contract (tfbuilder.contracts): it lacks " + "; ".join(absent)
         )
     params.family = family
     package, package_version = ("tfbuilder", _own_version()) if source.startswith("tfbuilder.") else _provider
@@ -231,6 +240,7 @@ def entries(family: str) -> list[Entry]:
     return [_entries[family][n] for n in sorted(_entries[family])]
 
 
-def build(family: str, params: ComponentParams, ctx: BuildContext) -> Any:
-    """Instantiate the component that ``params`` describes."""
+def build(family: str, params: ComponentParams, ctx: BuildContext) -> Module:
+    """Instantiate the component that ``params`` describes (an ``nn.Module`` satisfying its family's
+    contract, :mod:`tfbuilder.contracts`)."""
     return get(family, params.type).cls(params, ctx)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from . import atomic
 from .diffing import MISSING, differences
 from .errors import TfbuilderError
 from .recipe import Recipe, recipe_from_dict
@@ -209,8 +210,8 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
     if note:
         text += [note, ""]
     text += [markdown(rows, beam=beam), "", _legend(beam), "", "![validation and training loss](curves.png)", ""]
-    paths["report.md"].write_text("\n".join(text), encoding="utf-8")
-    with paths["report.csv"].open("w", newline="", encoding="utf-8") as f:
+    atomic.write_text(paths["report.md"], "\n".join(text), what="report")
+    with atomic.text_file(paths["report.csv"], what="report") as f:
         writer = csv.writer(f)
         stats = [f"{key}_{s}" for _, key, _, _ in COLUMNS for s in ("mean", "std")]
         writer.writerow(["recipe", "changes", "parameters", "seeds", *stats])
@@ -219,7 +220,7 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
             for _, _, get, _ in COLUMNS:
                 cells += ["" if v is None else v for v in mean_std(get(row))]
             writer.writerow(cells)
-    with paths["runs.csv"].open("w", newline="", encoding="utf-8") as f:
+    with atomic.text_file(paths["runs.csv"], what="report") as f:
         writer = csv.writer(f)
         writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "exact_match", "tokens_per_s", "wall_s"])
         for row in rows:
@@ -264,7 +265,7 @@ def plot_curves(rows: list[Row], path: Path, *, title: str) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, fontsize=7, loc="outside right upper")
-    fig.savefig(path, dpi=110)
+    atomic.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), what="curves")
 
 
 def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:

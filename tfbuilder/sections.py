@@ -7,7 +7,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")  # ids 0..4 in every tokenizer
+from .specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
+from .specials import COUNT as SPECIAL_COUNT
+
+MLM_PROBABILITY = 0.15  # BERT's share of tokens a masked LM predicts (Devlin et al. 2019, sec. 3.1)
+DEFAULT_BATCH_SIZE = 32  # sentences per batch when a recipe sets neither max_tokens nor batch_size
 SYNTHETIC_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 # Bounds on what a recipe may ask for: far beyond any real run, short of what hangs or cannot work.
 MAX_SEED = 2**32 - 1  # numpy and the data order take 32-bit seeds
@@ -41,7 +45,7 @@ class TokenizerSection(Section):
 
     type: Literal["bpe", "char"] = Field("bpe", description="bpe (byte-level BPE, HF tokenizers) or char")
     vocab_size: int | None = Field(
-        None, ge=len(SPECIAL_TOKENS) + 1, le=10_000_000, description="vocabulary size, specials included"
+        None, ge=SPECIAL_COUNT + 1, le=10_000_000, description="vocabulary size, specials included"
     )
     shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
     sample: int | None = Field(
@@ -114,13 +118,18 @@ class DataSection(Section):
         description="folder of prepared data stores (default: .tfbuilder/ beside the data, or the user cache "
         "folder where the data folder is read-only); TFBUILDER_CACHE overrides the default",
     )
-    mlm_probability: float = Field(0.15, gt=0.0, lt=1.0, description="masked-LM: share of tokens to predict")
+    mlm_probability: float = Field(MLM_PROBABILITY, gt=0.0, lt=1.0, description="masked-LM: share of tokens to predict")
     # tokenizer and batching
     tokenizer: TokenizerSection = Field(default_factory=TokenizerSection, description="the tokenizer")
     max_tokens: int | None = Field(
         None, ge=1, le=100_000_000, description="token budget per batch, padding included, for source and target each"
     )
-    batch_size: int | None = Field(None, ge=1, le=10_000_000, description="sentences per batch (when max_tokens is not set)")
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description=f"sentences per batch (when max_tokens is not set); default {DEFAULT_BATCH_SIZE} when neither is set",
+    )
     workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto",
         description="processes that build batches beside training; auto: none when training on the CPU (the step "
@@ -175,7 +184,7 @@ class DataSection(Section):
     def vocab_size(self) -> int | None:
         """The vocabulary the tokenizer will have, when the recipe alone decides it."""
         if self.type == "synthetic":
-            return len(SPECIAL_TOKENS) + self.symbols
+            return SPECIAL_COUNT + self.symbols
         return self.tokenizer.vocab_size
 
 

@@ -1,8 +1,8 @@
 """The special token ids a model decodes with: where an output starts and ends, what pads, and what a
 decoder never generates. No tensors here.
 
-A model trained by tfbuilder uses ids 0-4 (``<pad> <s> </s> <unk> <mask>``, see
-:data:`tfbuilder.sections.SPECIAL_TOKENS`); a model imported from Hugging Face keeps its own (T5
+A model trained by tfbuilder uses ids 0-4 (``<pad> <s> </s> <unk> <mask>``, :data:`SPECIAL_TOKENS`,
+defined here once: the recipe schema and the tokenizers import it); a model imported from Hugging Face keeps its own (T5
 starts its decoder from its pad id 0 and ends at 1, GPT-2 starts and ends at 50256, Llama at 1 and
 2). The ids travel in the checkpoint's metadata (``tfbuilder.specials``), the model carries them as
 ``model.specials``, and every decoder reads them from there.
@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .sections import SPECIAL_TOKENS
-
-PAD, BOS, EOS, UNK, MASK = range(len(SPECIAL_TOKENS))
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<mask>")
+"""The special tokens every tfbuilder tokenizer starts with, at ids 0..4 in this order."""
+COUNT = len(SPECIAL_TOKENS)
+"""How many ids the specials take: a vocabulary's ordinary tokens start at this id."""
+PAD, BOS, EOS, UNK, MASK = range(COUNT)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class SpecialIds:
             return value
 
         never = data["never"]
-        if not isinstance(never, list) or len(never) > len(SPECIAL_TOKENS) * 4:
+        if not isinstance(never, list) or len(never) > COUNT * 4:
             raise ValueError("specials.never: expected a short list of ids")
         return cls(
             start=one("start", data["start"]),

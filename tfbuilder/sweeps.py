@@ -21,6 +21,7 @@ from typing import Literal
 
 import yaml
 
+from . import atomic
 from .diffing import MISSING, differences
 from .errors import TfbuilderError
 from .recipe import Recipe, load_recipe, recipe_from_dict
@@ -131,7 +132,7 @@ def write_plan(sweep: Sweep) -> None:
         "bleu_beam": sweep.bleu_beam,
         "runs": [str(r.dir.relative_to(sweep.dir)) for r in sweep.runs],
     }
-    (sweep.dir / "sweep.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
+    atomic.write_text(sweep.dir / "sweep.json", json.dumps(record, indent=2), what="sweep plan")
 
 
 def execute(

@@ -25,11 +25,11 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from . import __version__, atomic, devices, objectives, preflight, registry
+from . import __version__, atomic, devices, objectives, preflight, registry, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
-from .data.prepare import Vocab, prepare
+from .data.prepare import Prepared, Vocab, prepare
 from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .progress import Progress
@@ -123,8 +123,11 @@ class Task(L.LightningModule):
         size = self._host_tokens
         self._batch_tokens = size
         self.log("train_loss", result.loss, prog_bar=True, batch_size=size)
-        self.log("train_ppl", torch.exp(result.nll / max(size, 1)), batch_size=size)
-        self.log("train_acc", result.correct.float() / max(size, 1), batch_size=size)
+        # Over the tokens the objective predicted (a masked LM: its masked share), as validation does;
+        # tokens/s counts every target token the step read.
+        predicted = result.tokens.clamp(min=1)
+        self.log("train_ppl", torch.exp(result.nll / predicted), batch_size=size)
+        self.log("train_acc", result.correct.float() / predicted, batch_size=size)
         if self.recipe.optim.accumulate > 1:
             # Lightning averages the k micro-batches' losses; a step must instead average over their
             # target tokens, as one batch k times larger would. The token-summed loss is returned here
@@ -394,11 +397,16 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
 
 
 def _changes(before: dict, after: dict) -> dict[str, list]:
-    """The recipe keys a resume changed: ``{"trainer.max_steps": [before, after]}``."""
-    from .diffing import flatten
+    """The recipe keys a resume changed: ``{"trainer.max_steps": [before, after]}`` (None where a key
+    is absent), from :func:`tfbuilder.diffing.differences`, the one place recipes are compared."""
+    from .diffing import MISSING, differences
 
-    a, b = flatten(before), flatten(after)
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+    changed = {}
+    for key, *values in differences(before, after, include_name=True):
+        a, b = (None if v is MISSING else v for v in values)
+        if a != b:  # absent and null are the same here
+            changed[key] = [a, b]
+    return changed
 
 
 def quiet_lightning() -> None:
@@ -426,6 +434,20 @@ class _Origin:
         return self.invocation["kind"] == "resume"
 
 
+@dataclass
+class _Start:
+    """What :func:`_train` starts from, once every check has passed and the run directory is set up."""
+
+    recipe: Recipe
+    model: nn.Module  # built (and seeded) from the recipe; --init-from's weights loaded
+    prepared: Prepared  # the data, as prepare() made it
+    vocab_json: str
+    run_dir: Path
+    origin: _Origin  # the checkpoint a resume continues, and this invocation's record
+    started: float  # perf_counter() when fit began (data preparation counts in the wall time)
+    on_step: Callable[[int, int], None] | None = None
+
+
 def fit(
     recipe: Recipe,
     *,
@@ -441,7 +463,22 @@ def fit(
     instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
     (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
     written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
-    after every optimizer step. Nothing is created before every check has passed."""
+    after every optimizer step. Nothing is created before every check has passed. The process's
+    thread count, random generators and deterministic settings are given back as they were when
+    ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
+    with torch_state.kept():
+        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, on_step=on_step)
+
+
+def _fit(
+    recipe: Recipe,
+    *,
+    resume: str | Path | None,
+    run_dir: str | Path | None,
+    init_from: str | Path | None,
+    force: bool,
+    on_step: Callable[[int, int], None] | None,
+) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
     quiet_lightning()
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
@@ -459,7 +496,7 @@ def fit(
     try:
         if rank_zero:
             _set_up_run_dir(run_dir, recipe, origin, vocab_json)
-        return _train(recipe, model, prepared, vocab_json, run_dir, origin.checkpoint, origin.invocation, start, on_step)
+        return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step))
     finally:
         if lock is not None:
             lock.release()
@@ -471,7 +508,7 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _refuse_untrainable(recipe: Recipe, *, resume, init_from) -> None:
+def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None) -> None:
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
@@ -481,7 +518,9 @@ def _refuse_untrainable(recipe: Recipe, *, resume, init_from) -> None:
         raise TfbuilderError("give --resume or --init-from, not both")
 
 
-def _origin(recipe: Recipe, *, resume, init_from, run_dir, force: bool) -> _Origin:
+def _origin(
+    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool
+) -> _Origin:
     """Read (and check) what the fit starts from; nothing is written."""
     invocation: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": "new", "from_step": 0}
     if resume is not None:
@@ -493,18 +532,19 @@ def _origin(recipe: Recipe, *, resume, init_from, run_dir, force: bool) -> _Orig
         invocation.update(kind="resume", checkpoint=str(ckpt_path), from_step=int(source.get("global_step", 0)), changed=changed)
         if meta.get("run_dir") and Path(meta["run_dir"]) != run_dir.resolve():
             invocation["adopted_from"] = meta["run_dir"]
-        return _Origin(invocation, run_dir, ckpt_path, source, ckpt_path, Vocab.from_json(meta["vocab"]))
+        vocab = Vocab.from_json(meta["vocab"])
+        return _Origin(invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab)
     if init_from is not None:
         source = read_checkpoint(init_from)
         invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
         # The weights' token ids mean these tokens.
-        return _Origin(invocation, None, None, source, init_from, Vocab.from_json(source["tfbuilder"]["vocab"]))
+        return _Origin(invocation, source=source, source_path=init_from, vocab=Vocab.from_json(source["tfbuilder"]["vocab"]))
     if run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        return _Origin(invocation, *_shared_run_dir(Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV])))
+        return _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]))
     return _Origin(invocation)
 
 
-def _shared_run_dir(run_dir: Path) -> tuple[Path, None, None, None, Vocab | None]:
+def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
     """One directory for every process of a job: set by rank 0 for the processes it launches, or by
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
     for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
@@ -513,7 +553,7 @@ def _shared_run_dir(run_dir: Path) -> tuple[Path, None, None, None, Vocab | None
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     vocab_file = run_dir / "tokenizer.json"
     vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
-    return run_dir, None, None, None, vocab
+    return _Origin(invocation, run_dir=run_dir, vocab=vocab)
 
 
 def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
@@ -557,12 +597,14 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: 
         write_recipe(run_dir, recipe.to_dict())
 
 
-def _train(recipe, model, prepared, vocab_json, run_dir: Path, ckpt_path, invocation: dict, start: float, on_step) -> Summary:
+def _train(start: _Start) -> Summary:
+    recipe, model, prepared, run_dir, on_step = start.recipe, start.model, start.prepared, start.run_dir, start.on_step
+    ckpt_path, invocation = start.origin.checkpoint, start.origin.invocation
     bleu_lines = None
     if recipe.trainer.val_bleu:
         sources, references = prepared.raw["val"]
         bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
-    task = Task(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start)
+    task = Task(recipe, model, start.vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start.started)
     task.run_dir = str(run_dir.resolve())
     task.invocation = invocation
     if recipe.trainer.compile:

@@ -12,12 +12,13 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from .. import masks
-from ..registry import BuildContext, ComponentParams, ModelDims, register
+from ..contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
+from ..registry import BuildContext, ModelDims, register
 from .position import AttentionPosition
 
 
 @register("attention", "multihead")
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionBase, nn.Module):
     """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2), with
     grouped-query and multi-query attention (``kv_heads``; Ainslie et al. 2023, arXiv:2305.13245;
     Shazeer 2019, arXiv:1911.02150), sliding-window attention (``window``; Beltagy et al. 2020,
@@ -28,7 +29,9 @@ class MultiHeadAttention(nn.Module):
     act inside attention (rotary, ALiBi, relative bias) are applied in self-attention.
     """
 
-    class Params(ComponentParams):
+    keeps_weights = True  # keep_weights = True: the next forward keeps its weights in `weights`
+
+    class Params(AttentionParams):
         type: Literal["multihead"] = "multihead"
         heads: int = Field(8, ge=1, le=1024, description="number of query heads h")
         kv_heads: int | None = Field(
@@ -50,12 +53,15 @@ class MultiHeadAttention(nn.Module):
             None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
         )
 
+        def shape(self, d_model: int) -> AttentionShape:
+            return AttentionShape(self.heads, self.key_dim or default_head_dim(d_model, self.heads))
+
         def check(self, dims: ModelDims) -> list[tuple[str, str]]:
             problems = []
             if self.scale is not None and self.qk_norm:
                 problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
             if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
-                unset = " and ".join(n for n in ("key_dim", "value_dim") if getattr(self, n) is None)
+                unset = " and ".join(n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None)
                 problems.append(
                     ("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set {unset}")
                 )
@@ -68,8 +74,8 @@ class MultiHeadAttention(nn.Module):
         d, h = ctx.d_model, params.heads
         self.heads = h
         self.kv_heads = params.kv_heads or h
-        self.key_dim = params.key_dim or d // h
-        self.value_dim = params.value_dim or d // h
+        self.key_dim = params.shape(d).key_dim
+        self.value_dim = params.value_dim or default_head_dim(d, h)
         self.dropout = params.dropout
         self.cross = ctx.cross
         self.causal = ctx.causal
@@ -82,7 +88,7 @@ class MultiHeadAttention(nn.Module):
         self.rotates = position is not None and position.rotates
         self.biased = position is not None and position.biases
         self.keep_weights = False  # set True to keep the last attention weights in `weights` (inspection)
-        self.weights: Tensor | None = None
+        self.weights = None
         q, k, v = h * self.key_dim, self.kv_heads * self.key_dim, self.kv_heads * self.value_dim
         self.split = (q, k, v)
         if self.cross:
@@ -94,6 +100,15 @@ class MultiHeadAttention(nn.Module):
         # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
         self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
         self.reset_parameters()
+
+    def output_projections(self) -> list[nn.Linear]:
+        """The projection that ends the residual branch: ``to_out``."""
+        return [self.to_out]
+
+    def fused_widths(self) -> dict[str, list[int]]:
+        """Queries, keys and values in one matrix (self-attention), keys and values (cross-attention)."""
+        q, k, v = self.split
+        return {"to_kv": [k, v]} if self.cross else {"to_qkv": [q, k, v]}
 
     @property
     def position(self) -> AttentionPosition | None:
@@ -109,7 +124,7 @@ class MultiHeadAttention(nn.Module):
                     nn.init.zeros_(linear.bias)
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: dict | None = None
+        self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: KVCache | None = None
     ) -> Tensor:
         """``x`` (b, i, d), ``context`` (b, j, d) for cross-attention, ``mask`` bool broadcastable
         to (b, h, i, j) with True where a query may attend; returns (b, i, d). Causal self-attention
@@ -127,7 +142,7 @@ class MultiHeadAttention(nn.Module):
             out = self._attend(q, k, v, mask, offset=offset)
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
 
-    def _self_qkv(self, x: Tensor, cache: dict | None) -> tuple[Tensor, Tensor, Tensor, int]:
+    def _self_qkv(self, x: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Queries, keys and values of self-attention (b, h, n, k), with the cached keys and values
         before this call's; and ``offset``, the position of this call's first token."""
         q, k, v = self.to_qkv(x).split(list(self.split), dim=-1)
@@ -143,7 +158,7 @@ class MultiHeadAttention(nn.Module):
         return q, k, v, offset
 
     def _cross_qkv(
-        self, x: Tensor, context: Tensor | None, mask: Tensor | None, cache: dict | None
+        self, x: Tensor, context: Tensor | None, mask: Tensor | None, cache: KVCache | None
     ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Queries from ``x``, keys and values from ``context`` (computed once per source when
         caching); and the number of consecutive query rows that share one source."""

@@ -12,6 +12,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from ..dropout import Dropout
+from ..contracts import FeedForwardBase, default_ffn_hidden
 from ..registry import AuxiliaryLoss, BuildContext, ComponentParams, ModelDims, register
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
@@ -19,7 +20,7 @@ Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
 
 @register("ffn", "mlp")
-class MLP(nn.Module):
+class MLP(FeedForwardBase, nn.Module):
     """FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017, sec. 3.3)."""
 
     class Params(ComponentParams):
@@ -31,11 +32,15 @@ class MLP(nn.Module):
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
-        hidden = params.hidden or 4 * ctx.d_model
+        hidden = params.hidden or default_ffn_hidden(ctx.d_model)
         self.ff_in = nn.Linear(ctx.d_model, hidden, bias=params.bias)
         self.act = ACTIVATIONS[params.activation]()
         self.drop = Dropout(params.dropout)
         self.ff_out = nn.Linear(hidden, ctx.d_model, bias=params.bias)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """W2, ``ff_out``."""
+        return [self.ff_out]
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d)."""
@@ -57,11 +62,11 @@ def glu_hidden(params: _GLUParams, d_model: int) -> int:
     if params.hidden is not None:
         return params.hidden
     if not params.match_params:
-        return 4 * d_model
-    return -(-(8 * d_model) // 3 // 8) * 8  # 2/3 * 4d, rounded up to a multiple of 8
+        return default_ffn_hidden(d_model)
+    return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8  # 2/3 of an MLP's width, rounded up to a multiple of 8
 
 
-class GLU(nn.Module):
+class GLU(FeedForwardBase, nn.Module):
     """FFN_GLU(x) = (act(x W) * x V) W2: a gated linear unit with an activation (Shazeer 2020, arXiv:2002.05202)."""
 
     activation: str = "silu"
@@ -73,6 +78,14 @@ class GLU(nn.Module):
         self.act = ACTIVATIONS[self.activation]()
         self.drop = Dropout(params.dropout)
         self.ff_out = nn.Linear(hidden, ctx.d_model, bias=params.bias)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """W2, ``ff_out``."""
+        return [self.ff_out]
+
+    def fused_widths(self) -> dict[str, list[int]]:
+        """The gate and value projections, fused in ``ff_in``."""
+        return {"ff_in": [self.ff_out.in_features] * 2}
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d)."""
@@ -111,7 +124,7 @@ class ReGLU(GLU):
 
 
 @register("ffn", "moe")
-class MixtureOfExperts(nn.Module, AuxiliaryLoss):
+class MixtureOfExperts(FeedForwardBase, nn.Module, AuxiliaryLoss):
     """Top-k routed mixture of MLP experts (Shazeer et al. 2017; Switch balancing loss, Fedus et al. 2021).
 
     arXiv:1701.06538 and arXiv:2101.03961.
@@ -166,6 +179,10 @@ class MixtureOfExperts(nn.Module, AuxiliaryLoss):
         share = F.one_hot(chosen[:, 0], len(self.experts)).float().mean(dim=0)
         self.aux_loss = len(self.experts) * (share * probs.mean(dim=0)).sum()
         return out.reshape(x.shape)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """Every expert's ``ff_out``: each ends the residual branch for the tokens routed to it."""
+        return [p for expert in self.experts for p in expert.output_projections()]
 
     def auxiliary_loss(self) -> Tensor:
         """``aux_weight`` times the balancing loss of the last forward."""

@@ -9,7 +9,8 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ..registry import BuildContext, ComponentParams, ModelDims, register
+from ..contracts import PositionParams, default_head_dim
+from ..registry import BuildContext, ModelDims, register
 
 
 def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
@@ -27,7 +28,7 @@ def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=
 class SinusoidalPosition(nn.Module):
     """Fixed sinusoidal positions added to the embeddings (Vaswani et al. 2017, sec. 3.5)."""
 
-    class Params(ComponentParams):
+    class Params(PositionParams):
         type: Literal["sinusoidal"] = "sinusoidal"
         base: float = Field(10000.0, gt=1.0, description="wavelength base (10000 in the paper)")
         max_len: int = Field(
@@ -55,9 +56,13 @@ class SinusoidalPosition(nn.Module):
 class LearnedPosition(nn.Module):
     """Learned absolute position embeddings (Vaswani et al. 2017, Table 3 row E; Gehring et al. 2017)."""
 
-    class Params(ComponentParams):
+    class Params(PositionParams):
         type: Literal["learned"] = "learned"
         max_len: int = Field(1024, ge=1, le=1_000_000, description="longest sequence the table covers")
+
+        def max_positions(self) -> int | None:
+            """The table's length: a longer sequence has no position."""
+            return self.max_len
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
@@ -79,7 +84,7 @@ class LearnedPosition(nn.Module):
 class NoPosition(nn.Module):
     """No positional information (an ablation: attention alone is permutation-equivariant)."""
 
-    class Params(ComponentParams):
+    class Params(PositionParams):
         type: Literal["none"] = "none"
 
     def __init__(self, params: Params, ctx: BuildContext):
@@ -137,7 +142,7 @@ class RotaryPosition(AttentionPosition):
 
     rotates = True
 
-    class Params(ComponentParams):
+    class Params(PositionParams):
         type: Literal["rotary"] = "rotary"
         base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotation frequencies")
         max_len: int = Field(
@@ -151,7 +156,7 @@ class RotaryPosition(AttentionPosition):
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base = params.base
-        k = ctx.head_dim or ctx.d_model // max(ctx.heads, 1)
+        k = ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads)
         angles = rotary_angles(params.max_len, k - k % 2, base=params.base)
         # Not persistent: functions of the params, so they stay out of checkpoints.
         self.register_buffer("cos", angles.cos(), persistent=False)
@@ -199,7 +204,7 @@ class ALiBiPosition(AttentionPosition):
 
     biases = True
 
-    class Params(ComponentParams):
+    class Params(PositionParams):
         type: Literal["alibi"] = "alibi"
 
     def __init__(self, params: Params, ctx: BuildContext):
@@ -226,7 +231,7 @@ class RelativeBiasPosition(AttentionPosition):
 
     biases = True
 
-    class Params(ComponentParams):
+    class Params(PositionParams):
         type: Literal["relative_bias"] = "relative_bias"
         buckets: int = Field(32, ge=2, description="distance buckets (halved per direction in encoders)")
         max_distance: int = Field(128, ge=2, description="distances beyond this share the last bucket")

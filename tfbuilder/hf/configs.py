@@ -7,9 +7,12 @@ and that tfbuilder cannot express is refused, naming the field; values that only
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TfbuilderError
+
+if TYPE_CHECKING:
+    from ..recipe import ModelSection
 
 # architectures[0] in config.json -> family
 FAMILIES = {
@@ -103,6 +106,7 @@ def _gpt2(cfg: dict) -> dict:
         "tie_output": _require(cfg, "tie_word_embeddings", (True, False), True),
         "position": {"type": "learned", "max_len": _int(cfg, "n_positions", 1024)},
         "attention": {"type": "multihead", "heads": heads, "dropout": _float(cfg, "attn_pdrop", 0.1), "bias": True},
+        # n_inner: transformers' own default for GPT-2 is 4 * n_embd (a fact of GPT-2, not tfbuilder's default).
         "ffn": {"type": "mlp", "hidden": _get(cfg, "n_inner", 4 * d), "activation": _activation(cfg, "activation_function", "gelu_new"), "bias": True},
         "norm": {"type": "layernorm", "eps": _float(cfg, "layer_norm_epsilon", 1e-5)},
         "init": {"std": _float(cfg, "initializer_range", 0.02), "residual_scaling": True},
@@ -189,7 +193,7 @@ def _llama(cfg: dict) -> dict:
     if head_dim is None:
         if d % heads:
             raise UnsupportedConfig(f"config.json: num_attention_heads: hidden_size ({d}) is not divisible by it ({heads})")
-        head_dim = d // heads
+        head_dim = d // heads  # transformers' own default for Llama (not tfbuilder's)
     kv = _get(cfg, "num_key_value_heads", heads)
     attention = {"type": "multihead", "heads": heads, "key_dim": head_dim, "value_dim": head_dim, "bias": bool(cfg.get("attention_bias", False))}
     if kv != heads:
@@ -215,7 +219,7 @@ def _llama(cfg: dict) -> dict:
     }
 
 
-def to_config(model: Any, family: str) -> dict:
+def to_config(model: ModelSection, family: str) -> dict:
     """The ``config.json`` of ``family`` for a model section; the caller checks that it round-trips."""
     m = model
     att, ffn, norm, pos = m.attention, m.ffn, m.norm, m.position
@@ -251,7 +255,7 @@ def to_config(model: Any, family: str) -> dict:
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m.vocab_size,
         "hidden_size": m.d_model, "intermediate_size": getattr(ffn, "hidden", None), "num_hidden_layers": m.decoder.layers,
-        "num_attention_heads": att.heads, "num_key_value_heads": kv, "head_dim": att.key_dim or m.d_model // att.heads,
+        "num_attention_heads": att.heads, "num_key_value_heads": kv, "head_dim": att.shape(m.d_model).key_dim,
         "hidden_act": "silu", "rms_norm_eps": getattr(norm, "eps", 1e-6), "attention_bias": att.bias,
         "attention_dropout": getattr(att, "dropout", 0.0), "mlp_bias": getattr(ffn, "bias", False),
         "rope_parameters": {"rope_type": "default", "rope_theta": getattr(pos, "base", 10000.0)}, "rope_theta": getattr(pos, "base", 10000.0),

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import __version__
+from .. import __version__, atomic
 from ..errors import TfbuilderError
 from . import weights
 from .configs import UnsupportedConfig, from_config, to_config
 from .specials import config_ids, special_ids
+
+if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
+    from ..data.prepare import Vocab
+    from ..data.tokenizers import Tokenizer
+    from ..recipe import ModelSection, Recipe
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse anything absurd
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -53,11 +57,18 @@ def _safetensors():
     return safetensors.torch
 
 
+def tokenizers_json(tokenizer: Tokenizer) -> str | None:
+    """The ``tokenizers`` library's JSON of a byte-level BPE or Hugging Face tokenizer (what a
+    save_pretrained directory holds as tokenizer.json), read from its saved form; None for others."""
+    saved = json.loads(tokenizer.to_json())
+    return saved.get("tokenizer") if saved.get("type") in ("bpe", "hf") else None
+
+
 def _recipe_name(hf_dir: Path) -> str:
     return re.sub(r"[^\w.\-]", "-", hf_dir.resolve().name) or "imported"
 
 
-def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Any, torch.nn.Module, Any]:
+def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Recipe, torch.nn.Module, Vocab]:
     """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory.
     ``overrides`` (``--set``) may add what a config does not say (data, optim, trainer), not change the model."""
     load_file = _safetensors().load_file
@@ -112,15 +123,15 @@ def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tup
     family, recipe, model, vocab = load_hf(hf_dir, overrides)
     run_dir = _fresh_dir(out)
     write_recipe(run_dir, recipe.to_dict())
-    (run_dir / "tokenizer.json").write_text(vocab.to_json(), encoding="utf-8")
-    shutil.copyfile(hf_dir / "config.json", run_dir / "hf-config.json")
+    atomic.write_text(run_dir / "tokenizer.json", vocab.to_json(), what="vocabulary")
+    atomic.copy(hf_dir / "config.json", run_dir / "hf-config.json", what="config")
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir()
-    torch.save(checkpoint_dict(model, recipe, vocab, source=f"hf:{family}"), ckpt)
+    atomic.save(checkpoint_dict(model, recipe, vocab, source=f"hf:{family}"), ckpt)
     return ckpt
 
 
-def checkpoint_dict(model: torch.nn.Module, recipe: Any, vocab: Any, *, source: str) -> dict:
+def checkpoint_dict(model: torch.nn.Module, recipe: Recipe, vocab: Vocab, *, source: str) -> dict:
     """A checkpoint that ``runs.load_checkpoint`` reads (the layout training writes, step 0)."""
     return {
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
@@ -139,9 +150,10 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Any, vocab: Any, *, source: 
     }
 
 
-def _comparable(model_section: Any) -> dict:
+def _comparable(model_section: ModelSection) -> dict:
     """A model section's data without what does not change the function (dropout, initialisation)."""
     from ..components.ffn import glu_hidden
+    from ..contracts import default_ffn_hidden, default_head_dim
 
     data = model_section.model_dump(mode="json")
     data.pop("init", None)
@@ -153,17 +165,17 @@ def _comparable(model_section: Any) -> dict:
     d, att, ffn = model_section.d_model, data["attention"], data["ffn"]
     if att.get("type") == "multihead":
         att["kv_heads"] = att.get("kv_heads") or att["heads"]
-        att["key_dim"] = att.get("key_dim") or d // att["heads"]
-        att["value_dim"] = att.get("value_dim") or d // att["heads"]
+        att["key_dim"] = att.get("key_dim") or default_head_dim(d, att["heads"])
+        att["value_dim"] = att.get("value_dim") or default_head_dim(d, att["heads"])
     if ffn.get("type") == "mlp":
-        ffn["hidden"] = ffn.get("hidden") or 4 * d
+        ffn["hidden"] = ffn.get("hidden") or default_ffn_hidden(d)
     elif ffn.get("type") in ("swiglu", "geglu", "reglu"):
         ffn["hidden"] = glu_hidden(model_section.ffn, d)
         ffn.pop("match_params", None)
     return data
 
 
-def hf_family(model_section: Any) -> str:
+def hf_family(model_section: ModelSection) -> str:
     """The Hugging Face family a model section is exactly, or an error naming what differs."""
     from ..recipe import ModelSection
 
@@ -198,21 +210,23 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
     model = loaded.model
     if format == "safetensors":
         save_model = _safetensors().save_model
-        save_model(model, str(out / "model.safetensors"))
+        atomic.write_by_name(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)), what="weights")
         write_recipe(out, loaded.recipe.to_dict())
-        (out / "tokenizer.json").write_text(loaded.vocab.to_json(), encoding="utf-8")
+        atomic.write_text(out / "tokenizer.json", loaded.vocab.to_json(), what="vocabulary")
         return [out / "model.safetensors", out / "recipe.yaml", out / "tokenizer.json"]
     if format == "hf":
         save_file = _safetensors().save_file
         rules = weights.rules(family, loaded.recipe.model)
         tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        atomic.write_by_name(
+            out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), what="weights"
+        )
         config = {**to_config(loaded.recipe.model, family), **config_ids(model.specials, family)}
-        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
         written = [out / "model.safetensors", out / "config.json"]
-        raw = getattr(loaded.vocab.tgt, "_tok", None)
+        raw = tokenizers_json(loaded.vocab.tgt)
         if raw is not None:
-            (out / "tokenizer.json").write_text(raw.to_str(), encoding="utf-8")
+            atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
             written.append(out / "tokenizer.json")
         return written
     from ..onnx_export import export_onnx

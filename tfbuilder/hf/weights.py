@@ -8,11 +8,15 @@ the first present, written under all). The same rules read both ways, so export 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from torch import Tensor
+from torch import Tensor, nn
 
+from ..blocks import Residual
 from .configs import UnsupportedConfig
+
+if TYPE_CHECKING:
+    from ..recipe import ModelSection
 
 Rule = tuple[str, tuple[str, ...], str]
 
@@ -31,12 +35,12 @@ def _fused(ours: str, theirs: list[str], *, bias: bool) -> list[Rule]:
     return rules
 
 
-def rules(family: str, model: Any) -> list[Rule]:
+def rules(family: str, model: ModelSection) -> list[Rule]:
     """The mapping of ``family`` for a model section (shapes come from the tensors themselves)."""
     return {"gpt2": _gpt2, "bert": _bert, "t5": _t5, "llama": _llama}[family](model)
 
 
-def _gpt2(m: Any) -> list[Rule]:
+def _gpt2(m: ModelSection) -> list[Rule]:
     out: list[Rule] = [("embed.tokens.weight", ("transformer.wte.weight",), "copy")]
     out.append(("head.weight", ("transformer.wte.weight" if m.tie_output else "lm_head.weight",), "copy"))
     out.append(("embed.position.table.weight", ("transformer.wpe.weight",), "copy"))
@@ -52,7 +56,7 @@ def _gpt2(m: Any) -> list[Rule]:
     return out
 
 
-def _bert(m: Any) -> list[Rule]:
+def _bert(m: ModelSection) -> list[Rule]:
     e = "bert.embeddings"
     out: list[Rule] = [("embed.tokens.weight", (f"{e}.word_embeddings.weight",), "copy")]
     out.append(("embed.position.table.weight", (f"{e}.position_embeddings.weight",), "copy"))
@@ -77,13 +81,13 @@ def _bert(m: Any) -> list[Rule]:
     return out
 
 
-def _t5(m: Any) -> list[Rule]:
+def _t5(m: ModelSection) -> list[Rule]:
     out: list[Rule] = [(f"{side}.tokens.weight", ("shared.weight",), "copy") for side in ("src_embed", "tgt_embed")]
     out.append(("head.weight", ("shared.weight",), "copy"))
     for part, side in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
         bias = f"{part}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         out.append((f"{side}.position.table.weight", (bias,), "copy"))
-        for i in range(getattr(m, part).layers):
+        for i in range(m.stack(part).layers):
             ours, theirs = f"{part}.layers.{i}", f"{part}.block.{i}.layer"
             sa = f"{theirs}.0.SelfAttention"
             out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{sa}.q", f"{sa}.k", f"{sa}.v"], bias=False)
@@ -104,7 +108,7 @@ def _t5(m: Any) -> list[Rule]:
     return out
 
 
-def _llama(m: Any) -> list[Rule]:
+def _llama(m: ModelSection) -> list[Rule]:
     out: list[Rule] = [("embed.tokens.weight", ("model.embed_tokens.weight",), "copy")]
     out.append(("head.weight", ("model.embed_tokens.weight" if m.tie_output else "lm_head.weight",), "copy"))
     att_bias, ffn_bias = m.attention.bias, m.ffn.bias
@@ -164,18 +168,11 @@ def to_hf(rules: list[Rule], ours: dict[str, Tensor], sizes: dict[str, list[int]
     return out
 
 
-def split_sizes(model: Any, family: str) -> dict[str, list[int]]:
+def split_sizes(model: nn.Module, family: str) -> dict[str, list[int]]:
     """How each fused tensor of a built model splits into its Hugging Face parts (by the modules' widths)."""
     sizes: dict[str, list[int]] = {}
     for name, module in model.named_modules():
-        split = getattr(module, "split", None)
-        if isinstance(split, tuple) and len(split) == 3:  # attention: (q, k, v) widths
-            q, k, v = split
-            if hasattr(module, "to_qkv"):
-                sizes[f"{name}.to_qkv.weight"] = sizes[f"{name}.to_qkv.bias"] = [q, k, v]
-            if hasattr(module, "to_kv"):
-                sizes[f"{name}.to_kv.weight"] = sizes[f"{name}.to_kv.bias"] = [k, v]
-        if hasattr(module, "ff_in") and hasattr(module, "ff_out") and module.ff_in.out_features == 2 * module.ff_out.in_features:
-            half = module.ff_out.in_features  # a GLU's fused gate and value
-            sizes[f"{name}.ff_in.weight"] = sizes[f"{name}.ff_in.bias"] = [half, half]
+        if isinstance(module, Residual):  # its attention or feed-forward says what it fused (the contract)
+            for projection, widths in module.inner.fused_widths().items():
+                sizes[f"{name}.inner.{projection}.weight"] = sizes[f"{name}.inner.{projection}.bias"] = widths
     return sizes

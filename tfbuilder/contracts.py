@@ -1,0 +1,215 @@
+"""The component contract: what every attention, position, norm and feed-forward exposes to the rest
+of tfbuilder, written as types.
+
+The builder, the initialiser, the objectives, the decoders, the Hugging Face converter and the
+attention maps read components only through these members; nothing looks a component up by the
+names its author happened to choose. :func:`missing` is what :func:`tfbuilder.register` checks, so a
+component that does not satisfy its family's contract is refused when it registers, with the
+members it lacks named.
+
+=========  ==============================================================================================
+family     the component (an ``nn.Module`` built as ``cls(params, ctx)``) and its ``Params``
+=========  ==============================================================================================
+attention  ``Params.shape(d_model) -> AttentionShape`` (heads and query/key width per head, known before
+           the model is built: a position acting inside attention is built for them); ``heads``,
+           ``key_dim`` (the same, on the module); ``output_projections()`` (the projections that end
+           the residual branch); ``fused_widths()``; ``keeps_weights`` (class flag) with ``keep_weights``/``weights``;
+           ``forward(x, *, context=None, mask=None, cache=None)``, where ``cache`` is a :data:`KVCache`
+position   ``Params.max_positions() -> int | None`` (the longest sequence it covers, None: any);
+           ``forward(x, *, offset=0)``; one acting inside attention subclasses
+           :class:`~tfbuilder.components.position.AttentionPosition`
+norm       ``forward(x)``
+ffn        ``output_projections()`` (a mixture of experts: every expert's); ``fused_widths()``; ``forward(x)``
+=========  ==============================================================================================
+
+The mixins :class:`AttentionBase`, :class:`FeedForwardBase`, :class:`AttentionParams` and
+:class:`PositionParams` give the defaults; a third-party component may subclass them or declare the
+members itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+from .registry import ComponentParams
+
+KVCache = dict[str, Tensor]
+"""One attention layer's key/value cache for incremental decoding: an empty dict the first time;
+the attention stores what it needs (self-attention appends this call's keys and values; cross-
+attention keeps the source's), and the decoder hands the same dict back at the next step."""
+
+FFN_WIDTH = 4
+"""The inner width of a feed-forward network is ``FFN_WIDTH * d_model`` unless set (Vaswani et al.
+2017, sec. 3.3: 2048 for d_model 512)."""
+
+
+def default_ffn_hidden(d_model: int) -> int:
+    """The feed-forward inner width when a recipe does not set one: 4 * d_model."""
+    return FFN_WIDTH * d_model
+
+
+def default_head_dim(d_model: int, heads: int) -> int:
+    """The query/key (and value) width per head when a recipe does not set one: d_model / heads
+    (Vaswani et al. 2017, sec. 3.2.2)."""
+    return d_model // heads
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Query heads and query/key width per head: what a position acting inside attention is built for."""
+
+    heads: int
+    key_dim: int
+
+
+class AttentionParams(ComponentParams):
+    """Base of attention params: :meth:`shape` tells the builder the heads and key width before the
+    attention is built (whatever the params' fields are called)."""
+
+    def shape(self, d_model: int) -> AttentionShape:
+        raise NotImplementedError(f"{type(self).__qualname__} must define shape(d_model) -> AttentionShape")
+
+
+class PositionParams(ComponentParams):
+    """Base of position params: :meth:`max_positions` is the longest sequence the position covers."""
+
+    def max_positions(self) -> int | None:
+        """None: any length (computed on the fly past a precomputed table)."""
+        return None
+
+
+@runtime_checkable
+class Attention(Protocol):
+    """What an attention component exposes (see the module's table)."""
+
+    heads: int
+    key_dim: int
+    keeps_weights: ClassVar[bool]
+    keep_weights: bool
+    weights: Tensor | None
+
+    def output_projections(self) -> list[nn.Linear]: ...
+
+    def fused_widths(self) -> dict[str, list[int]]: ...
+
+    def forward(
+        self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor: ...
+
+
+@runtime_checkable
+class FeedForward(Protocol):
+    """What a feed-forward component exposes."""
+
+    def output_projections(self) -> list[nn.Linear]: ...
+
+    def fused_widths(self) -> dict[str, list[int]]: ...
+
+    def forward(self, x: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class Position(Protocol):
+    """What a position component exposes (its params tell the longest sequence it covers)."""
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor: ...
+
+
+@runtime_checkable
+class Norm(Protocol):
+    """What a norm component exposes."""
+
+    def forward(self, x: Tensor) -> Tensor: ...
+
+
+class AttentionBase:
+    """Defaults of the attention contract: no fused projections to split, weights not kept."""
+
+    heads: int
+    key_dim: int
+    keeps_weights: ClassVar[bool] = False
+    keep_weights: bool = False
+    weights: Tensor | None = None
+
+    def output_projections(self) -> list[nn.Linear]:
+        """The projections that end the residual branch: GPT-2's residual scaling (Radford et al. 2019,
+        sec. 2.3) initialises them with std / sqrt(2 * layers)."""
+        raise NotImplementedError(f"{type(self).__name__} must define output_projections()")
+
+    def fused_widths(self) -> dict[str, list[int]]:
+        """``{"to_qkv": [q, k, v]}``: output widths of each fused projection (named relative to the
+        module), for exporters that split them; empty when nothing is fused."""
+        return {}
+
+
+class FeedForwardBase:
+    """Defaults of the feed-forward contract: no fused projections."""
+
+    def output_projections(self) -> list[nn.Linear]:
+        """The projections that end the residual branch: GPT-2's residual scaling (Radford et al. 2019,
+        sec. 2.3) initialises them with std / sqrt(2 * layers)."""
+        raise NotImplementedError(f"{type(self).__name__} must define output_projections()")
+
+    def fused_widths(self) -> dict[str, list[int]]:
+        """``{"ff_in": [hidden, hidden]}``: output widths of each fused projection; empty when none."""
+        return {}
+
+
+# family -> (members of the component class, members of its Params), each with what it is for.
+REQUIRED: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "attention": (
+        {
+            "heads": "the number of query heads",
+            "key_dim": "the query/key width per head",
+            "output_projections": "output_projections() -> list[nn.Linear]: what ends the residual branch (GPT-2 residual scaling)",
+            "fused_widths": "the widths of its fused projections (exporters split them)",
+            "keeps_weights": "whether it can keep its attention weights (attention maps)",
+            "forward": "forward(x, *, context=None, mask=None, cache=None)",
+        },
+        {"shape": "shape(d_model) -> AttentionShape: heads and key width, before the model is built"},
+    ),
+    "position": (
+        {"forward": "forward(x, *, offset=0)"},
+        {"max_positions": "max_positions() -> int | None: the longest sequence it covers"},
+    ),
+    "norm": ({"forward": "forward(x)"}, {}),
+    "ffn": (
+        {
+            "output_projections": "output_projections() -> list[nn.Linear]: what ends the residual branch (GPT-2 residual scaling)",
+            "fused_widths": "the widths of its fused projections (exporters split them)",
+            "forward": "forward(x)",
+        },
+        {},
+    ),
+}
+
+
+def _declares(cls: type, name: str, *, ignore: tuple[type, ...]) -> bool:
+    """Whether ``cls`` (or a base other than ``ignore``) defines or annotates ``name``, and not only as
+    a default of the mixins that raises (``output_projections``, ``shape``)."""
+    for base in cls.__mro__:
+        if base in ignore or base is object:
+            continue
+        if name in vars(base) or name in vars(base).get("__annotations__", {}):
+            return (base, name) not in _ABSTRACT
+    return False
+
+
+_ABSTRACT = {(AttentionBase, "output_projections"), (FeedForwardBase, "output_projections"), (AttentionParams, "shape")}
+
+
+def missing(family: str, cls: type) -> list[str]:
+    """The members of ``family``'s contract that ``cls`` (and its ``Params``) lack: ``"name (what it
+    is for)"`` each; empty when the class satisfies it."""
+    members, params_members = REQUIRED[family]
+    out = [f"{name} ({why})" for name, why in members.items() if not _declares(cls, name, ignore=(nn.Module,))]
+    out += [f"Params.{name} ({why})" for name, why in params_members.items() if not _declares(cls.Params, name, ignore=(ComponentParams,))]
+    return out
+
+
+def satisfies(family: str, module: nn.Module) -> bool:
+    """Whether a built ``module`` is what its family's protocol says (a check for tests and tools)."""
+    return isinstance(module, {"attention": Attention, "position": Position, "norm": Norm, "ffn": FeedForward}[family])

@@ -23,6 +23,7 @@ from .data.prepare import Vocab, prepare
 from .devices import model_device
 from .ensemble import Ensemble
 from .runs import Loaded, run_dir_of, scores_file
+from .specials import TRANSLATION_ADDED
 
 Precision = Literal["32", "bf16"]
 
@@ -130,7 +131,7 @@ def translate_batch(
     sentences). Scores: the length-normalised log-probability beam search ranks by; for samples,
     their log-probability."""
     ids = vocab.src.encode_batch(lines)
-    sizes = [len(x) + 1 for x in ids]
+    sizes = [len(x) + TRANSLATION_ADDED for x in ids]  # x</s>
     order = sorted(range(len(ids)), key=lambda i: sizes[i])
     out: list[list[tuple[str, float]]] = [[] for _ in lines]
     # Beams (and samples) multiply the decoder's batch: keep the budget about the same.

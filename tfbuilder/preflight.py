@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import devices
+from .specials import positions_beyond_tokens
 from .errors import Problem, RecipeError
 from .recipe import ModelSection, Recipe
 from .sources import dotted_path
@@ -62,9 +63,8 @@ def max_positions(model: ModelSection) -> int | None:
 
 
 def specials(kind: str) -> int:
-    """Positions a sequence takes beyond its tokens: </s> on the source, <s> on the target (seq2seq);
-    <s> (causal LM, the last token is only predicted); <s> and </s> (masked LM)."""
-    return 2 if kind == "encoder" else 1
+    """Positions a sequence takes beyond its tokens (:func:`tfbuilder.specials.positions_beyond_tokens`)."""
+    return positions_beyond_tokens(kind)
 
 
 def check_lengths(recipe: Recipe) -> list[Problem]:

@@ -20,6 +20,21 @@ COUNT = len(SPECIAL_TOKENS)
 PAD, BOS, EOS, UNK, MASK = range(COUNT)
 
 
+TRANSLATION_ADDED = 1
+"""Tokens collation adds to each side of a translation example: x</s> on the source, <s>y (and y</s>) on the target."""
+LANGUAGE_MODEL_ADDED = 2
+"""Tokens collation adds to a language model's example: <s>x</s>."""
+
+
+def positions_beyond_tokens(kind: str) -> int:
+    """Positions a model of ``kind`` sees beyond an example's tokens: </s> on the source, <s> on the
+    target (seq2seq); <s> (causal LM: it reads <s>x and only predicts the final </s>); <s> and </s>
+    (masked LM)."""
+    if kind == "encoder_decoder":
+        return TRANSLATION_ADDED
+    return LANGUAGE_MODEL_ADDED - 1 if kind == "decoder" else LANGUAGE_MODEL_ADDED
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """Ids with a role in decoding; ``None`` where the model has no such token."""

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from .packing import Packed
+from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED
 from .tokenizers import BOS, EOS, PAD
 from .tokens import Split
 
@@ -54,5 +55,5 @@ def lengths(split: Split) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     if isinstance(split.src, Packed):
         return split.src.lengths, split.src.lengths, (0, 0)
     if split.tgt is None:
-        return split.src.lengths, split.src.lengths, (2, 2)
-    return split.src.lengths, split.tgt.lengths, (1, 1)
+        return split.src.lengths, split.src.lengths, (LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)
+    return split.src.lengths, split.tgt.lengths, (TRANSLATION_ADDED, TRANSLATION_ADDED)

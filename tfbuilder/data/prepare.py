@@ -19,6 +19,7 @@ from typing import Protocol, TextIO
 import numpy as np
 
 from ..sections import DataSection
+from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED
 from . import store, synthetic
 from . import tokenizers as toks
 from .readers import Row, SplitSource, chunks, split_sources
@@ -304,8 +305,8 @@ def positions(split: Split) -> int:
     """The most positions one example of ``split`` takes in a batch, special tokens included (see
     collate.Collate): x</s>, <s>y and y</s> for translation; <s>x</s> for language models."""
     if split.tgt is None:
-        return split.src.longest() + 2
-    return max(split.src.longest(), split.tgt.longest()) + 1
+        return split.src.longest() + LANGUAGE_MODEL_ADDED
+    return max(split.src.longest(), split.tgt.longest()) + TRANSLATION_ADDED
 
 
 def summary_lines(prepared: Prepared) -> list[str]:

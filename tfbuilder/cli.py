@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -493,9 +494,19 @@ def _new_file(path: str, flag: str) -> None:
 
 
 def _directory_arg(path: str, flag: str) -> None:
-    """``path`` is a directory or can become one (it does not name a file)."""
+    """``path`` is a directory or can become one: neither it nor a folder above it is a file, and the
+    nearest existing folder can be written."""
+    if "\0" in path:
+        raise TfbuilderError(f"{flag} {path!r}: a path cannot hold a NUL byte")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise TfbuilderError(f"{flag} {path} is a file, not a directory")
+    here = os.path.abspath(path)
+    while not os.path.lexists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise TfbuilderError(f"{flag} {path}: {here} is a file, not a directory")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise TfbuilderError(f"{flag} {path}: {here} is not writable")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -626,6 +637,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         bleu_beam=None if args.no_bleu else args.beam,
         command=command,
     )
+    sweeps.check_own(sweep.dir)  # never writes its reports over files it did not make
     todo = [r for r in sweep.runs if r.status != "finished"]
     counts = {s: sum(r.status == s for r in sweep.runs) for s in ("finished", "resume", "evaluate", "new")}
     print(
@@ -643,7 +655,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     quiet_lightning()
     failed = _run_with_progress(todo, sweep)
     finished, _ = reports.find_runs([sweep.dir])
-    rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
+    rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
     note = f"Made by `{command}`." if command else ""
     if failed:
         note += "\n\nNot in the table (diverged): " + "; ".join(failed)
@@ -700,7 +712,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     finished, unfinished = reports.find_runs(args.dirs)
     for run in unfinished:
         print(f"skipping {run}: not finished (no summary.json)", file=sys.stderr)
-    rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
+    rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
     print(reports.markdown(rows, beam=args.beam))
     if args.out:
         out = Path(args.out)
@@ -710,6 +722,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         paths = reports.write(rows, out, title="comparison of " + ", ".join(args.dirs), beam=args.beam)
         print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
     return 0
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {printable(line)}", file=sys.stderr)
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
@@ -787,7 +803,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = argv  # the command as typed (a sweep's report quotes it)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a full or closed standard output is an error here, not at exit
+        return code
     except RecipeError as exc:
         print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
         return EXIT_USAGE
@@ -804,6 +822,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if not _stdout_failed(exc):
+            raise
+        print(f"error: cannot write to standard output: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _stdout_failed(exc: OSError) -> bool:
+    """Whether ``exc`` is standard output failing (a full disk, /dev/full, a closed descriptor); if
+    so, standard output becomes /dev/null so that the exit does not fail again."""
+    if exc.filename is not None or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EBADF):
+        return False
+    try:
+        os.write(sys.stdout.fileno(), b"\n")  # only on this error path: is it standard output that fails?
+        return False
+    except (OSError, ValueError):
+        pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return True
 
 
 if __name__ == "__main__":

@@ -72,6 +72,27 @@ def new_run_dir(output: str | Path, name: str) -> Path:
             raise RunDirError(f"cannot create {path}: {exc.strerror or exc}") from None
 
 
+RUN_MARKS = ("recipe.yaml", "fit.lock")  # a directory holding either was made by a fit
+
+
+def check_foreign(run_dir: Path) -> None:
+    """Refuse to train into ``run_dir`` when it is a file, or a non-empty folder tfbuilder did not make
+    (no recipe.yaml, no fit.lock): its files would be replaced."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        raise RunDirError(f"run directory {display_path(run_dir)} is not a directory")
+    if not run_dir.is_dir() or any((run_dir / mark).exists() for mark in RUN_MARKS):
+        return
+    try:
+        empty = next(run_dir.iterdir(), None) is None
+    except OSError as exc:
+        raise RunDirError(f"cannot read run directory {display_path(run_dir)}: {exc.strerror or exc}") from None
+    if not empty:
+        raise RunDirError(
+            f"{display_path(run_dir)} is not empty and is not a tfbuilder run directory (no recipe.yaml): "
+            "not training into it; name a new or empty directory"
+        )
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """A checkpoint file, or a run directory's ``checkpoints/last.ckpt``."""
     path = Path(path)

@@ -26,7 +26,7 @@ from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
 from .sections import SPECIAL_TOKENS, DataSection, OptimSection, Section, TrainerSection, fail
-from .sources import Source, apply_overrides, dotted_path, load_source
+from .sources import Source, apply_overrides, check_bounds, dotted_path, load_source
 
 
 class _Dispatch:
@@ -351,9 +351,10 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 
 def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Validate a resolved recipe kept as data (in a checkpoint), with overrides."""
+    """Validate a resolved recipe kept as data (in a checkpoint), with overrides; bounded like a recipe file."""
     import copy
 
+    check_bounds(data, "the recipe")
     return validate(apply_overrides(Source(copy.deepcopy(data)), list(overrides)))
 
 

@@ -169,6 +169,7 @@ def load_checkpoint(
     # The metadata is checked as a recipe file would be: a damaged checkpoint is an error, not a traceback.
     try:
         recipe = recipe_from_dict(meta["recipe"])
+        _check_stored_size(recipe, data, ckpt_path)
         model = build_model(recipe)
     except RecipeError as exc:
         shown = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
@@ -194,6 +195,23 @@ def load_checkpoint(
     loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
     logging.getLogger("tfbuilder").info("loaded %s", loaded.describe())
     return loaded
+
+
+def _check_stored_size(recipe: "object", data: dict, ckpt_path: Path) -> None:
+    """Before a stored recipe is built: its model has no more parameters than the checkpoint holds
+    weights for, and fits this machine (both counted on the meta device, nothing allocated)."""
+    from .preflight import check_size, count_parameters
+
+    parameters = count_parameters(recipe)
+    stored = sum(v.numel() for k, v in data["state_dict"].items() if k.startswith("model."))
+    if parameters > stored:
+        raise CheckpointError(
+            f"{ckpt_path}: damaged checkpoint: the recipe inside it asks for {parameters:,} parameters, "
+            f"but it holds weights for {stored:,}"
+        )
+    problems = check_size(recipe, parameters, training=False)
+    if problems:
+        raise CheckpointError(f"{ckpt_path}: {problems[0].message}")
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:

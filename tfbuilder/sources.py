@@ -81,6 +81,23 @@ def dotted_path(path: Key) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
 
 
+def check_bounds(data: Any, where: str) -> None:
+    """Refuse recipe data kept elsewhere (a checkpoint's) that a recipe file could not hold: nesting
+    deeper than MAX_DEPTH or more than MAX_VALUES values. Iterative: deep data cannot recurse here."""
+    count, stack = 0, [(data, 0)]
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise RecipeError([Problem(f"{where} holds more than {MAX_VALUES:,} values", "")])
+        if depth > MAX_DEPTH:
+            raise RecipeError([Problem(f"{where} is nested deeper than {MAX_DEPTH} levels", "")])
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, depth + 1) for v in item)
+
+
 def _mark(file: str, node: yaml.Node) -> Mark:
     return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
 

@@ -49,6 +49,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+MAX_ALPHA = 10.0  # GNMT tunes alpha in [0, 1]; far beyond, ((5 + |y|) / 6) ** alpha only overflows
+
+
+def _alpha(text: str) -> float:
+    value = _finite(text)
+    if not 0 <= value <= MAX_ALPHA:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_ALPHA:g}, got {text}")
+    return value
+
+
 def _probability(text: str) -> float:
     value = _finite(text)
     if not 0 < value <= 1:
@@ -64,7 +74,7 @@ def _seed(text: str) -> int:
 
 
 for _f, _name in ((_positive_int, "a positive integer"), (_count, "an integer"), (_finite, "a number"),
-                  (_temperature, "a number"), (_probability, "a number"), (_seed, "an integer")):
+                  (_temperature, "a number"), (_alpha, "a number"), (_probability, "a number"), (_seed, "an integer")):
     _f.__name__ = _name  # argparse says "invalid a positive integer value: 'x'"
 
 
@@ -200,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     _add_checkpoints(t, "translate")
     _add_checkpoint(t)
     t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
-    t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
+    t.add_argument("--alpha", type=_alpha, default=0.6, help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)")
     t.add_argument(
         "--nbest", type=_positive_int, default=1, metavar="N",
         help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' (line numbers from 0; at most the beam, or N samples)",
@@ -231,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     _add_checkpoint(e)
     e.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split of the recipe's data (default test)")
     e.add_argument("--beam", type=_positive_int, default=4, help="beam size of the translations scored (1: greedy; default 4, the paper's)")
-    e.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
+    e.add_argument("--alpha", type=_alpha, default=0.6, help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)")
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     _add_rules(e)
     e.add_argument(

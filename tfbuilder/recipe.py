@@ -7,6 +7,7 @@ the registered type they name, so the schema grows with the registry.
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -344,7 +345,12 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     src = load_source(path)
     src = apply_overrides(src, list(overrides))
-    src.data.setdefault("name", path.stem)
+    if "name" not in src.data:  # the run is named after the file: it must be a name a run can have
+        src.forget(("name",))  # a parent's place: its name is not inherited
+        if not re.fullmatch(r"[\w.\-]+", path.stem) or not path.stem.strip("."):
+            message = f"the recipe has no name, and its file name {path.stem!r} is not one (letters, digits, . _ -): add a name: line"
+            raise RecipeError([Problem(message, "name", str(path), 1, 1)])
+        src.data["name"] = path.stem
     recipe = validate(src)
     recipe._path = path
     return recipe
@@ -368,9 +374,13 @@ def validate(src: Source) -> Recipe:
     return recipe
 
 
+MAX_SUGGESTIONS = 100  # unknown keys of one recipe that get a "did you mean"
+
+
 def translate(exc: ValidationError, src: Source) -> list[Problem]:
     """Pydantic errors -> problems with file, line, column, dotted path and a helpful message."""
     merged: dict[tuple, tuple[str, str, Any]] = {}  # data path -> (kind, message, input)
+    suggestions = MAX_SUGGESTIONS  # "did you mean" costs a fuzzy search: thousands of unknown keys get none
     for err in exc.errors(include_url=False):
         if err["type"] == "cross_field":  # our own checks name real paths, defaults included
             loc, branch = tuple(err["loc"]), False
@@ -381,7 +391,8 @@ def translate(exc: ValidationError, src: Source) -> list[Problem]:
         if kind == "extra_forbidden":
             key = loc[-1]
             cls = _model_at(loc[:-1], src.data)
-            message = f"unknown key '{key}'" + (did_you_mean(str(key), cls.model_fields) if cls else "")
+            suggestions -= 1
+            message = f"unknown key '{key}'" + (did_you_mean(str(key), cls.model_fields) if cls and suggestions >= 0 else "")
         elif kind == "missing":
             what = f"item [{loc[-1]}]" if isinstance(loc[-1], int) else f"required key '{loc[-1]}'"
             message = f"missing {what}"

@@ -21,7 +21,6 @@ import os
 import pickle
 import socket
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,12 +107,24 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def read_checkpoint(path: str | Path) -> dict:
     """Load a checkpoint's raw dict with ``weights_only=True``; clear errors for anything else."""
+    from .archive import ArchiveError, check_archive
+
     path = find_checkpoint(path)
     try:
+        check_archive(path)  # a regular file, an archive of stored entries whose checksums match
+    except ArchiveError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
+    except pickle.UnpicklingError:
+        # torch's message advises weights_only=False, which would run whatever the file holds: never relay it.
+        raise CheckpointError(
+            f"{path} holds objects tfbuilder does not load (a checkpoint holds only tensors and plain data): "
+            "not a tfbuilder checkpoint, or one made by untrusted code"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - unpickling damaged data fails in many ways (IndexError, KeyError, ...)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: damaged ({first})") from None
     if not isinstance(data, dict) or "tfbuilder" not in data or "state_dict" not in data:
         raise CheckpointError(f"{path} is not a tfbuilder checkpoint")
     meta = data["tfbuilder"]
@@ -123,7 +134,10 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path}: damaged checkpoint: its weights are not a mapping of tensors")
     from .registry import missing
 
-    absent = missing(meta.get("components") or [])
+    records = meta.get("components") or []
+    if not isinstance(records, list) or not all(isinstance(r, dict) and all(isinstance(v, (str, type(None))) for v in r.values()) for r in records):
+        raise CheckpointError(f"{path}: damaged checkpoint: its component records are not a list of names")
+    absent = missing(records)
     if absent:
         raise CheckpointError(f"{path}: the model needs components this installation lacks: " + "; ".join(absent))
     return data
@@ -186,6 +200,9 @@ def load_checkpoint(
     except ValueError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
     state = {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
+    unfit = next((k for k, v in state.items() if v.is_complex() or (v.is_floating_point() and not bool(torch.isfinite(v).all()))), None)
+    if unfit is not None:
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the weights of {unfit} are not finite real numbers (NaN, inf or complex)")
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

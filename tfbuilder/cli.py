@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -48,6 +49,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+MAX_ALPHA = 10.0  # GNMT tunes alpha in [0, 1]; far beyond, ((5 + |y|) / 6) ** alpha only overflows
+
+
+def _alpha(text: str) -> float:
+    value = _finite(text)
+    if not 0 <= value <= MAX_ALPHA:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_ALPHA:g}, got {text}")
+    return value
+
+
 def _probability(text: str) -> float:
     value = _finite(text)
     if not 0 < value <= 1:
@@ -63,7 +74,7 @@ def _seed(text: str) -> int:
 
 
 for _f, _name in ((_positive_int, "a positive integer"), (_count, "an integer"), (_finite, "a number"),
-                  (_temperature, "a number"), (_probability, "a number"), (_seed, "an integer")):
+                  (_temperature, "a number"), (_alpha, "a number"), (_probability, "a number"), (_seed, "an integer")):
     _f.__name__ = _name  # argparse says "invalid a positive integer value: 'x'"
 
 
@@ -199,7 +210,7 @@ def parser() -> argparse.ArgumentParser:
     _add_checkpoints(t, "translate")
     _add_checkpoint(t)
     t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
-    t.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
+    t.add_argument("--alpha", type=_alpha, default=0.6, help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)")
     t.add_argument(
         "--nbest", type=_positive_int, default=1, metavar="N",
         help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' (line numbers from 0; at most the beam, or N samples)",
@@ -230,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     _add_checkpoint(e)
     e.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split of the recipe's data (default test)")
     e.add_argument("--beam", type=_positive_int, default=4, help="beam size of the translations scored (1: greedy; default 4, the paper's)")
-    e.add_argument("--alpha", type=_finite, default=0.6, help="length penalty exponent of beam search (default 0.6, the paper's)")
+    e.add_argument("--alpha", type=_alpha, default=0.6, help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)")
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     _add_rules(e)
     e.add_argument(
@@ -493,9 +504,19 @@ def _new_file(path: str, flag: str) -> None:
 
 
 def _directory_arg(path: str, flag: str) -> None:
-    """``path`` is a directory or can become one (it does not name a file)."""
+    """``path`` is a directory or can become one: neither it nor a folder above it is a file, and the
+    nearest existing folder can be written."""
+    if "\0" in path:
+        raise TfbuilderError(f"{flag} {path!r}: a path cannot hold a NUL byte")
     if os.path.lexists(path) and not os.path.isdir(path):
         raise TfbuilderError(f"{flag} {path} is a file, not a directory")
+    here = os.path.abspath(path)
+    while not os.path.lexists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        raise TfbuilderError(f"{flag} {path}: {here} is a file, not a directory")
+    if not os.access(here, os.W_OK | os.X_OK):
+        raise TfbuilderError(f"{flag} {path}: {here} is not writable")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -617,6 +638,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         bleu_beam=None if args.no_bleu else args.beam,
         command=command,
     )
+    sweeps.check_own(sweep.dir)  # never writes its reports over files it did not make
     todo = [r for r in sweep.runs if r.status != "finished"]
     counts = {s: sum(r.status == s for r in sweep.runs) for s in ("finished", "resume", "evaluate", "new")}
     print(
@@ -634,7 +656,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     quiet_lightning()
     failed = _run_with_progress(todo, sweep)
     finished, _ = reports.find_runs([sweep.dir])
-    rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
+    rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
     note = f"Made by `{command}`." if command else ""
     if failed:
         note += "\n\nNot in the table (diverged): " + "; ".join(failed)
@@ -691,7 +713,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     finished, unfinished = reports.find_runs(args.dirs)
     for run in unfinished:
         print(f"skipping {run}: not finished (no summary.json)", file=sys.stderr)
-    rows = reports.group([reports.read_run(d, beam=args.beam) for d in finished], baseline=args.baseline)
+    rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
     print(reports.markdown(rows, beam=args.beam))
     if args.out:
         out = Path(args.out)
@@ -701,6 +723,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         paths = reports.write(rows, out, title="comparison of " + ", ".join(args.dirs), beam=args.beam)
         print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
     return 0
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {printable(line)}", file=sys.stderr)
 
 
 def cmd_attention(args: argparse.Namespace) -> int:
@@ -776,7 +802,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = argv  # the command as typed (a sweep's report quotes it)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # a full or closed standard output is an error here, not at exit
+        return code
     except RecipeError as exc:
         print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
         return EXIT_USAGE
@@ -793,6 +821,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if not _stdout_failed(exc):
+            raise
+        print(f"error: cannot write to standard output: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _stdout_failed(exc: OSError) -> bool:
+    """Whether ``exc`` is standard output failing (a full disk, /dev/full, a closed descriptor); if
+    so, standard output becomes /dev/null so that the exit does not fail again."""
+    if exc.filename is not None or exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EBADF):
+        return False
+    try:
+        os.write(sys.stdout.fileno(), b"\n")  # only on this error path: is it standard output that fails?
+        return False
+    except (OSError, ValueError):
+        pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return True
 
 
 if __name__ == "__main__":

@@ -40,8 +40,19 @@ def incremental_logits(model: nn.Module, tgt: Tensor, src: Tensor | None = None)
     return torch.cat(steps, dim=1)
 
 
-def _max_lengths(src: Tensor, pad_id: int, a: float, b: int) -> Tensor:
-    return ((src != pad_id).sum(dim=1).float() * a + b).long()
+def _max_lengths(model: nn.Module, src: Tensor, a: float, b: int) -> Tensor:
+    """Each input's output limit (its length * a + b, the closing </s> included), never more than the
+    positions the model's learned table covers: decoding stops at the model's maximum length."""
+    limits = ((src != model.pad_id).sum(dim=1).double() * a + b).clamp(1, 2**31).long()
+    most = position_limit(model)
+    return limits if most is None else limits.clamp(max=most)
+
+
+def position_limit(model: nn.Module) -> int | None:
+    """The most positions the model's learned position tables cover (None: any length)."""
+    from .components.position import LearnedPosition
+
+    return min((m.table.num_embeddings for m in model.modules() if isinstance(m, LearnedPosition)), default=None)
 
 
 def source_batch(model: nn.Module, rows: list[list[int]]) -> Tensor:
@@ -157,7 +168,7 @@ def _left_to_right(
     start, end = _ids(model)
     src = ended_sources(model, src)
     b = src.shape[0]
-    limits = _max_lengths(src, model.pad_id, max_len_a, max_len_b)
+    limits = _max_lengths(model, src, max_len_a, max_len_b)
     memory, memory_mask = model.encode(src)
     cache = model.new_cache()
     never = _never(model, src.device)
@@ -234,7 +245,7 @@ def beam_search_nbest(
     model.eval()
     start, end = _ids(model)
     src = ended_sources(model, src)
-    limits = _max_lengths(src, model.pad_id, max_len_a, max_len_b)
+    limits = _max_lengths(model, src, max_len_a, max_len_b)
     # The beams of one input share its source: memory and cross-attention keys/values stay one row
     # per input (cross-attention groups the beams' queries), and only follow the batch as it shrinks.
     memory, memory_mask = model.encode(src)
@@ -412,6 +423,9 @@ def sample(
     ended = torch.zeros(b, dtype=torch.bool, device=prompt.device)
     history = prompt[:, :0]
     offset = prompt.shape[1]
+    most = position_limit(model)
+    if most is not None:
+        max_new = min(max_new, most - offset)  # the model's table ends there
     for step in range(max_new):
         logp = rules.apply(logits.float().log_softmax(-1), model, history, never)
         token = _draw(logp, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
@@ -432,7 +446,10 @@ def _draw(logp: Tensor, *, temperature: float, top_k: int | None, top_p: float |
     softmax(logp / temperature) restricted to the top-k and the top-p nucleus."""
     if temperature == 0:
         return logp.argmax(dim=-1)
-    logits = logp.float() / temperature
+    # Shift the row's maximum to 0 first, in float64 (a temperature of 1e-320 is 0 in float32):
+    # divided by a tiny temperature the others go to -inf, never NaN.
+    logp = logp.double()
+    logits = (logp - logp.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -151,15 +151,30 @@ def machine_memory(recipe: Recipe) -> tuple[int, str]:
     return ram * nodes, "this machine's memory" if nodes == 1 else f"{nodes} machines of {_gib(ram)} each"
 
 
-def check_size(recipe: Recipe, parameters: int) -> list[Problem]:
-    need = parameters * BYTES_PER_PARAMETER[recipe.trainer.precision]
+def count_buffers(recipe: Recipe) -> int:
+    """Elements of the buffers (position tables, masks) of the recipe's model with one layer per
+    stack, counted on the meta device: a table of 10^6 positions is memory the parameters do not show."""
+    from .builder import build_model
+
+    model = recipe.model
+    spec = _with_layers(model, {p: 1 for p in ("encoder", "decoder") if getattr(model, p) is not None})
+    with torch.device("meta"):
+        built = _build(recipe, spec, build_model)
+    return sum(b.numel() for b in built.buffers())
+
+
+def check_size(recipe: Recipe, parameters: int, *, training: bool = True) -> list[Problem]:
+    """The model (parameters, plus Adam's state when ``training``, plus its buffers) fits the devices."""
+    per = BYTES_PER_PARAMETER[recipe.trainer.precision] if training else 4
+    need = parameters * per + count_buffers(recipe) * 4
     have, what = machine_memory(recipe)
     if have and need > have:
+        purpose = "training needs about {} for weights, gradients, Adam's state and buffers" if training else "loading it needs about {}"
         return [
             recipe.problem(
                 ("model",),
-                f"the model has {parameters:,} parameters ({parameters:.2g}); training needs about {_gib(need)} for weights, "
-                f"gradients and Adam's state, more than the {_gib(have)} of {what}",
+                f"the model has {parameters:,} parameters ({parameters:.2g}); {purpose.format(_gib(need))}, "
+                f"more than the {_gib(have)} of {what}",
             )
         ]
     return []

@@ -7,6 +7,7 @@ the registered type they name, so the schema grows with the registry.
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
@@ -26,7 +27,7 @@ from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
 from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
-from .sources import Source, apply_overrides, dotted_path, load_source
+from .sources import Source, apply_overrides, check_bounds, dotted_path, load_source
 
 if TYPE_CHECKING:  # named in annotations only: the schema imports no tensors
     from .contracts import AttentionParams, AttentionShape
@@ -359,16 +360,22 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     src = load_source(path)
     src = apply_overrides(src, list(overrides))
-    src.data.setdefault("name", path.stem)
+    if "name" not in src.data:  # the run is named after the file: it must be a name a run can have
+        src.forget(("name",))  # a parent's place: its name is not inherited
+        if not re.fullmatch(r"[\w.\-]+", path.stem) or not path.stem.strip("."):
+            message = f"the recipe has no name, and its file name {path.stem!r} is not one (letters, digits, . _ -): add a name: line"
+            raise RecipeError([Problem(message, "name", str(path), 1, 1)])
+        src.data["name"] = path.stem
     recipe = validate(src)
     recipe._path = path
     return recipe
 
 
 def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Validate a resolved recipe kept as data (in a checkpoint), with overrides."""
+    """Validate a resolved recipe kept as data (in a checkpoint), with overrides; bounded like a recipe file."""
     import copy
 
+    check_bounds(data, "the recipe")
     return validate(apply_overrides(Source(copy.deepcopy(data)), list(overrides)))
 
 
@@ -382,9 +389,13 @@ def validate(src: Source) -> Recipe:
     return recipe
 
 
+MAX_SUGGESTIONS = 100  # unknown keys of one recipe that get a "did you mean"
+
+
 def translate(exc: ValidationError, src: Source) -> list[Problem]:
     """Pydantic errors -> problems with file, line, column, dotted path and a helpful message."""
     merged: dict[tuple, tuple[str, str, Any]] = {}  # data path -> (kind, message, input)
+    suggestions = MAX_SUGGESTIONS  # "did you mean" costs a fuzzy search: thousands of unknown keys get none
     for err in exc.errors(include_url=False):
         if err["type"] == "cross_field":  # our own checks name real paths, defaults included
             loc, branch = tuple(err["loc"]), False
@@ -395,7 +406,8 @@ def translate(exc: ValidationError, src: Source) -> list[Problem]:
         if kind == "extra_forbidden":
             key = loc[-1]
             cls = _model_at(loc[:-1], src.data)
-            message = f"unknown key '{key}'" + (did_you_mean(str(key), cls.model_fields) if cls else "")
+            suggestions -= 1
+            message = f"unknown key '{key}'" + (did_you_mean(str(key), cls.model_fields) if cls and suggestions >= 0 else "")
         elif kind == "missing":
             what = f"item [{loc[-1]}]" if isinstance(loc[-1], int) else f"required key '{loc[-1]}'"
             message = f"missing {what}"

@@ -8,20 +8,22 @@ spanning the seeds).
 from __future__ import annotations
 
 import csv
-import json
+import io
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-
-from . import atomic
 from .diffing import MISSING, differences
-from .errors import TfbuilderError
-from .recipe import Recipe, recipe_from_dict
+from .errors import RecipeError, TfbuilderError
+from .readback import DamagedFile, metric, number, read_json, read_metrics
+from .recipe import Recipe, load_recipe
 from .runs import scores_file
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # Keys that differ between the runs of one comparison without being what is compared.
 _IGNORED = ("trainer.seed", "trainer.output", "trainer.progress")
@@ -82,7 +84,7 @@ def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
         if not path.is_dir():
             raise ReportError(f"{path}: not a directory")
         if (path / "sweep.json").exists():
-            candidates = [path / r for r in json.loads((path / "sweep.json").read_text(encoding="utf-8"))["runs"]]
+            candidates = _planned(path)
         elif (path / "recipe.yaml").exists():
             candidates = [path]
         else:
@@ -94,35 +96,75 @@ def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
     return finished, unfinished
 
 
-def read_run(run_dir: Path, *, beam: int = 4) -> RunResult:
-    """The summary, validation scores and curves of a finished run."""
+def _planned(sweep_dir: Path) -> list[Path]:
+    """The run directories a sweep's ``sweep.json`` lists (each inside the sweep directory)."""
+    plan = sweep_dir / "sweep.json"
+    runs = read_json(plan, what="sweep plan").get("runs")
+    if not isinstance(runs, list) or not all(isinstance(r, str) and r and "\0" not in r for r in runs):
+        raise DamagedFile(f"damaged sweep plan {plan}: runs is not a list of run directories")
+    inside = [sweep_dir / r for r in runs if not Path(r).is_absolute() and ".." not in Path(r).parts]
+    if len(inside) != len(runs):
+        raise DamagedFile(f"damaged sweep plan {plan}: a run lies outside the sweep directory")
+    return inside
+
+
+def read_runs(run_dirs: Sequence[Path], *, beam: int = 4, warn: Callable[[str], None]) -> list[RunResult]:
+    """:func:`read_run` of each directory; a run whose recipe or summary is damaged is left out, and
+    ``warn`` says which and why (the report goes on without it)."""
+    results = []
+    for run_dir in run_dirs:
+        try:
+            results.append(read_run(run_dir, beam=beam, warn=warn))
+        except DamagedFile as exc:
+            warn(f"skipping {run_dir}: {exc}")
+        except RecipeError as exc:
+            warn(f"skipping {run_dir}: damaged recipe.yaml: {exc.problems[0]}")
+    return results
+
+
+def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lambda line: None) -> RunResult:
+    """The summary, validation scores and curves of a finished run. A damaged recipe or summary
+    raises (:class:`RecipeError`, :class:`DamagedFile`); damaged scores or metrics are left out with a warning."""
     import torch
 
     from .builder import build_model, count_parameters
 
-    recipe = recipe_from_dict(yaml.safe_load((run_dir / "recipe.yaml").read_text(encoding="utf-8")))
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    recipe = load_recipe(run_dir / "recipe.yaml")  # bounded like any recipe file
+    summary_path = run_dir / "summary.json"
+    summary = read_json(summary_path, what="run summary")
+    steps = number(summary, "steps", summary_path, what="run summary")
+    seconds = number(summary, "seconds", summary_path, what="run summary")
+    best = number(summary, "best_val_loss", summary_path, what="run summary", optional=True)
+    speed = number(summary, "tokens_per_s", summary_path, what="run summary", optional=True)
     with torch.device("meta"):
         parameters = count_parameters(build_model(recipe))
     bleu = exact = None
     for stem in ("best", "last"):
         scores = scores_file(run_dir, "val", stem, beam=beam)
         if scores.exists():
-            saved = json.loads(scores.read_text(encoding="utf-8"))
-            bleu, exact = saved.get("bleu"), saved.get("exact_match")
+            try:
+                saved = read_json(scores, what="scores")
+                bleu = number(saved, "bleu", scores, what="scores", optional=True)
+                exact = number(saved, "exact_match", scores, what="scores", optional=True)
+            except DamagedFile as exc:
+                warn(f"{run_dir}: scores left out: {exc}")
             exact = None if exact is None else 100.0 * exact
             break
-    val_curve, train_curve = _curves(run_dir / "metrics.csv")
+    try:
+        val_curve, train_curve = _curves(run_dir / "metrics.csv")
+    except DamagedFile as exc:
+        warn(f"{run_dir}: curves left out: {exc}")
+        val_curve, train_curve = [], []
     return RunResult(
         dir=run_dir,
         recipe=recipe,
         parameters=parameters,
-        steps=int(summary["steps"]),
-        best_val_loss=summary.get("best_val_loss"),
+        steps=int(steps),
+        best_val_loss=best,
         bleu=bleu,
         exact_match=exact,
-        tokens_per_s=float(summary.get("tokens_per_s") or 0.0),
-        seconds=float(summary["seconds"]),
+        tokens_per_s=speed or 0.0,
+        seconds=seconds,
         val_curve=val_curve,
         train_curve=train_curve,
     )
@@ -133,13 +175,15 @@ def _curves(metrics: Path) -> tuple[list[tuple[int, float]], list[tuple[int, flo
     train: list[tuple[int, float]] = []
     if not metrics.exists():
         return val, train
-    with metrics.open(newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            step = int(float(row["step"])) + 1  # Lightning logs the step about to be taken
-            if row.get("val_loss"):
-                val.append((step, float(row["val_loss"])))
-            if row.get("train_loss"):
-                train.append((step, float(row["train_loss"])))
+    for line, row in enumerate(read_metrics(metrics), 2):
+        step = metric(row, "step", metrics, line)
+        if step is None:
+            continue
+        step = int(step) + 1  # Lightning logs the step about to be taken
+        for key, curve in (("val_loss", val), ("train_loss", train)):
+            value = metric(row, key, metrics, line)
+            if value is not None:
+                curve.append((step, value))
     return val, train
 
 
@@ -203,30 +247,39 @@ def markdown(rows: list[Row], *, beam: int = 4) -> str:
 
 
 def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: int = 4) -> dict[str, Path]:
-    """report.md, report.csv, runs.csv and curves.png in ``out_dir``; returns their paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """report.md, report.csv, runs.csv and curves.png in ``out_dir``, each written whole or not at
+    all (:mod:`tfbuilder.atomic`); returns their paths. A folder that cannot be made is a :class:`ReportError`."""
+    from .atomic import write_atomic, write_text
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
     paths = {name: out_dir / name for name in ("report.md", "report.csv", "runs.csv", "curves.png")}
     text = [f"# {title}", ""]
     if note:
         text += [note, ""]
     text += [markdown(rows, beam=beam), "", _legend(beam), "", "![validation and training loss](curves.png)", ""]
-    atomic.write_text(paths["report.md"], "\n".join(text), what="report")
-    with atomic.text_file(paths["report.csv"], what="report") as f:
-        writer = csv.writer(f)
-        stats = [f"{key}_{s}" for _, key, _, _ in COLUMNS for s in ("mean", "std")]
-        writer.writerow(["recipe", "changes", "parameters", "seeds", *stats])
-        for row in rows:
-            cells: list = [row.name, row.changes, row.runs[0].parameters, len(row.runs)]
-            for _, _, get, _ in COLUMNS:
-                cells += ["" if v is None else v for v in mean_std(get(row))]
-            writer.writerow(cells)
-    with atomic.text_file(paths["runs.csv"], what="report") as f:
-        writer = csv.writer(f)
-        writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "exact_match", "tokens_per_s", "wall_s"])
-        for row in rows:
-            for r in row.runs:
-                writer.writerow([r.name, r.seed, r.dir, r.parameters, r.steps, r.best_val_loss, r.bleu, r.exact_match, r.tokens_per_s, r.seconds])
-    plot_curves(rows, paths["curves.png"], title=title)
+    write_text(paths["report.md"], "\n".join(text), what="report")
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    stats = [f"{key}_{s}" for _, key, _, _ in COLUMNS for s in ("mean", "std")]
+    writer.writerow(["recipe", "changes", "parameters", "seeds", *stats])
+    for row in rows:
+        cells: list = [row.name, row.changes, row.runs[0].parameters, len(row.runs)]
+        for _, _, get, _ in COLUMNS:
+            cells += ["" if v is None else v for v in mean_std(get(row))]
+        writer.writerow(cells)
+    write_text(paths["report.csv"], table.getvalue(), what="report")
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "exact_match", "tokens_per_s", "wall_s"])
+    for row in rows:
+        for r in row.runs:
+            writer.writerow([r.name, r.seed, r.dir, r.parameters, r.steps, r.best_val_loss, r.bleu, r.exact_match, r.tokens_per_s, r.seconds])
+    write_text(paths["runs.csv"], table.getvalue(), what="report")
+    figure = plot_curves(rows, title=title)
+    write_atomic(paths["curves.png"], lambda f: figure.savefig(f, format="png", dpi=110), what="plot")
     return paths
 
 
@@ -240,7 +293,7 @@ def _legend(beam: int) -> str:
     )
 
 
-def plot_curves(rows: list[Row], path: Path, *, title: str) -> None:
+def plot_curves(rows: list[Row], *, title: str) -> "Figure":
     """Validation (left) and training (right) loss against steps: mean over seeds, band = min..max."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure  # no pyplot: no global state, the caller's backend untouched
@@ -265,7 +318,7 @@ def plot_curves(rows: list[Row], path: Path, *, title: str) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, fontsize=7, loc="outside right upper")
-    atomic.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=110), what="curves")
+    return fig
 
 
 def _band(curves: list[list[tuple[int, float]]]) -> tuple[list[int], list[float], list[float], list[float]]:

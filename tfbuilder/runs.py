@@ -21,7 +21,6 @@ import os
 import pickle
 import socket
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +71,27 @@ def new_run_dir(output: str | Path, name: str) -> Path:
             raise RunDirError(f"cannot create {path}: {exc.strerror or exc}") from None
 
 
+RUN_MARKS = ("recipe.yaml", "fit.lock")  # a directory holding either was made by a fit
+
+
+def check_foreign(run_dir: Path) -> None:
+    """Refuse to train into ``run_dir`` when it is a file, or a non-empty folder tfbuilder did not make
+    (no recipe.yaml, no fit.lock): its files would be replaced."""
+    if run_dir.is_symlink() or (run_dir.exists() and not run_dir.is_dir()):
+        raise RunDirError(f"run directory {display_path(run_dir)} is not a directory")
+    if not run_dir.is_dir() or any((run_dir / mark).exists() for mark in RUN_MARKS):
+        return
+    try:
+        empty = next(run_dir.iterdir(), None) is None
+    except OSError as exc:
+        raise RunDirError(f"cannot read run directory {display_path(run_dir)}: {exc.strerror or exc}") from None
+    if not empty:
+        raise RunDirError(
+            f"{display_path(run_dir)} is not empty and is not a tfbuilder run directory (no recipe.yaml): "
+            "not training into it; name a new or empty directory"
+        )
+
+
 def find_checkpoint(path: str | Path) -> Path:
     """A checkpoint file, or a run directory's ``checkpoints/last.ckpt``."""
     path = Path(path)
@@ -87,12 +107,24 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def read_checkpoint(path: str | Path) -> dict:
     """Load a checkpoint's raw dict with ``weights_only=True``; clear errors for anything else."""
+    from .archive import ArchiveError, check_archive
+
     path = find_checkpoint(path)
     try:
+        check_archive(path)  # a regular file, an archive of stored entries whose checksums match
+    except ArchiveError as exc:
+        raise CheckpointError(str(exc)) from None
+    try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
+    except pickle.UnpicklingError:
+        # torch's message advises weights_only=False, which would run whatever the file holds: never relay it.
+        raise CheckpointError(
+            f"{path} holds objects tfbuilder does not load (a checkpoint holds only tensors and plain data): "
+            "not a tfbuilder checkpoint, or one made by untrusted code"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - unpickling damaged data fails in many ways (IndexError, KeyError, ...)
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: damaged ({first})") from None
     if not isinstance(data, dict) or "tfbuilder" not in data or "state_dict" not in data:
         raise CheckpointError(f"{path} is not a tfbuilder checkpoint")
     meta = data["tfbuilder"]
@@ -102,7 +134,10 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path}: damaged checkpoint: its weights are not a mapping of tensors")
     from .registry import missing
 
-    absent = missing(meta.get("components") or [])
+    records = meta.get("components") or []
+    if not isinstance(records, list) or not all(isinstance(r, dict) and all(isinstance(v, (str, type(None))) for v in r.values()) for r in records):
+        raise CheckpointError(f"{path}: damaged checkpoint: its component records are not a list of names")
+    absent = missing(records)
     if absent:
         raise CheckpointError(f"{path}: the model needs components this installation lacks: " + "; ".join(absent))
     return data
@@ -148,6 +183,7 @@ def load_checkpoint(
     # The metadata is checked as a recipe file would be: a damaged checkpoint is an error, not a traceback.
     try:
         recipe = recipe_from_dict(meta["recipe"])
+        _check_stored_size(recipe, data, ckpt_path)
         model = build_model(recipe)
     except RecipeError as exc:
         shown = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
@@ -164,6 +200,9 @@ def load_checkpoint(
     except ValueError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
     state = {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
+    unfit = next((k for k, v in state.items() if v.is_complex() or (v.is_floating_point() and not bool(torch.isfinite(v).all()))), None)
+    if unfit is not None:
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the weights of {unfit} are not finite real numbers (NaN, inf or complex)")
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -173,6 +212,23 @@ def load_checkpoint(
     loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
     logging.getLogger("tfbuilder").info("loaded %s", loaded.describe())
     return loaded
+
+
+def _check_stored_size(recipe: "object", data: dict, ckpt_path: Path) -> None:
+    """Before a stored recipe is built: its model has no more parameters than the checkpoint holds
+    weights for, and fits this machine (both counted on the meta device, nothing allocated)."""
+    from .preflight import check_size, count_parameters
+
+    parameters = count_parameters(recipe)
+    stored = sum(v.numel() for k, v in data["state_dict"].items() if k.startswith("model."))
+    if parameters > stored:
+        raise CheckpointError(
+            f"{ckpt_path}: damaged checkpoint: the recipe inside it asks for {parameters:,} parameters, "
+            f"but it holds weights for {stored:,}"
+        )
+    problems = check_size(recipe, parameters, training=False)
+    if problems:
+        raise CheckpointError(f"{ckpt_path}: {problems[0].message}")
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:

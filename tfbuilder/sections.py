@@ -77,6 +77,13 @@ class SplitsSection(Section):
         return value
 
 
+def no_nul(value: str | None) -> str | None:
+    """A path the operating system can open: no NUL byte (a path cannot hold one)."""
+    if value is not None and "\x00" in value:
+        raise PydanticCustomError("path_nul", "a path cannot hold a NUL byte")
+    return value
+
+
 class DataSection(Section):
     """Where examples come from and how they are batched."""
 
@@ -93,6 +100,7 @@ class DataSection(Section):
     seed: int = Field(1234, ge=0, le=MAX_SEED, description="seed of the synthetic data (independent of trainer.seed)")
     # text
     path: str | None = Field(None, description="directory of the text files (relative to the working directory)")
+    _data_path = field_validator("path")(no_nul)
     src_lang: str | None = Field(None, description="source language suffix: train.<src_lang>[.gz]")
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
@@ -261,6 +269,7 @@ class TrainerSection(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
     compile: bool = Field(False, description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)")
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
+    _output_path = field_validator("output")(no_nul)
     logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")
     progress: bool = Field(
         True, description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)"

@@ -81,6 +81,23 @@ def dotted_path(path: Key) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
 
 
+def check_bounds(data: Any, where: str) -> None:
+    """Refuse recipe data kept elsewhere (a checkpoint's) that a recipe file could not hold: nesting
+    deeper than MAX_DEPTH or more than MAX_VALUES values. Iterative: deep data cannot recurse here."""
+    count, stack = 0, [(data, 0)]
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise RecipeError([Problem(f"{where} holds more than {MAX_VALUES:,} values", "")])
+        if depth > MAX_DEPTH:
+            raise RecipeError([Problem(f"{where} is nested deeper than {MAX_DEPTH} levels", "")])
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, depth + 1) for v in item)
+
+
 def _mark(file: str, node: yaml.Node) -> Mark:
     return Mark(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
@@ -316,6 +333,8 @@ def load_source(path: str | Path) -> Source:
             break
         if not isinstance(parent_name, str) or not parent_name.strip():
             raise RecipeError([src.problem(("extends",), "extends must be a path to another recipe (relative to this one)")])
+        if "\x00" in parent_name:
+            raise RecipeError([src.problem(("extends",), "a path cannot hold a NUL byte")])
         parent_path = path.parent / parent_name
         resolved = _resolved(parent_path, src)
         if resolved in seen:
@@ -385,25 +404,34 @@ def _not_a_recipe(via: Problem, shown: str) -> Problem:
 
 
 def merge(base: Source, top: Source) -> Source:
-    """Deep-merge ``top`` over ``base``: mappings merge key by key, anything else replaces."""
-    out = Source(copy.deepcopy(base.data), dict(base.values), dict(base.keys))
+    """Deep-merge ``top`` over ``base``: mappings merge key by key, anything else replaces.
+
+    Linear in the number of keys: the data is merged first, noting which paths ``top`` replaced;
+    then each recorded place is kept or taken from ``top`` by looking at its own path's prefixes
+    (at most MAX_DEPTH of them), never by scanning the tables once per key."""
+    data = copy.deepcopy(base.data)
+    replaced: set[Key] = set()  # paths whose value top replaces (its places there and below win)
+    merged: set[Key] = set()  # mappings present on both sides, merged key by key
 
     def visit(dst: dict, src: dict, path: Key) -> None:
         for key, value in src.items():
             p = path + (key,)
             if isinstance(value, dict) and isinstance(dst.get(key), dict) and not _retyped(dst[key], value):
-                out.values[p] = top.values.get(p, out.values.get(p))
-                out.keys[p] = top.keys.get(p, out.keys.get(p))
+                merged.add(p)
                 visit(dst[key], value, p)
             else:
-                out.forget(p, below_only=True)
+                replaced.add(p)
                 dst[key] = copy.deepcopy(value)
-                for table, mine in ((out.values, top.values), (out.keys, top.keys)):
-                    for k, m in mine.items():
-                        if k[: len(p)] == p:
-                            table[k] = m
 
-    visit(out.data, top.data, ())
+    visit(data, top.data, ())
+
+    def below_replaced(k: Key, *, inclusive: bool) -> bool:
+        return any(k[:i] in replaced for i in range(1, len(k) + (1 if inclusive else 0)))
+
+    out = Source(data)
+    for table, mine, theirs in ((out.values, base.values, top.values), (out.keys, base.keys, top.keys)):
+        table.update((k, m) for k, m in mine.items() if not below_replaced(k, inclusive=False))
+        table.update((k, m) for k, m in theirs.items() if k in merged or below_replaced(k, inclusive=True))
     return out
 
 
@@ -463,6 +491,8 @@ def _parse_override(text: str) -> _Override:
     key = key.strip()
     if not sep or not key:
         raise RecipeError([Problem("an override must look like dotted.key=value", "", label, 1, 1)])
+    if key.count(".") >= MAX_DEPTH:  # checked before splitting: a 20,000-part path is refused at once
+        raise RecipeError([Problem(f"the key path has {key.count('.') + 1:,} parts; a recipe is nested at most {MAX_DEPTH} levels", "", label[:200], 1, 1)])
     parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
     if any(p == "" for p in parts):
         raise RecipeError([Problem("empty key in the dotted path", key, label, 1, 1)])

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from . import atomic
 from .diffing import MISSING, differences
 from .errors import TfbuilderError
@@ -89,6 +87,24 @@ def plan(
     return Sweep(sweep_dir, runs, bleu_beam if _translates(recipes[0]) else None, command, names)
 
 
+def check_own(sweep_dir: Path) -> None:
+    """Refuse a sweep directory that is a file, or a non-empty folder without ``sweep.json``: the
+    reports a sweep writes would replace files it did not make."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise SweepError(f"sweep directory {sweep_dir} is a file, not a directory")
+    if not sweep_dir.is_dir() or (sweep_dir / "sweep.json").exists():
+        return
+    try:
+        empty = next(sweep_dir.iterdir(), None) is None
+    except OSError as exc:
+        raise SweepError(f"cannot read sweep directory {sweep_dir}: {exc.strerror or exc}") from None
+    if not empty:
+        raise SweepError(
+            f"{sweep_dir} is not empty and is not a sweep directory (no sweep.json): not writing into it; "
+            "choose another --out (a new or empty directory, or an earlier sweep's)"
+        )
+
+
 def _translates(recipe: Recipe) -> bool:
     return recipe.model.kind == "encoder_decoder"
 
@@ -102,7 +118,7 @@ def status(run: Run, bleu_beam: int | None) -> Status:
     """What running ``run`` again has to do; raises :class:`SweepError` if its directory holds another recipe."""
     saved = run.dir / "recipe.yaml"
     if saved.exists():
-        before = yaml.safe_load(saved.read_text(encoding="utf-8"))
+        before = load_recipe(saved)  # bounded like any recipe file: a damaged one is reported by its place
         changed = [d for d in differences(before, run.recipe, include_name=True) if d[0] not in _PRESENTATION]
         if changed:
             shown = ", ".join(f"{k} ({_shown(a)} -> {_shown(b)})" for k, a, b in changed[:5])
@@ -124,7 +140,11 @@ def _shown(value) -> str:
 
 def write_plan(sweep: Sweep) -> None:
     """``sweep.json``: the recipes (in order), seeds and run directories, for ``compare`` and humans."""
-    sweep.dir.mkdir(parents=True, exist_ok=True)
+
+    try:
+        sweep.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SweepError(f"cannot create sweep directory {sweep.dir}: {exc.strerror or exc}") from None
     record = {
         "command": sweep.command,
         "recipes": sweep.names,

@@ -36,6 +36,7 @@ from .progress import Progress
 from .recipe import Recipe
 from .runs import (
     RUN_DIR_ENV,
+    check_foreign,
     CheckpointError,
     Interrupted,
     RunDirError,
@@ -549,6 +550,8 @@ def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
     for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
     it, so all use the vocabulary it holds."""
+    if rank_zero_only.rank == 0:
+        check_foreign(run_dir)
     if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     vocab_file = run_dir / "tokenizer.json"

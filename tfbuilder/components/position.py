@@ -32,7 +32,7 @@ class SinusoidalPosition(nn.Module):
         type: Literal["sinusoidal"] = "sinusoidal"
         base: float = Field(10000.0, gt=1.0, description="wavelength base (10000 in the paper)")
         max_len: int = Field(
-            1024, ge=1, description="positions precomputed; longer inputs are computed on the fly"
+            1024, ge=1, le=1_000_000, description="positions precomputed; longer inputs are computed on the fly"
         )
 
     def __init__(self, params: Params, ctx: BuildContext):

@@ -84,6 +84,14 @@ def no_nul(value: str | None) -> str | None:
     return value
 
 
+class ColumnsSection(Section):
+    """Which fields of a record hold the text (``data.format`` jsonl, csv or tsv)."""
+
+    source: str | None = Field(None, min_length=1, max_length=255, description="translation: the source field (JSON: a dotted path such as translation.de)")
+    target: str | None = Field(None, min_length=1, max_length=255, description="translation: the target field")
+    text: str | None = Field(None, min_length=1, max_length=255, description="language models: the text field")
+
+
 class DataSection(Section):
     """Where examples come from and how they are batched."""
 
@@ -105,6 +113,12 @@ class DataSection(Section):
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
     splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits")
+    format: Literal["text", "jsonl", "csv", "tsv"] = Field(
+        "text",
+        description="text: <stem>.<lang>[.gz], one example per line; jsonl, csv, tsv: <stem>.<format>[.gz], records "
+        "whose fields data.columns names",
+    )
+    columns: ColumnsSection | None = Field(None, description="jsonl, csv, tsv: the fields that hold the text")
     max_len: int = Field(
         256, ge=1, le=1_000_000, description="training examples longer than this (in tokens) are dropped (not with packing)"
     )
@@ -165,10 +179,25 @@ class DataSection(Section):
         else:
             if self.path is None:
                 problems.append((("path",), f"{self.type} data needs a path", None))
-            needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
-            for lang in needed:
-                if getattr(self, lang) is None:
-                    problems.append(((lang,), f"{self.type} data needs {lang}", None))
+            if self.format == "text":
+                needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
+                for lang in needed:
+                    if getattr(self, lang) is None:
+                        problems.append(((lang,), f"{self.type} data needs {lang}", None))
+                if self.columns is not None:
+                    problems.append((("columns",), "columns name fields of records: set format to jsonl, csv or tsv", None))
+            else:
+                fields = ("source", "target") if self.type == "parallel" else ("text",)
+                columns = self.columns or ColumnsSection()
+                named = {"source": columns.source, "target": columns.target, "text": columns.text}
+                for name in fields:
+                    if named[name] is None:
+                        problems.append((("columns", name), f"{self.type} data in {self.format} files needs columns.{name}", None))
+                for name, value in named.items():
+                    if value is not None and name not in fields:
+                        problems.append((("columns", name), f"{self.type} data has no {name} column", value))
+                if self.documents != "lines":
+                    problems.append((("documents",), "documents separated by blank lines are plain text (format: text)", self.documents))
             if self.tokenizer.vocab_size is None:
                 problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
         if self.max_tokens is not None and self.batch_size is not None:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..sections import DataSection
-from . import synthetic, text
+from . import formats, synthetic, text
+from .tokenizers import DataError
 
 Row = tuple[str, "str | None"]  # (source or text, target or None)
 T = TypeVar("T")
@@ -48,6 +49,8 @@ def split_sources(data: DataSection) -> dict[str, SplitSource]:
         return {name: _synthetic(data, name, i) for i, name in enumerate(SPLITS)}
     directory = Path(data.path)
     stems = {"train": data.splits.train, "val": data.splits.val, "test": data.splits.test}
+    if data.format != "text":
+        return _records(data, directory, stems)
     langs = (data.src_lang, data.tgt_lang) if data.type == "parallel" else (data.lang,)
     out: dict[str, SplitSource] = {}
     for name, stem in stems.items():
@@ -73,3 +76,28 @@ def _text(data: DataSection, name: str, paths: tuple[Path, ...]) -> SplitSource:
         return SplitSource(name, paths, lambda: text.parallel_lines(*paths), paired=True)
     read = text.paragraphs if data.documents == "paragraphs" else text.lines
     return SplitSource(name, paths, lambda: ((line, None) for line in read(paths[0])), paired=False)
+
+
+def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[str, SplitSource]:
+    """Splits of JSON Lines, CSV or TSV files (:mod:`tfbuilder.data.formats`)."""
+    columns = data.columns
+    if columns is None:  # the schema requires them; a section built without validation gets this
+        raise DataError(f"data.format {data.format} needs data.columns")
+    paired = data.type == "parallel"
+    fields = (columns.source or "", columns.target or "") if paired else (columns.text or "",)
+    out: dict[str, SplitSource] = {}
+    for name, stem in stems.items():
+        if name == "test" and not formats.exists(directory, stem, data.format):
+            continue
+        path = formats.find(directory, stem, data.format)
+        out[name] = SplitSource(name, (path,), _record_rows(data.format, path, fields, paired), paired=paired)
+    return out
+
+
+def _record_rows(fmt: str, path: Path, fields: tuple[str, ...], paired: bool) -> Callable[[], Iterator[Row]]:
+    def rows() -> Iterator[Row]:
+        read = formats.jsonl_rows(path, fields) if fmt == "jsonl" else formats.table_rows(path, fields, delimiter="\t" if fmt == "tsv" else ",")
+        for values in read:
+            yield (values[0], values[1]) if paired else (values[0], None)
+
+    return rows

@@ -47,7 +47,9 @@ CACHE_ENV = "TFBUILDER_CACHE"
 # The data settings that decide what a store holds. Every other field of the data section decides only
 # how it is read (batching, workers, blocks) or is not used for files (synthetic data); a test holds
 # that each field is in exactly one of the two lists.
-CONTENT_FIELDS = ("type", "src_lang", "tgt_lang", "lang", "splits", "max_len", "documents", "packing", "tokenizer")
+CONTENT_FIELDS = (
+    "type", "src_lang", "tgt_lang", "lang", "splits", "format", "columns", "max_len", "documents", "packing", "tokenizer",
+)
 READING_FIELDS = (
     "task", "symbols", "lengths", "train_size", "val_size", "test_size", "seed", "path", "mlm_probability",
     "max_tokens", "batch_size", "workers", "block_size", "document_mask", "cache",

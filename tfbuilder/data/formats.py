@@ -1,0 +1,94 @@
+"""Records instead of plain lines: JSON Lines and CSV/TSV files, streamed into (source, target) rows.
+
+A split is ``<data.path>/<stem>.<ext>`` (``.jsonl``, ``.csv``, ``.tsv``, each optionally ``.gz``), and
+``data.columns`` names the fields that hold the source and target (translation) or the text (language
+models): dotted paths into JSON records (``translation.de``), header names in CSV/TSV files. Every
+record is checked as it is read; a missing field, a value that is not text, a malformed record or a
+row with the wrong number of cells is an error naming the file and the line or row. Reading goes
+through :func:`tfbuilder.data.text.lines`, so the same bounds hold (16 MiB per line).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import text
+from .tokenizers import DataError
+
+EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "tsv": "tsv"}
+MAX_FIELD = 16 * 2**20  # a cell is text, at most as long as a line
+
+
+def find(directory: Path, stem: str, fmt: str) -> Path:
+    """``<directory>/<stem>.<ext>`` or its ``.gz``."""
+    return text.find(directory, stem, EXTENSIONS[fmt])
+
+
+def exists(directory: Path, stem: str, fmt: str) -> bool:
+    return text.exists(directory, stem, EXTENSIONS[fmt])
+
+
+def _field(record: object, dotted: str) -> object:
+    value = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise KeyError(dotted)
+        value = value[part]
+    return value
+
+
+def _text_of(value: object, where: str, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    kind = "null" if value is None else type(value).__name__
+    raise DataError(f"{where}: field '{name}' is {kind}, not text")
+
+
+def jsonl_rows(path: Path, fields: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """The ``fields`` of each JSON record (one per line; blank lines are skipped)."""
+    for number, line in enumerate(text.lines(path), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except RecursionError:
+            raise DataError(f"{where}: the JSON record is nested too deeply") from None
+        except ValueError as exc:
+            raise DataError(f"{where}: not a JSON record ({str(exc)[:80]})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: a JSON record is an object ({{...}}), not {type(record).__name__}")
+        values = []
+        for name in fields:
+            try:
+                value = _field(record, name)
+            except KeyError:
+                raise DataError(f"{where}: no field '{name}' (data.columns)") from None
+            values.append(_text_of(value, where, name))
+        yield tuple(values)
+
+
+def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterator[tuple[str, ...]]:
+    """The ``fields`` (header names) of each row of a CSV or TSV file with a header row; quoted cells
+    may span lines."""
+    csv.field_size_limit(MAX_FIELD)
+    reader = csv.reader((line + "\n" for line in text.lines(path)), delimiter=delimiter, strict=True)
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path} is empty")
+        missing = [name for name in fields if name not in header]
+        if missing:
+            raise DataError(f"{path}:1: no column {', '.join(repr(m) for m in missing)} in the header (data.columns); it has {', '.join(map(repr, header[:20]))}")
+        columns = [header.index(name) for name in fields]
+        for row in reader:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataError(f"{path}:{reader.line_num}: {len(row)} cells, but the header has {len(header)}")
+            yield tuple(row[c] for c in columns)
+    except csv.Error as exc:
+        raise DataError(f"{path}:{reader.line_num}: not a well-formed {'TSV' if delimiter == chr(9) else 'CSV'} row ({exc})") from None

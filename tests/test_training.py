@@ -76,7 +76,7 @@ def test_bad_checkpoints_are_refused_clearly(tmp_path):
     truncated = tmp_path / "truncated.ckpt"
     torch.save({"state_dict": {"w": torch.ones(1000)}, "tfbuilder": {}}, truncated)
     truncated.write_bytes(truncated.read_bytes()[:300])
-    with pytest.raises(CheckpointError, match="cannot read"):
+    with pytest.raises(CheckpointError, match="damaged checkpoint .*truncated"):
         load_checkpoint(truncated)
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}}, foreign)

@@ -74,6 +74,11 @@ def new_run_dir(output: str | Path, name: str) -> Path:
 RUN_MARKS = ("recipe.yaml", "fit.lock")  # a directory holding either was made by a fit
 
 
+def is_empty(directory: Path) -> bool:
+    """Whether ``directory`` holds nothing (an ``OSError`` when it cannot be listed)."""
+    return next(directory.iterdir(), None) is None
+
+
 def check_foreign(run_dir: Path) -> None:
     """Refuse to train into ``run_dir`` when it is a file, or a non-empty folder tfbuilder did not make
     (no recipe.yaml, no fit.lock): its files would be replaced."""
@@ -82,7 +87,7 @@ def check_foreign(run_dir: Path) -> None:
     if not run_dir.is_dir() or any((run_dir / mark).exists() for mark in RUN_MARKS):
         return
     try:
-        empty = next(run_dir.iterdir(), None) is None
+        empty = is_empty(run_dir)
     except OSError as exc:
         raise RunDirError(f"cannot read run directory {display_path(run_dir)}: {exc.strerror or exc}") from None
     if not empty:

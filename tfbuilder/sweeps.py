@@ -23,7 +23,7 @@ from . import atomic
 from .diffing import MISSING, differences
 from .errors import TfbuilderError
 from .recipe import Recipe, load_recipe, recipe_from_dict
-from .runs import default_checkpoint
+from .runs import default_checkpoint, is_empty
 from .runs import scores_file as checkpoint_scores
 
 Status = Literal["finished", "evaluate", "resume", "new"]
@@ -95,7 +95,7 @@ def check_own(sweep_dir: Path) -> None:
     if not sweep_dir.is_dir() or (sweep_dir / "sweep.json").exists():
         return
     try:
-        empty = next(sweep_dir.iterdir(), None) is None
+        empty = is_empty(sweep_dir)
     except OSError as exc:
         raise SweepError(f"cannot read sweep directory {sweep_dir}: {exc.strerror or exc}") from None
     if not empty:

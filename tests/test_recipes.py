@@ -120,7 +120,17 @@ def analytic_parameters(spec) -> int:
     """Parameter count written out from the architecture, for every built-in component type."""
     d = spec.d_model
 
-    def attention(p) -> int:
+    def attention(p, cross: bool = False) -> int:
+        if p.type == "latent":  # DeepSeek-V2: query (latent), key/value latent + shared rotary key, up, out
+            h, d_h = p.heads, p.head_dim or d // p.heads
+            dv, dc = p.value_dim or d_h, p.kv_rank or 4 * d_h
+            r = 0 if cross else (p.rope_dim if p.rope_dim is not None else d_h // 4 * 2)
+            widths = [p.q_rank, h * (d_h + r)] if p.q_rank else [h * (d_h + r)]
+            inputs = [d, p.q_rank] if p.q_rank else [d]
+            widths += [dc + r, h * (d_h + dv), d]
+            inputs += [d, dc, h * dv]
+            norms = ((p.q_rank or 0) + dc) if p.latent_norm else 0
+            return sum(i * w for i, w in zip(inputs, widths)) + norms + (sum(widths) if p.bias else 0)
         h, kv = p.heads, p.kv_heads or p.heads
         dk, dv = p.key_dim or d // h, p.value_dim or d // h
         widths = h * dk + kv * dk + kv * dv
@@ -161,7 +171,7 @@ def analytic_parameters(spec) -> int:
         stack_norm = norm(stack.norm or spec.norm)
         per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norms_per_sublayer * stack_norm
         if sublayers == 3:
-            per_layer += attention(cross)
+            per_layer += attention(cross, cross=True)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
     if spec.kind == "encoder":
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm

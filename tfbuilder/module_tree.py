@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .blocks import DecoderLayer
+
 
 @dataclass(frozen=True)
 class ModuleRow:
@@ -68,3 +70,12 @@ def format_tree(rows: list[ModuleRow]) -> str:
         note = f"  ({row.note})" if row.note else ""
         lines.append(f"{label.ljust(width)}  {row.params:>14,}{note}")
     return "\n".join(lines)
+
+
+def kv_cache_per_token(model: nn.Module) -> int | None:
+    """Numbers the KV cache of incremental decoding keeps per generated token: every decoder layer's
+    self-attention (``cache_per_token``); None for a model without a decoder, or when a component
+    does not say."""
+    layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
+    sizes = [layer.self_attn.inner.cache_per_token() for layer in layers]
+    return sum(sizes) if layers and None not in sizes else None

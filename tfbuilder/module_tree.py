@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .blocks import DecoderLayer
-
 
 @dataclass(frozen=True)
 class ModuleRow:
@@ -73,9 +71,11 @@ def format_tree(rows: list[ModuleRow]) -> str:
 
 
 def kv_cache_per_token(model: nn.Module) -> int | None:
-    """Numbers the KV cache of incremental decoding keeps per generated token: every decoder layer's
-    self-attention (``cache_per_token``); None for a model without a decoder, or when a component
-    does not say."""
-    layers = [m for m in model.modules() if isinstance(m, DecoderLayer)]
-    sizes = [layer.self_attn.inner.cache_per_token() for layer in layers]
-    return sum(sizes) if layers and None not in sizes else None
+    """Numbers the KV cache of incremental decoding keeps per generated token: the self-attention
+    (``cache_per_token``) of every layer of the decoder stack; None for a model without one, or when
+    a component does not say."""
+    decoder = model.stacks().get("decoder")
+    if decoder is None:
+        return None
+    sizes = [layer.self_attn.inner.cache_per_token() for layer in decoder.layers]
+    return None if None in sizes else sum(sizes)

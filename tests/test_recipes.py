@@ -173,6 +173,8 @@ def analytic_parameters(spec) -> int:
         if sublayers == 3:
             per_layer += attention(cross, cross=True)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
+        if part == "decoder" and spec.mtp is not None:  # per depth: two norms, W_k (2d x d), one layer (and its final norm)
+            total += spec.mtp.depth * (2 * stack_norm + 2 * d * d + per_layer + (stack_norm if spec.uses_final_norm else 0))
     if spec.kind == "encoder":
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
     total += spec.token_types * d + (norm(spec.norm) * sides if spec.embed_norm else 0)

@@ -261,8 +261,10 @@ def _encode(
         seen += len(keep)
     for i, count in enumerate(nonblank[: len(sides)]):
         if count == 0:
-            where = source.files[i] if i < len(source.files) else f"the {source.name} split"
-            raise DataError(f"{where} is empty")
+            if source.label is None:  # text files: one per side
+                raise DataError(f"{source.files[i] if i < len(source.files) else f'the {source.name} split'} is empty")
+            side = "" if len(sides) == 1 else (" source" if i == 0 else " target")
+            raise DataError(f"{source.label} is empty: no{side} text in any row")
     return {"examples": seen, "rows": rows, "dropped": dropped, "dropped_tokens": dropped_tokens}
 
 

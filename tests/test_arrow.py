@@ -15,7 +15,7 @@ import pytest
 from conftest import QUICKSTART
 from test_store import corpus, last, said, section  # noqa: F401 (said: a fixture)
 from tfbuilder.cli import main
-from tfbuilder.data import arrow, store, text
+from tfbuilder.data import arrow, readers, store, text
 from tfbuilder.data.prepare import prepare
 from tfbuilder.data.tokenizers import DataError
 from tfbuilder.sections import DataSection
@@ -155,6 +155,15 @@ def test_stores_of_text_files_keep_their_key():
     assert "hub" not in material["data"] and "fingerprints" not in material
 
 
+def test_a_datasets_fingerprint_is_part_of_the_key(tmp_path):
+    def sources(fingerprint: str) -> dict:
+        return {"train": readers.SplitSource("train", (), iter, paired=True, fingerprint=fingerprint)}
+
+    data = hub_records(hub={"name": "wmt/wmt14"})
+    keys = {store.key_of(store.key_material(data, sources(f), "train")) for f in ("a1", "a1", "b2")}
+    assert len(keys) == 2
+
+
 def write_parquet(folder: Path, rows: list[dict] | pa.Table) -> None:
     folder.mkdir()
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows)
@@ -177,10 +186,21 @@ GOOD = [{"translation": {"de": "a b", "en": "b a"}}] * 3
         (GOOD + [{"translation": None}], r"train\.parquet, row 4: field 'translation\.de' is null, not text"),
     ],
 )
-def test_bad_parquet_records_are_named_by_file_and_row(tmp_path, rows, message):
+def test_bad_parquet_records_are_named_by_file_and_row(tmp_path, monkeypatch, rows, message):
+    monkeypatch.setattr(arrow, "BATCH", 2)  # the row is counted across record batches
     write_parquet(tmp_path / "pq", rows)
     with pytest.raises(DataError, match=message):
         prepare(records(tmp_path / "pq", "parquet"))
+
+
+def test_a_null_record_is_null_whatever_its_fields_hold(tmp_path):
+    """Arrow keeps the fields of a null record (a writer may leave text there): the record's null wins."""
+    de, en = pa.array(["a b", "a b", "c d"]), pa.array(["b a", "b a", "d c"])
+    translation = pa.StructArray.from_arrays([de, en], names=["de", "en"], mask=pa.array([False, False, True]))
+    split = datasets.Dataset(datasets.table.InMemoryTable(pa.table({"translation": translation})))
+    datasets.DatasetDict({"train": split, "val": split}).save_to_disk(str(tmp_path / "hf"))  # Arrow files keep the fields
+    with pytest.raises(DataError, match=r"hf/train, row 3: field 'translation\.de' is null, not text"):
+        prepare(records(tmp_path / "hf", "datasets"))
 
 
 @pytest.mark.parametrize("damage", ["not parquet", "truncated", "damaged page"])

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import datasets  # the test extra installs pyarrow and datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -164,6 +165,24 @@ def test_a_datasets_fingerprint_is_part_of_the_key(tmp_path):
     assert len(keys) == 2
 
 
+def test_parquet_is_read_a_row_group_at_a_time(tmp_path):
+    """Arrow's memory while the first row is read is a row group's, not the file's (pyarrow's
+    pre-buffering would read the whole file ahead)."""
+    rng = np.random.default_rng(0)
+    words = [rng.bytes(24).hex() for _ in range(2000)]  # incompressible text
+    table = pa.Table.from_pylist([{"translation": {"de": w, "en": w[::-1]}} for w in words])
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    pq.write_table(table, folder / "train.parquet", row_group_size=100, compression="none")
+    size = (folder / "train.parquet").stat().st_size
+    before = pa.total_allocated_bytes()
+    rows = arrow.parquet_rows([folder / "train.parquet"], tuple(COLUMNS.values()))
+    assert next(rows)[0] == words[0]
+    held = pa.total_allocated_bytes() - before
+    assert held < size / 4, f"{held:,} bytes held for a {size:,}-byte file"
+    assert sum(1 for _ in rows) == len(words) - 1
+
+
 def write_parquet(folder: Path, rows: list[dict] | pa.Table) -> None:
     folder.mkdir()
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows)
@@ -297,4 +316,4 @@ def test_the_recipe_names_bad_format_keys_by_dotted_path(tmp_path, capsys, data,
     recipe.write_text(yaml.safe_dump({"extends": str(QUICKSTART), "data": fields}), encoding="utf-8")
     assert main(["validate", str(recipe)]) == 2
     err = capsys.readouterr().err
-    assert f"r.yaml:" in err and f"{path}: " in err and message in err, err
+    assert "r.yaml:" in err and f"{path}: " in err and message in err, err

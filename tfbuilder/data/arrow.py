@@ -145,12 +145,19 @@ def parquet_rows(paths: list[Path], fields: tuple[str, ...]) -> Iterator[tuple[s
     top = list(dict.fromkeys(f.split(".")[0] for f in fields))
     for path in paths:
         try:
-            parquet = pq.ParquetFile(path)
+            # pyarrow's pre-buffering reads every requested row group ahead, the whole file: off, and
+            # one row group asked for at a time, so memory is one row group's whatever the file's size
+            parquet = pq.ParquetFile(path, pre_buffer=False)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read {path}: not a readable Parquet file ({_first_line(exc)})") from None
         with parquet:
             check_fields(parquet.schema_arrow, fields, str(path))
-            yield from batch_rows(_guarded(parquet.iter_batches(batch_size=BATCH, columns=top), str(path)), fields, str(path))
+            batches = (
+                batch
+                for group in range(parquet.metadata.num_row_groups)
+                for batch in parquet.iter_batches(batch_size=BATCH, columns=top, row_groups=[group])
+            )
+            yield from batch_rows(_guarded(batches, str(path)), fields, str(path))
 
 
 def _guarded(batches: Iterator[Any], where: str) -> Iterator[Any]:

@@ -276,14 +276,15 @@ def test_a_damaged_saved_dataset_is_named_with_its_split(tmp_path, text_corpus):
         prepare(records(out, "datasets"))
 
 
-def test_a_missing_package_names_the_extra(monkeypatch, tmp_path):
+@pytest.mark.parametrize("fmt,package", [("datasets", "datasets"), ("parquet", "pyarrow")])
+def test_a_missing_package_names_the_extra(monkeypatch, tmp_path, fmt, package):
     import importlib
 
     real = importlib.import_module
-    monkeypatch.setattr(importlib, "import_module", lambda name, *a: (_ for _ in ()).throw(ImportError(name)) if name == "datasets" else real(name, *a))
-    (tmp_path / "hf").mkdir()
-    with pytest.raises(DataError, match=r"data\.format datasets needs the 'datasets' package: pip install 'tfbuilder\[data\]'"):
-        prepare(records(tmp_path / "hf", "datasets"))
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: (_ for _ in ()).throw(ImportError(name)) if name == package else real(name, *a))
+    (tmp_path / "data").mkdir()
+    with pytest.raises(DataError, match=rf"data\.format {fmt} needs the '{package}' package: pip install 'tfbuilder\[data\]'"):
+        prepare(records(tmp_path / "data", fmt))
 
 
 def test_bad_data_on_the_command_line_exits_2_naming_file_and_row(tmp_path, capsys):

@@ -93,6 +93,8 @@ def _fields(data: DataSection) -> tuple[str, ...]:
 def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[str, SplitSource]:
     """Splits of JSON Lines, CSV, TSV (:mod:`tfbuilder.data.formats`) or Parquet files (:mod:`tfbuilder.data.arrow`)."""
     fields, paired = _fields(data), data.type == "parallel"
+    if data.format == "parquet":
+        arrow.require("pyarrow", "parquet")  # said now, not when the first row is read
     out: dict[str, SplitSource] = {}
     for name, stem in stems.items():
         if data.format == "parquet":

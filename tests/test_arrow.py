@@ -106,8 +106,10 @@ def test_a_hub_dataset_is_loaded_by_name_config_and_revision(tmp_path, text_corp
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     data = hub_records(hub={"name": "wmt/wmt14", "config": "de-en", "revision": "abc123"}, cache=str(tmp_path / "stores"))
-    same_store(prepare(data), plain)
+    said: list[str] = []
+    same_store(prepare(data, say=said.append), plain)
     assert calls == [("wmt/wmt14", "de-en", "abc123")]
+    assert said[0].startswith("data: loading wmt/wmt14 de-en @abc123 with datasets.load_dataset")
 
 
 def test_parquet_is_prepared_again_when_a_file_changes_and_never_otherwise(tmp_path, text_corpus, monkeypatch, said):

@@ -84,7 +84,7 @@ def prepare(
     vocabulary unless one is given (resume, other ranks, scoring). ``say`` hears one line on what
     happened (prepared, and why; or reused); by default the ``tfbuilder`` logger does."""
     say = say or log.info
-    sources = split_sources(data)
+    sources = split_sources(data, say=say)
     prepared = _generated(data, sources, vocab) if data.type == "synthetic" else _stored(data, sources, vocab, say)
     if model_vocab is not None and prepared.vocab.tgt.vocab_size != model_vocab:
         raise DataError(f"the tokenizer has {prepared.vocab.tgt.vocab_size} tokens but the model expects {model_vocab}")

@@ -44,14 +44,15 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 SPLITS = ("train", "val", "test")
 
 
-def split_sources(data: DataSection) -> dict[str, SplitSource]:
+def split_sources(data: DataSection, *, say: Callable[[str], None] | None = None) -> dict[str, SplitSource]:
     """The splits of ``data`` that exist (``test`` is optional), each checked for existence now and
-    read only when its rows are asked for."""
+    read only when its rows are asked for. ``say`` hears what takes time before any row is read (a
+    dataset loaded from the Hub)."""
     if data.type == "synthetic":
         return {name: _synthetic(data, name, i) for i, name in enumerate(SPLITS)}
     stems = {"train": data.splits.train, "val": data.splits.val, "test": data.splits.test}
     if data.format == "datasets":
-        return _datasets(data, stems)
+        return _datasets(data, stems, say or (lambda line: None))
     directory = Path(data.path or ".")
     if data.format != "text":
         return _records(data, directory, stems)
@@ -116,13 +117,16 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
     return out
 
 
-def _datasets(data: DataSection, stems: dict[str, str]) -> dict[str, SplitSource]:
+def _datasets(data: DataSection, stems: dict[str, str], say: Callable[[str], None]) -> dict[str, SplitSource]:
     """Splits of a Hugging Face dataset: a ``save_to_disk`` folder (``data.path``) or a Hub dataset
     (``data.hub``, through ``load_dataset``). Loading maps the Arrow files; rows are read when asked for."""
     fields, paired = _fields(data), data.type == "parallel"
     keys = {"train": "data.splits.train", "val": "data.splits.val", "test": "data.splits.test"}
     hub = data.hub
-    loaded = arrow.load_hub(hub.name, hub.config, hub.revision) if hub is not None else None
+    loaded = None
+    if hub is not None:
+        say(f"data: loading {arrow.hub_label(hub.name, hub.config, hub.revision)} with datasets.load_dataset (downloaded once into the Hugging Face cache)")
+        loaded = arrow.load_hub(hub.name, hub.config, hub.revision)
     out: dict[str, SplitSource] = {}
     for name, split in stems.items():
         if hub is not None:

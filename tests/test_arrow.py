@@ -95,6 +95,14 @@ def test_a_saved_dataset_gives_the_same_store_as_text_files(tmp_path, text_corpu
     same_store(prepare(records(out, "datasets", splits={"val": "validation"})), plain)
 
 
+def test_a_flattened_dataset_is_read_by_its_dotted_column_names(tmp_path, text_corpus):
+    folder, plain = text_corpus
+    splits = {s: datasets.Dataset.from_list(pairs(folder, s)).flatten() for s in SPLITS}  # columns 'translation.de', ...
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "flat"))
+    assert "translation.de" in splits["train"].column_names
+    same_store(prepare(records(tmp_path / "flat", "datasets")), plain)
+
+
 def test_a_hub_dataset_is_loaded_by_name_config_and_revision(tmp_path, text_corpus, monkeypatch):
     folder, plain = text_corpus
     out = saved(folder, tmp_path / "hub-cache")

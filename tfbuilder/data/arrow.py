@@ -36,6 +36,17 @@ def require(module: str, fmt: str) -> Any:
 # --- fields of an Arrow schema -------------------------------------------------------------------
 
 
+def split_path(names: list[str], dotted: str) -> list[str]:
+    """The parts of a dotted field: a top-level column whose name has dots (a flattened dataset's
+    ``translation.de``) is one part; otherwise each dot goes one record deeper."""
+    return [dotted] if dotted in names else dotted.split(".")
+
+
+def columns_of(schema: Any, fields: tuple[str, ...]) -> list[str]:
+    """The top-level columns that hold ``fields`` (the only ones read)."""
+    return list(dict.fromkeys(split_path(schema.names, f)[0] for f in fields))
+
+
 def check_fields(schema: Any, fields: tuple[str, ...], where: str) -> None:
     """Each dotted field of ``fields`` exists in ``schema`` and holds text; a :class:`DataError` naming
     ``where`` (a file, a split) and what the schema has otherwise."""
@@ -43,10 +54,11 @@ def check_fields(schema: Any, fields: tuple[str, ...], where: str) -> None:
 
     for dotted in fields:
         node: Any = schema
-        for depth, part in enumerate(dotted.split(".")):
+        parts = split_path(schema.names, dotted)
+        for depth, part in enumerate(parts):
             names = [f.name for f in node] if isinstance(node, (pa.Schema, pa.StructType)) else None
             if names is None or part not in names:
-                parent = ".".join(dotted.split(".")[:depth])
+                parent = ".".join(parts[:depth])
                 has = f"; it has {', '.join(map(repr, names[:20]))}" if names else ""
                 inside = f" in '{parent}' ({_kind(node)})" if parent and names is None else (f" in '{parent}'" if parent else "")
                 raise DataError(f"{where}: no field '{dotted}' (data.columns): no '{part}'{inside}{has}")
@@ -79,7 +91,7 @@ def _leaf(batch: Any, dotted: str) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    first, *rest = dotted.split(".")
+    first, *rest = split_path(batch.schema.names, dotted)
     array = batch.column(first)
     for part in rest:
         array = pc.struct_field(array, part)
@@ -142,7 +154,6 @@ def parquet_rows(paths: list[Path], fields: tuple[str, ...]) -> Iterator[tuple[s
     pa = require("pyarrow", "parquet")
     import pyarrow.parquet as pq
 
-    top = list(dict.fromkeys(f.split(".")[0] for f in fields))
     for path in paths:
         try:
             # pyarrow's pre-buffering reads every requested row group ahead, the whole file: off, and
@@ -152,6 +163,7 @@ def parquet_rows(paths: list[Path], fields: tuple[str, ...]) -> Iterator[tuple[s
             raise DataError(f"cannot read {path}: not a readable Parquet file ({_first_line(exc)})") from None
         with parquet:
             check_fields(parquet.schema_arrow, fields, str(path))
+            top = columns_of(parquet.schema_arrow, fields)
             batches = (
                 batch
                 for group in range(parquet.metadata.num_row_groups)
@@ -234,7 +246,7 @@ def dataset_rows(dataset: Any, fields: tuple[str, ...], where: str) -> Callable[
     """A function streaming the ``fields`` of every row of ``dataset`` (a ``datasets.Dataset``), in
     Arrow batches of ``BATCH`` rows; the schema is checked now."""
     check_fields(dataset.features.arrow_schema, fields, where)
-    top = list(dict.fromkeys(f.split(".")[0] for f in fields))
+    top = columns_of(dataset.features.arrow_schema, fields)
 
     def rows() -> Iterator[tuple[str, ...]]:
         tables = dataset.select_columns(top).with_format("arrow").iter(batch_size=BATCH)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import TypeVar
@@ -102,7 +103,7 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
             if name == "test" and not arrow.parquet_exists(directory, stem):
                 continue
             paths = tuple(arrow.parquet_files(directory, stem))
-            read = _bind(arrow.parquet_rows, list(paths), fields)
+            read = partial(arrow.parquet_rows, list(paths), fields)
             label = str(paths[0]) if len(paths) == 1 else f"{directory}/{stem}-*.parquet"
             out[name] = SplitSource(name, paths, _as_rows(read, paired), paired=paired, label=label)
             continue
@@ -110,9 +111,9 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
             continue
         path = formats.find(directory, stem, data.format)
         if data.format == "jsonl":
-            read = _bind(formats.jsonl_rows, path, fields)
+            read = partial(formats.jsonl_rows, path, fields)
         else:
-            read = _bind(formats.table_rows, path, fields, delimiter="\t" if data.format == "tsv" else ",")
+            read = partial(formats.table_rows, path, fields, delimiter="\t" if data.format == "tsv" else ",")
         out[name] = SplitSource(name, (path,), _as_rows(read, paired), paired=paired, label=str(path))
     return out
 
@@ -147,10 +148,6 @@ def _datasets(data: DataSection, stems: dict[str, str], say: Callable[[str], Non
             fingerprint=getattr(dataset, "_fingerprint", None),  # datasets' own content hash (no public accessor)
         )
     return out
-
-
-def _bind(read: Callable[..., Iterator[tuple[str, ...]]], *args: object, **kwargs: object) -> Callable[[], Iterator[tuple[str, ...]]]:
-    return lambda: read(*args, **kwargs)
 
 
 def _as_rows(read: Callable[[], Iterator[tuple[str, ...]]], paired: bool) -> Callable[[], Iterator[Row]]:

@@ -227,8 +227,13 @@ def closest(root_dir: Path, material: dict) -> str | None:
     if best is None:
         return None
     other = best[1]
-    changes = [f"{Path(p[0]).name} changed" for files in material["files"].values() for p in files
-               if p not in [q for f in other["files"].values() for q in f]]
+    theirs_all = [q for f in other["files"].values() for q in f]
+    names = [Path(p[0]).name for files in material["files"].values() for p in files]
+
+    def shown(path: str) -> str:  # the file's name, with its folder where names repeat (a dataset's splits)
+        return Path(path).name if names.count(Path(path).name) == 1 else f"{Path(path).parent.name}/{Path(path).name}"
+
+    changes = [f"{shown(p[0])} changed" for files in material["files"].values() for p in files if p not in theirs_all]
     changes += [f"data.{k} changed" for k, v in material["data"].items() if other["data"].get(k) != v]
     if material.get("fingerprints") != other.get("fingerprints") and not changes:
         changes.append("the dataset's fingerprint changed")

@@ -283,3 +283,20 @@ def test_vanilla_is_the_papers_base_model():
     assert m.share_embeddings and m.tie_output and not m.uses_final_norm
     assert (r.optim.optimizer, r.optim.betas, r.optim.eps, r.optim.label_smoothing) == ("adam", (0.9, 0.98), 1e-9, 0.1)
     assert (r.optim.schedule.type, r.optim.schedule.warmup) == ("inverse_sqrt", 4000)
+
+
+def test_wmt14_recipes_are_the_papers_setup():
+    """WMT 2014 En->De from the Hub, a shared 37k BPE, 25,000 tokens per step (8 x 3,125 accumulated on
+    one device, as on the paper's 8 GPUs), 100k/300k steps, the last 5/20 checkpoints kept for averaging."""
+    for size, steps, keep, model in (("base", 100_000, 5, "vanilla.yaml"), ("big", 300_000, 20, "vanilla-big.yaml")):
+        r = tfbuilder.load_recipe(ROOT / "recipes" / "wmt14" / f"{size}.yaml")
+        parent = tfbuilder.load_recipe(ROOT / "recipes" / model)
+        assert r.model == parent.model and r.optim.model_copy(update={"accumulate": 1}) == parent.optim
+        d = r.data
+        assert (d.format, d.hub.name, d.hub.config, d.path) == ("datasets", "wmt/wmt14", "de-en", None)
+        assert (d.columns.source, d.columns.target) == ("translation.en", "translation.de")
+        assert (d.splits.train, d.splits.val, d.splits.test) == ("train", "validation", "test")
+        assert (d.tokenizer.type, d.tokenizer.vocab_size, d.tokenizer.shared) == ("bpe", 37000, True)
+        assert d.max_tokens * r.optim.accumulate * r.trainer.devices == 25_000
+        assert (r.trainer.max_steps, r.trainer.keep_last) == (steps, keep)
+

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import devices
+from . import devices, loggers
 from .specials import positions_beyond_tokens
 from .errors import Problem, RecipeError
 from .recipe import ModelSection, Recipe
@@ -42,7 +42,7 @@ def check(recipe: Recipe, *, environment: bool = True) -> int:
     problems = check_lengths(recipe)
     parameters = count_parameters(recipe)
     if environment:
-        problems += check_size(recipe, parameters) + check_launcher(recipe)
+        problems += check_size(recipe, parameters) + check_launcher(recipe) + loggers.check(recipe)
     if problems:
         raise RecipeError(problems)
     trial_step(recipe)

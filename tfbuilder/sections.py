@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from .errors import did_you_mean
+from .loggers import NAMES as LOGGER_NAMES
 from .specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
 from .specials import COUNT as SPECIAL_COUNT
 
@@ -36,6 +38,13 @@ def fail(model: str, problems: list[tuple[tuple, str, Any]]) -> None:
         raise ValidationError.from_exception_data(model, details)
 
 
+def _logger_name(value: str) -> str:
+    if value not in LOGGER_NAMES:
+        raise PydanticCustomError("logger_name", "unknown logger{hint}", {"hint": did_you_mean(value, LOGGER_NAMES)})
+    return value
+
+
+LoggerName = Annotated[str, AfterValidator(_logger_name)]
 StrictFloat = Annotated[float, Strict()]
 StrictInt = Annotated[int, Strict()]
 
@@ -299,7 +308,12 @@ class TrainerSection(Section):
     compile: bool = Field(False, description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)")
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     _output_path = field_validator("output")(no_nul)
-    logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")
+    logger: Literal["csv", "tensorboard"] = Field("csv", description="an older spelling: tensorboard is loggers: [tensorboard]")
+    loggers: list[LoggerName] = Field(
+        default_factory=list, max_length=len(LOGGER_NAMES),
+        description="where metrics go besides metrics.csv (always written): any of tensorboard, wandb, mlflow "
+        "(Lightning's loggers; wandb and mlflow are the extras of the same names), each given the resolved recipe",
+    )
     progress: bool = Field(
         True, description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)"
     )
@@ -317,6 +331,9 @@ class TrainerSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerSection":
+        twice = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
+        if twice:
+            fail("TrainerSection", [(("loggers",), f"loggers names {', '.join(twice)} twice", self.loggers)])
         if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
             fail("TrainerSection", [(("devices",), f"devices {self.devices} names a device twice", self.devices)])
         if self.monitor == "val_bleu" and not self.val_bleu:

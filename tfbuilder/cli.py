@@ -310,6 +310,11 @@ def parser() -> argparse.ArgumentParser:
     j = sub.add_parser("schema", help="JSON Schema of recipes (for editors' YAML language servers)")
     j.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     j.set_defaults(run=cmd_schema)
+    for command in sub.choices.values():  # every command: before a recipe or a checkpoint is read
+        command.add_argument(
+            "--plugins", action="append", default=[], metavar="FILE_OR_MODULE",
+            help="import a Python file or module that registers components first (repeatable; recorded in checkpoints)",
+        )
     return p
 
 
@@ -802,6 +807,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = argv  # the command as typed (a sweep's report quotes it)
     try:
+        if args.plugins:
+            from .plugins import load
+
+            load(args.plugins)
         code = args.run(args)
         sys.stdout.flush()  # a full or closed standard output is an error here, not at exit
         return code

@@ -81,11 +81,11 @@ def test_a_plugin_file_registers_a_component_for_validate_fit_and_test(tmp_path,
 
 def test_plugins_that_cannot_load_are_named(tmp_path, capsys):
     broken = tmp_path / "broken.py"
-    broken.write_text("import tfbuilder\n\nx = 1\nraise ValueError('bad plugin')\n")
+    broken.write_text("import tfbuilder\n\ntfbuilder.register('ffn', 'nothing')(object)\n")  # fails inside tfbuilder
     for spec, message in (
         (str(tmp_path / "absent.py"), "absent.py: no such file"),
         ("no_such_module_here", "--plugins no_such_module_here: no such module"),
-        (str(broken), f"failed to import: {broken}:4: ValueError: bad plugin"),
+        (str(broken), f"failed to import: {broken}:3: RegistryError: object must define a nested Params"),
     ):
         assert main(["validate", str(QUICKSTART), "--plugins", spec]) == 2
         assert message in capsys.readouterr().err

@@ -27,7 +27,7 @@ from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
 from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
-from .sources import Source, apply_overrides, check_bounds, dotted_path, load_source
+from .sources import RECIPE_SECTIONS, Source, apply_overrides, check_bounds, dotted_path, load_source, merge
 
 if TYPE_CHECKING:  # named in annotations only: the schema imports no tensors
     from .contracts import AttentionParams, AttentionShape
@@ -371,12 +371,25 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return recipe
 
 
-def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Validate a resolved recipe kept as data (in a checkpoint), with overrides; bounded like a recipe file."""
+def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *, base: str | Path = ".") -> Recipe:
+    """Validate a recipe given as data (built in Python, or the resolved recipe a checkpoint keeps),
+    with ``overrides``; bounded like a recipe file. ``extends`` names a recipe file relative to
+    ``base``. Raises :class:`RecipeError` whose problems carry dotted paths (no file or line: the
+    data has none; values a parent file gave keep that file's positions)."""
     import copy
 
+    if not isinstance(data, dict):
+        raise RecipeError([Problem(f"a recipe is a dict of sections ({', '.join(RECIPE_SECTIONS)}), not {type(data).__name__}", "")])
     check_bounds(data, "the recipe")
-    return validate(apply_overrides(Source(copy.deepcopy(data)), list(overrides)))
+    src = Source(copy.deepcopy(data))
+    parent = src.data.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, (str, Path)) or not str(parent).strip() or "\x00" in str(parent):
+            raise RecipeError([Problem("extends must be the path of a recipe file", "extends")])
+        inherited = load_source(Path(base) / parent)
+        inherited.data.pop("name", None)  # a name belongs to its own recipe
+        src = merge(inherited, src)
+    return validate(apply_overrides(src, list(overrides)))
 
 
 def validate(src: Source) -> Recipe:

@@ -775,7 +775,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     from .hf import import_hf
 
     ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
-    print(f"wrote {ckpt.parent.parent} (recipe.yaml, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
+    print(f"wrote {ckpt.parent.parent} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
     return 0
 
 

@@ -279,6 +279,14 @@ class Recipe(Section):
                 size = _vocab_hint(data["data"])
             if size is not None:
                 data = {**data, "model": {**data["model"], "vocab_size": size}}
+        # A given tokenizer decides the padding id too.
+        if isinstance(data, dict) and isinstance(data.get("model"), dict) and "pad_id" not in data["model"] and isinstance(data.get("data"), dict):
+            try:
+                section = DataSection.model_validate(data["data"])
+            except ValidationError:
+                section = None
+            if section is not None and section.tokenizer.given and section.pad_id is not None:
+                data = {**data, "model": {**data["model"], "pad_id": section.pad_id}}
         return data
 
     @model_validator(mode="after")
@@ -302,12 +310,20 @@ class Recipe(Section):
                 )
             if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
                 problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
-            pad = SPECIAL_TOKENS.index("<pad>")
-            if self.model.pad_id is not None and self.model.pad_id != pad:
+            pad = self.data.pad_id
+            if self.model.pad_id is not None and pad is not None and self.model.pad_id != pad:
                 # One pad id for masks, loss and batches: the data's tokenizers pad with <pad>.
                 problems.append(
                     (("model", "pad_id"), f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data", self.model.pad_id)
                 )
+            facts = self.data.tokenizer.facts()
+            if facts is not None:
+                from .data.pretrained import lacking
+
+                for why in lacking(facts.found, self.model.kind):
+                    problems.append(
+                        (("data", "tokenizer", "path"), f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials", self.data.tokenizer.path)
+                    )
         if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
             problems.append(
                 (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)
@@ -336,6 +352,11 @@ class Recipe(Section):
         data = self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)
         if self.model.pad_id is None:  # null is a value here (no padding token), not "the default"
             data["model"]["pad_id"] = None
+        if self.data is not None and self.data.tokenizer.given and self.data.tokenizer.vocab_size is None:
+            # A given tokenizer's size, resolved: the recipe then validates where the file is absent.
+            facts = self.data.tokenizer.facts()
+            if facts is not None:
+                data["data"]["tokenizer"]["vocab_size"] = facts.vocab_size
         return data
 
 

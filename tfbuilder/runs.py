@@ -2,7 +2,7 @@
 
     <trainer.output>/<recipe name>/version_<n>/
         recipe.yaml        the resolved recipe
-        tokenizer.json     the vocabulary
+        tfbuilder-vocab.json  the vocabulary (tokenizer.json: the same as a Hugging Face tokenizers file; see data/vocab_files.py)
         metrics.csv        (or TensorBoard event files)
         checkpoints/last.ckpt   the latest validated state (written at every validation)
         checkpoints/best.ckpt   the best by trainer.monitor

@@ -500,12 +500,13 @@ def _fit(
     preflight.check_split_lengths(recipe, prepared.splits)
     vocab_json = prepared.vocab.to_json()
     model = _initial_model(recipe, origin)
+    model.specials = prepared.vocab.specials  # the tokenizer's ids: decoders and checkpoints read them here
     rank_zero = rank_zero_only.rank == 0
     run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
     lock = RunLock(run_dir).acquire() if rank_zero else None
     try:
         if rank_zero:
-            _set_up_run_dir(run_dir, recipe, origin, vocab_json)
+            _set_up_run_dir(run_dir, recipe, origin, prepared.vocab)
         return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step, *extra))
     finally:
         if lock is not None:
@@ -563,9 +564,9 @@ def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
         check_foreign(run_dir)
     if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-    vocab_file = run_dir / "tokenizer.json"
-    vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
-    return _Origin(invocation, run_dir=run_dir, vocab=vocab)
+    from .data import vocab_files
+
+    return _Origin(invocation, run_dir=run_dir, vocab=vocab_files.read(run_dir))
 
 
 def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
@@ -592,7 +593,7 @@ def _claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Pat
     return Path(run_dir)
 
 
-def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: str) -> None:
+def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab: Vocab) -> None:
     """Rank 0, holding the run's lock: clear what a killed run left, write vocabulary and recipe."""
     ckpt_dir = run_dir / "checkpoints"
     if not origin.resumed and ckpt_dir.exists():  # another fit made it before we held the lock
@@ -603,8 +604,10 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: 
         for step, path in step_checkpoints(ckpt_dir):
             if step > origin.invocation["from_step"]:
                 path.unlink()
-    if not (run_dir / "tokenizer.json").exists():
-        atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
+    from .data import vocab_files
+
+    if not vocab_files.present(run_dir):
+        vocab_files.write(run_dir, vocab)
     if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
         write_recipe(run_dir, recipe.to_dict())
 
@@ -635,6 +638,7 @@ def _train(start: _Start) -> Summary:
         pin_memory=accelerated,
         position_source=lambda: task.batches_seen,
         causal=recipe.model.kind == "decoder",
+        specials=prepared.vocab.specials,
     )
 
     t = recipe.trainer

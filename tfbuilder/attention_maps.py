@@ -21,7 +21,9 @@ from . import atomic
 from .blocks import DecoderLayer
 from .contracts import Attention
 from .data.tokenizers import Tokenizer
-from .specials import BOS, EOS, SPECIAL_TOKENS
+from .specials import BOS as _BOS
+from .specials import EOS as _EOS
+from .specials import SPECIAL_TOKENS
 from .devices import model_device
 from .errors import TfbuilderError
 from .runs import Loaded
@@ -68,9 +70,13 @@ def attention_weights(model: nn.Module, tokens: Tensor, tgt: Tensor | None = Non
 
 def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """One readable label per token id (special tokens by name; a leading space shown as '_')."""
+    from .data.tokenizers import specials
+    from .specials import OWN
+
+    named = _SPECIAL if specials(tokenizer) == OWN else {}  # a given tokenizer's ids 0-4 may be words
     labels = []
     for i in ids:
-        text = _SPECIAL.get(int(i)) or tokenizer.decode([int(i)])
+        text = named.get(int(i)) or tokenizer.decode([int(i)])
         labels.append(text.replace(" ", "_") if text.strip() else repr(text))
     return labels
 
@@ -107,6 +113,9 @@ def write_maps(
 
     model, vocab, kind = loaded.model.eval(), loaded.vocab, loaded.recipe.model.kind
     device = model_device(model)
+    # The model's own start and end ids (a given tokenizer's; tfbuilder's 1 and 2 otherwise).
+    BOS = model.specials.start if model.specials.start is not None else _BOS  # noqa: N806
+    EOS = model.specials.end if model.specials.end is not None else _EOS  # noqa: N806
     if kind == "encoder_decoder":
         source = vocab.src.encode(src) + [EOS]
         src_ids = torch.tensor([source], device=device)

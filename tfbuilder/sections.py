@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
@@ -263,9 +262,10 @@ class DataSection(Section):
             facts = self.tokenizer.facts()
             if facts is None and self.tokenizer.given and self.tokenizer.vocab_size is None:
                 # (A resolved recipe, as checkpoints keep it, carries the size: it loads without the file.)
-                exists = os.path.isfile(self.tokenizer.path)
-                why = f"cannot read {self.tokenizer.path} as a {self.tokenizer.type} tokenizer" if exists else f"no such file: {self.tokenizer.path}"
-                problems.append((("tokenizer", "path"), why, self.tokenizer.path))
+                from .data.pretrained import unreadable
+
+                named = self.tokenizer.specials.model_dump() if self.tokenizer.specials else None
+                problems.append((("tokenizer", "path"), unreadable(self.tokenizer.type, self.tokenizer.path, named), self.tokenizer.path))
             if facts is not None and self.tokenizer.vocab_size not in (None, facts.vocab_size):
                 problems.append(
                     (("tokenizer", "vocab_size"), f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; leave vocab_size out", self.tokenizer.vocab_size)

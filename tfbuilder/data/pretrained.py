@@ -238,13 +238,24 @@ def facts(kind: str, path: str | Path, named: dict[str, str | None] | None = Non
     if key not in _facts:
         try:
             tok = load(kind, path, named)
-        except DataError:
+        except (DataError, ImportError):
             return None
         found = tok.found if isinstance(tok, SentencePieceTokenizer) else {
             "pad": tok.specials.pad, "bos": tok.specials.start, "eos": tok.specials.end, "unk": tok.specials.unk, "mask": tok.specials.mask,
         }
         _facts[key] = Facts(tok.vocab_size, found)
     return _facts[key]
+
+
+def unreadable(kind: str, path: str | Path, named: dict[str, str | None] | None = None) -> str:
+    """Why the tokenizer file ``path`` cannot be used (for a recipe problem)."""
+    try:
+        load(kind, path, named)
+    except DataError as exc:
+        return str(exc).removeprefix("data.tokenizer.path: ")
+    except ImportError:
+        return f"reading a {kind} tokenizer needs the {kind} package: pip install 'tfbuilder[{kind}]'"
+    return f"cannot read {path} as a {kind} tokenizer"
 
 
 def char_hf_json(chars: str) -> str:

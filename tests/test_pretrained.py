@@ -167,3 +167,30 @@ def test_the_store_key_holds_the_tokenizer_files_content(tmp_path):
     before = store.key_of(store.key_material(section, split_sources(section), "train"))
     hf_tokenizer_file(tok_file, list(reversed(ORDER)))  # the same path, another tokenizer
     assert store.key_of(store.key_material(section, split_sources(section), "train")) != before
+
+
+def test_a_masked_lm_hides_words_behind_the_tokenizers_mask_and_never_hides_its_specials(monkeypatch):
+    """With specials after the words (ids 48-52, mask 51), the masked LM shows id 51 and never
+    chooses a special, wherever they lie."""
+    from test_objectives import captured
+
+    from tfbuilder.model import AuxiliaryLosses
+    from tfbuilder.specials import SpecialIds
+
+    given = SpecialIds.of(start=49, end=50, pad=52, unk=48, mask=51)
+    monkeypatch.setattr(AuxiliaryLosses, "specials", given)  # what every built model reads
+    tokens = torch.randint(0, 48, (60, 100))
+    tokens[:, 0], tokens[:, -1], tokens[::7, -20:] = 49, 50, 52
+    seen = captured(monkeypatch, "encoder", {"tokens": tokens})
+    shown, chosen = seen["inputs"][0], seen["target"] != -100
+    real = tokens < 48
+    assert chosen.sum() > 0 and not (chosen & ~real).any()
+    assert (shown[chosen] == 51).float().mean() > 0.7 and torch.equal(shown[~chosen], tokens[~chosen])
+
+
+def test_packed_documents_are_joined_by_the_tokenizers_end_id():
+    from tfbuilder.data.packing import Packed
+    from tfbuilder.data.tokens import TokenArray
+
+    packed = Packed(TokenArray.from_rows([[5, 6], [7]]), window=4, stride=4, eos=9)
+    assert packed[0].tolist() == [5, 6, 9, 7]

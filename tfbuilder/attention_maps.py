@@ -21,9 +21,7 @@ from . import atomic
 from .blocks import DecoderLayer
 from .contracts import Attention
 from .data.tokenizers import Tokenizer
-from .specials import BOS as _BOS
-from .specials import EOS as _EOS
-from .specials import SPECIAL_TOKENS
+from .specials import BOS, EOS, SPECIAL_TOKENS
 from .devices import model_device
 from .errors import TfbuilderError
 from .runs import Loaded
@@ -114,19 +112,19 @@ def write_maps(
     model, vocab, kind = loaded.model.eval(), loaded.vocab, loaded.recipe.model.kind
     device = model_device(model)
     # The model's own start and end ids (a given tokenizer's; tfbuilder's 1 and 2 otherwise).
-    BOS = model.specials.start if model.specials.start is not None else _BOS  # noqa: N806
-    EOS = model.specials.end if model.specials.end is not None else _EOS  # noqa: N806
+    start = model.specials.start if model.specials.start is not None else BOS
+    end = model.specials.end if model.specials.end is not None else EOS
     if kind == "encoder_decoder":
-        source = vocab.src.encode(src) + [EOS]
+        source = vocab.src.encode(src) + [end]
         src_ids = torch.tensor([source], device=device)
         target = vocab.tgt.encode(tgt) if tgt is not None else greedy(model, src_ids)[0]
-        tgt_ids = torch.tensor([[BOS] + target], device=device)
+        tgt_ids = torch.tensor([[start] + target], device=device)
         weights = attention_weights(model, src_ids, tgt_ids)
-        labels = {"encoder": token_labels(vocab.src, source), "decoder": token_labels(vocab.tgt, [BOS] + target)}
+        labels = {"encoder": token_labels(vocab.src, source), "decoder": token_labels(vocab.tgt, [start] + target)}
     else:
         if tgt is not None:
             raise AttentionMapError(f"--tgt is for translation models; this one is '{kind}'")
-        ids = ([BOS] if kind == "decoder" else []) + vocab.tgt.encode(src)
+        ids = ([start] if kind == "decoder" else []) + vocab.tgt.encode(src)
         weights = attention_weights(model, torch.tensor([ids], device=device))
         labels = {"encoder": token_labels(vocab.tgt, ids), "decoder": token_labels(vocab.tgt, ids)}
     available = sorted({int(name.rsplit("-L", 1)[1]) for name in weights})

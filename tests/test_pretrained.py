@@ -150,6 +150,10 @@ def test_a_tokenizer_lacking_what_the_model_needs_is_a_validation_error(tmp_path
     # Named where it is not the usual name, it is found; a name the tokenizer lacks is an error.
     assert main(["validate", str(recipe), "--set", "data.tokenizer.specials={mask: '[SEP]'}"]) == 0
     capsys.readouterr()
+    assert main(["validate", str(recipe), "--set", "data.tokenizer.specials={mask: '[MASK]'}"]) == 2
+    assert "data.tokenizer.specials.mask: the tokenizer has no token '[MASK]'" in capsys.readouterr().err
+    assert main(["validate", str(recipe), "--set", "data.tokenizer.specials={mask: '[CLS]', pad: '[SEP]'}", "--set", "model.pad_id=2"]) == 2
+    assert "its pad and end token are one token (id 2)" in capsys.readouterr().err
     assert main(["validate", str(recipe), "--set", "data.tokenizer.path=" + str(tmp_path / "absent.json")]) == 2
     assert "data.tokenizer.path: no such file" in capsys.readouterr().err
 

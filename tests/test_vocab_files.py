@@ -20,6 +20,7 @@ def test_tokenizer_json_loads_in_tokenizers_and_reads_text_as_tfbuilder_does(tmp
         theirs = Tokenizer.from_file(str(folder / "tokenizer.json"))
         for line in [*TEXT, "quixotic text \u00e9 with unseen characters"]:
             assert theirs.encode(line, add_special_tokens=False).ids == tok.encode(line), (name, line)
+            assert theirs.decode(tok.encode(line)).strip() == tok.decode(tok.encode(line)), (name, line)
         assert theirs.get_vocab_size() == tok.vocab_size
         assert vocab_files.read(folder).to_json() == Vocab(tok, tok).to_json()
 

@@ -120,6 +120,7 @@ def test_a_sentencepiece_model_drives_a_translation_run(tmp_path, capsys):
     assert (specials.pad, specials.start, specials.end, specials.unk) == (3, 1, 2, 0)
     assert (Path(summary.run_dir) / "tokenizer.model").read_bytes() == sp.read_bytes()
     assert loaded.vocab.tgt.decode(loaded.vocab.tgt.encode("the red dog")) == "the red dog"
+    sp.rename(tmp_path / "moved.model")  # the run needs the file no more: its checkpoint holds the model
     source = tmp_path / "in.de"
     source.write_text("der hund\n")
     assert main(["translate", summary.run_dir, "--input", str(source), "--beam", "1"]) == 0

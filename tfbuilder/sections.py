@@ -297,9 +297,12 @@ class DataSection(Section):
 
     @property
     def pad_id(self) -> int | None:
-        """The id the data pads with: a given tokenizer's pad token (None: it has none), else 0 (<pad>)."""
-        facts = self.tokenizer.facts() if self.type != "synthetic" else None
-        return facts.found["pad"] if facts is not None else SPECIAL_TOKENS.index("<pad>")
+        """The id the data pads with: a given tokenizer's pad token (None: it has none, or its file is
+        not here to say), else 0 (<pad>)."""
+        if self.type != "synthetic" and self.tokenizer.given:
+            facts = self.tokenizer.facts()
+            return facts.found["pad"] if facts is not None else None
+        return SPECIAL_TOKENS.index("<pad>")
 
 
 class ScheduleSection(Section):

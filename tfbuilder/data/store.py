@@ -69,7 +69,10 @@ def key_material(data: DataSection, sources: dict[str, SplitSource], tokenizer: 
     if data.tokenizer.path is not None:  # a given tokenizer: its content, wherever it lies
         from .pretrained import read_bytes
 
-        material["tokenizer_file"] = hashlib.sha256(read_bytes(data.tokenizer.path)).hexdigest()
+        try:
+            material["tokenizer_file"] = hashlib.sha256(read_bytes(data.tokenizer.path)).hexdigest()
+        except DataError:  # gone since: a checkpoint's vocabulary still opens its store; training says why
+            material["tokenizer_file"] = None
     return material
 
 

@@ -57,14 +57,9 @@ class StepRecorder(Callback):
 
 
 def fit_recording(recipe: Recipe, monkeypatch: pytest.MonkeyPatch, recorder: StepRecorder) -> training.Summary:
-    """``tfbuilder.fit(recipe)`` with ``recorder`` among the trainer's callbacks."""
-    real = training._trainer
-
-    def with_recorder(recipe, run_dir, callbacks, max_steps):
-        return real(recipe, run_dir, [*callbacks, recorder], max_steps)
-
-    monkeypatch.setattr(training, "_trainer", with_recorder)
-    return training.fit(recipe)
+    """``tfbuilder.fit(recipe)`` with ``recorder`` among the trainer's callbacks (``monkeypatch``: kept
+    for callers; the public ``callbacks`` argument needs none)."""
+    return training.fit(recipe, callbacks=[recorder])
 
 
 def global_norm(grads: dict[str, Tensor]) -> float:

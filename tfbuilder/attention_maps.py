@@ -68,9 +68,13 @@ def attention_weights(model: nn.Module, tokens: Tensor, tgt: Tensor | None = Non
 
 def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """One readable label per token id (special tokens by name; a leading space shown as '_')."""
+    from .data.tokenizers import specials
+    from .specials import OWN
+
+    named = _SPECIAL if specials(tokenizer) == OWN else {}  # a given tokenizer's ids 0-4 may be words
     labels = []
     for i in ids:
-        text = _SPECIAL.get(int(i)) or tokenizer.decode([int(i)])
+        text = named.get(int(i)) or tokenizer.decode([int(i)])
         labels.append(text.replace(" ", "_") if text.strip() else repr(text))
     return labels
 
@@ -107,17 +111,20 @@ def write_maps(
 
     model, vocab, kind = loaded.model.eval(), loaded.vocab, loaded.recipe.model.kind
     device = model_device(model)
+    # The model's own start and end ids (a given tokenizer's; tfbuilder's 1 and 2 otherwise).
+    start = model.specials.start if model.specials.start is not None else BOS
+    end = model.specials.end if model.specials.end is not None else EOS
     if kind == "encoder_decoder":
-        source = vocab.src.encode(src) + [EOS]
+        source = vocab.src.encode(src) + [end]
         src_ids = torch.tensor([source], device=device)
         target = vocab.tgt.encode(tgt) if tgt is not None else greedy(model, src_ids)[0]
-        tgt_ids = torch.tensor([[BOS] + target], device=device)
+        tgt_ids = torch.tensor([[start] + target], device=device)
         weights = attention_weights(model, src_ids, tgt_ids)
-        labels = {"encoder": token_labels(vocab.src, source), "decoder": token_labels(vocab.tgt, [BOS] + target)}
+        labels = {"encoder": token_labels(vocab.src, source), "decoder": token_labels(vocab.tgt, [start] + target)}
     else:
         if tgt is not None:
             raise AttentionMapError(f"--tgt is for translation models; this one is '{kind}'")
-        ids = ([BOS] if kind == "decoder" else []) + vocab.tgt.encode(src)
+        ids = ([start] if kind == "decoder" else []) + vocab.tgt.encode(src)
         weights = attention_weights(model, torch.tensor([ids], device=device))
         labels = {"encoder": token_labels(vocab.tgt, ids), "decoder": token_labels(vocab.tgt, ids)}
     available = sorted({int(name.rsplit("-L", 1)[1]) for name in weights})

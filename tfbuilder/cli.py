@@ -310,6 +310,11 @@ def parser() -> argparse.ArgumentParser:
     j = sub.add_parser("schema", help="JSON Schema of recipes (for editors' YAML language servers)")
     j.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of standard output")
     j.set_defaults(run=cmd_schema)
+    for command in sub.choices.values():  # every command: before a recipe or a checkpoint is read
+        command.add_argument(
+            "--plugins", action="append", default=[], metavar="FILE_OR_MODULE",
+            help="import a Python file or module that registers components first (repeatable; recorded in checkpoints)",
+        )
     return p
 
 
@@ -773,7 +778,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     from .hf import import_hf
 
     ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
-    print(f"wrote {ckpt.parent.parent} (recipe.yaml, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
+    print(f"wrote {ckpt.parent.parent} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
     return 0
 
 
@@ -805,6 +810,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = argv  # the command as typed (a sweep's report quotes it)
     try:
+        if args.plugins:
+            from .plugins import load
+
+            load(args.plugins)
         code = args.run(args)
         sys.stdout.flush()  # a full or closed standard output is an error here, not at exit
         return code

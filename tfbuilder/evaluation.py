@@ -214,12 +214,13 @@ def evaluate_outputs(
     prepared = prepare(data, vocab=loaded.vocab, model_vocab=recipe.model.vocab_size)
     if split not in prepared.splits:
         raise ValueError(f"no '{split}' split in {data.path or 'the data'} (have: {', '.join(prepared.splits)})")
-    examples = packed_splits(prepared.splits, data, causal=recipe.model.kind == "decoder")[split]
+    ids = prepared.vocab.specials  # what the data's batches are made with
+    examples = packed_splits(prepared.splits, data, causal=recipe.model.kind == "decoder", eos=ids.end)[split]
     model = ensemble_of(loaded, ensemble) if ensemble else loaded.model.eval()
     device = model_device(model)
     kind = recipe.model.kind
     objective = teacher_forced if ensemble else objectives.objective(recipe, epsilon=0.0)
-    collate = Collate(examples)
+    collate = Collate(examples, ids)
     src_sizes, tgt_sizes, extra = lengths(examples)
     nll = tokens = correct = 0.0
     torch.manual_seed(0)  # the masked-LM objective draws its masks

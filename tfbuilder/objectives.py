@@ -20,7 +20,6 @@ from . import masks
 from .model import OutputProjection
 from .multi_token import targets_ahead
 from .sections import MLM_PROBABILITY
-from .specials import COUNT as SPECIAL_COUNT
 from .specials import MASK
 
 # Rows of logits computed at once: about 2^26 values (256 MB in float32) per chunk.
@@ -159,11 +158,11 @@ def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, doc
     packed block's documents do not see each other."""
     tokens = batch["tokens"]
     inputs = tokens[:, :-1]
-    hidden = model.features(inputs, segments=segments(inputs)) if documents else model.features(inputs)
+    hidden = model.features(inputs, segments=segments(inputs, model.specials.end)) if documents else model.features(inputs)
     result = head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model))
     if model.mtp is None or not model.training:  # the modules' loss trains; validation scores the main head
         return result
-    mask = masks.document_mask(segments(inputs)) if documents else None
+    mask = masks.document_mask(segments(inputs, model.specials.end)) if documents else None
     extra = multi_token_loss(model, hidden, tokens, epsilon=epsilon, mask=mask)
     return Result(result.loss + extra, result.nll, result.correct, result.tokens)
 
@@ -189,17 +188,24 @@ def masked_lm(
     shown as <mask> 80% of the time, a random token 10%, unchanged 10%; with ``documents``, a packed
     block's documents do not see each other."""
     tokens = batch["tokens"]
-    candidates = tokens >= SPECIAL_COUNT
+    ids = model.specials
+    reserved = ids.reserved()
+    # tfbuilder's specials are ids 0-4; a given tokenizer's may lie anywhere.
+    contiguous = reserved == tuple(range(len(reserved)))
+    if contiguous:
+        candidates = tokens >= len(reserved)
+    else:
+        candidates = ~torch.isin(tokens, torch.tensor(reserved, dtype=tokens.dtype, device=tokens.device))
     chosen = candidates & (torch.rand(tokens.shape, device=tokens.device) < probability)
     # Always predict at least one token: when a batch drew none, each row's first candidate (decided
     # on the device, without reading the draw back).
     first = torch.zeros_like(candidates).scatter_(1, candidates.long().argmax(dim=1, keepdim=True), True) & candidates
     chosen = chosen | (first & ~chosen.any())
     roll = torch.rand(tokens.shape, device=tokens.device)
-    inputs = torch.where(chosen & (roll < 0.8), torch.full_like(tokens, MASK), tokens)
-    random_ids = torch.randint(SPECIAL_COUNT, vocab_size, tokens.shape, device=tokens.device)
+    inputs = torch.where(chosen & (roll < 0.8), torch.full_like(tokens, MASK if ids.mask is None else ids.mask), tokens)
+    random_ids = torch.randint(len(reserved) if contiguous else 0, vocab_size, tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, inputs)
-    hidden = model.features(inputs, segments=segments(tokens)) if documents else model.features(inputs)
+    hidden = model.features(inputs, segments=segments(tokens, ids.end)) if documents else model.features(inputs)
     return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import devices
+from . import devices, loggers
 from .specials import positions_beyond_tokens
 from .errors import Problem, RecipeError
 from .recipe import ModelSection, Recipe
@@ -42,7 +42,7 @@ def check(recipe: Recipe, *, environment: bool = True) -> int:
     problems = check_lengths(recipe)
     parameters = count_parameters(recipe)
     if environment:
-        problems += check_size(recipe, parameters) + check_launcher(recipe)
+        problems += check_size(recipe, parameters) + check_launcher(recipe) + loggers.check(recipe) + check_tokenizer(recipe)
     if problems:
         raise RecipeError(problems)
     trial_step(recipe)
@@ -177,6 +177,13 @@ def check_size(recipe: Recipe, parameters: int, *, training: bool = True) -> lis
                 f"more than the {_gib(have)} of {what}",
             )
         ]
+    return []
+
+
+def check_tokenizer(recipe: Recipe) -> list[Problem]:
+    """A SentencePiece tokenizer needs its package (an optional extra)."""
+    if recipe.data is not None and recipe.data.tokenizer.type == "sentencepiece" and not loggers.installed("sentencepiece"):
+        return [recipe.problem(("data", "tokenizer", "type"), "a sentencepiece tokenizer needs the sentencepiece package: pip install 'tfbuilder[sentencepiece]'")]
     return []
 
 

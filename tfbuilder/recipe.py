@@ -27,7 +27,7 @@ from . import registry
 from .errors import Problem, RecipeError, did_you_mean
 from .registry import ComponentParams, ModelDims
 from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
-from .sources import Source, apply_overrides, check_bounds, dotted_path, load_source
+from .sources import RECIPE_SECTIONS, Source, apply_overrides, check_bounds, dotted_path, load_source, merge
 
 if TYPE_CHECKING:  # named in annotations only: the schema imports no tensors
     from .contracts import AttentionParams, AttentionShape
@@ -295,6 +295,14 @@ class Recipe(Section):
                 size = _vocab_hint(data["data"])
             if size is not None:
                 data = {**data, "model": {**data["model"], "vocab_size": size}}
+        # A given tokenizer decides the padding id too.
+        if isinstance(data, dict) and isinstance(data.get("model"), dict) and "pad_id" not in data["model"] and isinstance(data.get("data"), dict):
+            try:
+                section = DataSection.model_validate(data["data"])
+            except ValidationError:
+                section = None
+            if section is not None and section.tokenizer.given and section.pad_id is not None:
+                data = {**data, "model": {**data["model"], "pad_id": section.pad_id}}
         return data
 
     @model_validator(mode="after")
@@ -318,12 +326,20 @@ class Recipe(Section):
                 )
             if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
                 problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
-            pad = SPECIAL_TOKENS.index("<pad>")
-            if self.model.pad_id is not None and self.model.pad_id != pad:
+            pad = self.data.pad_id
+            if self.model.pad_id is not None and pad is not None and self.model.pad_id != pad:
                 # One pad id for masks, loss and batches: the data's tokenizers pad with <pad>.
                 problems.append(
                     (("model", "pad_id"), f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data", self.model.pad_id)
                 )
+            facts = self.data.tokenizer.facts()
+            if facts is not None:
+                from .data.pretrained import lacking
+
+                for why in lacking(facts.found, self.model.kind):
+                    problems.append(
+                        (("data", "tokenizer", "path"), f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials", self.data.tokenizer.path)
+                    )
         if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
             problems.append(
                 (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)
@@ -352,6 +368,11 @@ class Recipe(Section):
         data = self.model_dump(mode="json", exclude={"extends"}, exclude_none=True)
         if self.model.pad_id is None:  # null is a value here (no padding token), not "the default"
             data["model"]["pad_id"] = None
+        if self.data is not None and self.data.tokenizer.given and self.data.tokenizer.vocab_size is None:
+            # A given tokenizer's size, resolved: the recipe then validates where the file is absent.
+            facts = self.data.tokenizer.facts()
+            if facts is not None:
+                data["data"]["tokenizer"]["vocab_size"] = facts.vocab_size
         return data
 
 
@@ -387,12 +408,25 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return recipe
 
 
-def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
-    """Validate a resolved recipe kept as data (in a checkpoint), with overrides; bounded like a recipe file."""
+def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *, base: str | Path = ".") -> Recipe:
+    """Validate a recipe given as data (built in Python, or the resolved recipe a checkpoint keeps),
+    with ``overrides``; bounded like a recipe file. ``extends`` names a recipe file relative to
+    ``base``. Raises :class:`RecipeError` whose problems carry dotted paths (no file or line: the
+    data has none; values a parent file gave keep that file's positions)."""
     import copy
 
+    if not isinstance(data, dict):
+        raise RecipeError([Problem(f"a recipe is a dict of sections ({', '.join(RECIPE_SECTIONS)}), not {type(data).__name__}", "")])
     check_bounds(data, "the recipe")
-    return validate(apply_overrides(Source(copy.deepcopy(data)), list(overrides)))
+    src = Source(copy.deepcopy(data))
+    parent = src.data.pop("extends", None)
+    if parent is not None:
+        if not isinstance(parent, (str, Path)) or not str(parent).strip() or "\x00" in str(parent):
+            raise RecipeError([Problem("extends must be the path of a recipe file", "extends")])
+        inherited = load_source(Path(base) / parent)
+        inherited.data.pop("name", None)  # a name belongs to its own recipe
+        src = merge(inherited, src)
+    return validate(apply_overrides(src, list(overrides)))
 
 
 def validate(src: Source) -> Recipe:

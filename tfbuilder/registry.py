@@ -87,6 +87,7 @@ class Entry:
     source: str
     package: str | None = None  # the installed distribution that registered it ("tfbuilder" for built-ins)
     package_version: str | None = None
+    plugin: str | None = None  # the --plugins file or module that registered it (tfbuilder.plugins)
 
     @property
     def doc(self) -> str:
@@ -102,6 +103,7 @@ class RegistryError(Exception):
 _entries: dict[str, dict[str, Entry]] = {family: {} for family in FAMILIES}
 _loaded = False
 _provider: tuple[str | None, str | None] = (None, None)  # the distribution whose entry point is loading
+_plugin: str | None = None  # the --plugins file or module being imported (set by tfbuilder.plugins)
 C = TypeVar("C", bound=type)
 
 
@@ -149,7 +151,7 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
         )
     params.family = family
     package, package_version = ("tfbuilder", _own_version()) if source.startswith("tfbuilder.") else _provider
-    _entries[family][name] = Entry(family, name, cls, params, source, package, package_version)
+    _entries[family][name] = Entry(family, name, cls, params, source, package, package_version, _plugin)
 
 
 def unregister(family: str, name: str) -> None:
@@ -205,9 +207,13 @@ def provenance(params: list[ComponentParams]) -> list[dict[str, str | None]]:
     records = set()
     for p in params:
         entry = get(p.family, p.type)
-        records.add((entry.family, entry.name, entry.source, entry.package, entry.package_version))
-    keys = ("family", "type", "module", "package", "version")
-    return [dict(zip(keys, record)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
+        records.add((entry.family, entry.name, entry.source, entry.package, entry.package_version, entry.plugin))
+    keys = ("family", "type", "module", "package", "version", "plugin")
+    out = [dict(zip(keys, record)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
+    for record in out:  # "plugin" only where a --plugins file or module registered the type
+        if record["plugin"] is None:
+            del record["plugin"]
+    return out
 
 
 def missing(records: list[dict]) -> list[str]:
@@ -217,7 +223,9 @@ def missing(records: list[dict]) -> list[str]:
     for r in records:
         if not isinstance(r, dict) or r.get("family") not in FAMILIES or r.get("type") in _entries[r["family"]]:
             continue
-        if r.get("package"):
+        if r.get("plugin"):
+            problems.append(f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, which is not loaded: pass --plugins {r['plugin']}")
+        elif r.get("package"):
             need = f"pip install '{r['package']}=={r['version']}'" if r.get("version") else f"pip install '{r['package']}'"
             problems.append(f"{r['family']} type '{r['type']}' comes from the package {r['package']} {r.get('version') or ''}".rstrip() + f", which is not installed here: {need}")
         else:

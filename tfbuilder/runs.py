@@ -2,8 +2,8 @@
 
     <trainer.output>/<recipe name>/version_<n>/
         recipe.yaml        the resolved recipe
-        tokenizer.json     the vocabulary
-        metrics.csv        (or TensorBoard event files)
+        tfbuilder-vocab.json  the vocabulary; tokenizer.json (or tokenizer.model) the same for other tools (data/vocab_files.py)
+        metrics.csv        always; TensorBoard, W&B and MLflow beside it (loggers.py; loggers.json says where)
         checkpoints/last.ckpt   the latest validated state (written at every validation)
         checkpoints/best.ckpt   the best by trainer.monitor
         checkpoints/step-<n>.ckpt  the trainer.keep_last most recent validations (for averaging)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from .errors import did_you_mean
+from .loggers import NAMES as LOGGER_NAMES
 from .specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
 from .specials import COUNT as SPECIAL_COUNT
 
@@ -36,16 +38,52 @@ def fail(model: str, problems: list[tuple[tuple, str, Any]]) -> None:
         raise ValidationError.from_exception_data(model, details)
 
 
+def _logger_name(value: str) -> str:
+    if value not in LOGGER_NAMES:
+        raise PydanticCustomError("logger_name", "unknown logger{hint}", {"hint": did_you_mean(value, LOGGER_NAMES)})
+    return value
+
+
+LoggerName = Annotated[str, AfterValidator(_logger_name)]
 StrictFloat = Annotated[float, Strict()]
 StrictInt = Annotated[int, Strict()]
 
 
-class TokenizerSection(Section):
-    """How text becomes ids. Ids 0-4 are <pad>, <s>, </s>, <unk>, <mask> in every tokenizer."""
+def no_nul(value: str | None) -> str | None:
+    """A path the operating system can open: no NUL byte (a path cannot hold one)."""
+    if value is not None and "\x00" in value:
+        raise PydanticCustomError("path_nul", "a path cannot hold a NUL byte")
+    return value
 
-    type: Literal["bpe", "char"] = Field("bpe", description="bpe (byte-level BPE, HF tokenizers) or char")
+
+class SpecialNames(Section):
+    """The special tokens of a given tokenizer, by name, where they are not the usual ones."""
+
+    pad: str | None = Field(None, min_length=1, max_length=200, description="the padding token (found by default: <pad>, [PAD])")
+    bos: str | None = Field(None, min_length=1, max_length=200, description="the start token (found by default: <s>, [CLS], <|startoftext|>, ...)")
+    eos: str | None = Field(None, min_length=1, max_length=200, description="the end token (found by default: </s>, [SEP], <|endoftext|>, ...)")
+    unk: str | None = Field(None, min_length=1, max_length=200, description="the unknown token (found by default: <unk>, [UNK])")
+    mask: str | None = Field(None, min_length=1, max_length=200, description="the mask token of a masked LM (found by default: <mask>, [MASK])")
+
+
+class TokenizerSection(Section):
+    """How text becomes ids. Tokenizers trained here (bpe, char, sentencepiece) have <pad>, <s>, </s>,
+    <unk>, <mask> at ids 0-4; a given one (pretrained, or sentencepiece with a path) keeps its own."""
+
+    type: Literal["bpe", "char", "sentencepiece", "pretrained"] = Field(
+        "bpe",
+        description="bpe (byte-level BPE, HF tokenizers) or char, trained on the data; sentencepiece: a SentencePiece "
+        "model, trained on the data or given as path; pretrained: a Hugging Face tokenizer.json given as path",
+    )
+    path: str | None = Field(
+        None, min_length=1,
+        description="pretrained: a tokenizer.json (HF tokenizers); sentencepiece: a .model file to use instead of "
+        "training one (relative to the working directory)",
+    )
+    _tokenizer_path = field_validator("path")(no_nul)
+    specials: SpecialNames | None = Field(None, description="a given tokenizer's special tokens, where they are not the usual names")
     vocab_size: int | None = Field(
-        None, ge=SPECIAL_COUNT + 1, le=10_000_000, description="vocabulary size, specials included"
+        None, ge=SPECIAL_COUNT + 1, le=10_000_000, description="vocabulary size, specials included (a given tokenizer's own when left out)"
     )
     shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
     sample: int | None = Field(
@@ -55,6 +93,34 @@ class TokenizerSection(Section):
         description="train the tokenizer on this many training examples, drawn uniformly (every example when the "
         "split is smaller); null: on all of them",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> "TokenizerSection":
+        problems: list[tuple[tuple, str, Any]] = []
+        if self.type == "pretrained" and self.path is None:
+            problems.append((("path",), "a pretrained tokenizer needs path: its tokenizer.json", None))
+        if self.path is not None and self.type not in ("pretrained", "sentencepiece"):
+            problems.append((("path",), f"a {self.type} tokenizer is trained on the data; path is for pretrained or sentencepiece", self.path))
+        if self.path is not None and not self.shared:
+            problems.append((("shared",), "a tokenizer file is one vocabulary for both sides: shared must be true", False))
+        if self.specials is not None and self.path is None:
+            problems.append((("specials",), "specials name the tokens of a given tokenizer (set path); a trained one has its own at ids 0-4", None))
+        fail("TokenizerSection", problems)
+        return self
+
+    @property
+    def given(self) -> bool:
+        """Whether the tokenizer is a file (pretrained, or a SentencePiece model), not trained on the data."""
+        return self.path is not None
+
+    def facts(self):
+        """The vocabulary size and special ids of the tokenizer file (:class:`tfbuilder.data.pretrained.Facts`),
+        or None (trained on the data, or the file cannot be read: preparing the data says why)."""
+        if self.path is None:
+            return None
+        from .data.pretrained import facts  # reads the file: only when a recipe names one
+
+        return facts(self.type, self.path, self.specials.model_dump() if self.specials else None)
 
 
 # What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
@@ -76,13 +142,6 @@ class SplitsSection(Section):
         if set(value) & set("/\\*?[]\x00") or value.strip(".") == "":
             raise PydanticCustomError("file_stem", "a split is a file stem such as 'train': no '/', '*', '?', '[', ']', and not '.' or '..'")
         return value
-
-
-def no_nul(value: str | None) -> str | None:
-    """A path the operating system can open: no NUL byte (a path cannot hold one)."""
-    if value is not None and "\x00" in value:
-        raise PydanticCustomError("path_nul", "a path cannot hold a NUL byte")
-    return value
 
 
 class ColumnsSection(Section):
@@ -230,8 +289,19 @@ class DataSection(Section):
                         problems.append((("columns", name), f"{self.type} data has no {name} column", value))
                 if self.documents != "lines":
                     problems.append((("documents",), "documents separated by blank lines are plain text (format: text)", self.documents))
-            if self.tokenizer.vocab_size is None:
+            if self.tokenizer.vocab_size is None and not self.tokenizer.given:
                 problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
+            facts = self.tokenizer.facts()
+            if facts is None and self.tokenizer.given and self.tokenizer.vocab_size is None:
+                # (A resolved recipe, as checkpoints keep it, carries the size: it loads without the file.)
+                from .data.pretrained import unreadable
+
+                named = self.tokenizer.specials.model_dump() if self.tokenizer.specials else None
+                problems.append((("tokenizer", "path"), unreadable(self.tokenizer.type, self.tokenizer.path, named), self.tokenizer.path))
+            if facts is not None and self.tokenizer.vocab_size not in (None, facts.vocab_size):
+                problems.append(
+                    (("tokenizer", "vocab_size"), f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; leave vocab_size out", self.tokenizer.vocab_size)
+                )
         if self.hub is not None and self.format != "datasets":
             problems.append((("hub",), "hub names a Hugging Face dataset: set format to datasets", self.hub.name))
         if self.max_tokens is not None and self.batch_size is not None:
@@ -256,7 +326,17 @@ class DataSection(Section):
         """The vocabulary the tokenizer will have, when the recipe alone decides it."""
         if self.type == "synthetic":
             return SPECIAL_COUNT + self.symbols
-        return self.tokenizer.vocab_size
+        facts = self.tokenizer.facts()
+        return facts.vocab_size if facts is not None else self.tokenizer.vocab_size
+
+    @property
+    def pad_id(self) -> int | None:
+        """The id the data pads with: a given tokenizer's pad token (None: it has none, or its file is
+        not here to say), else 0 (<pad>)."""
+        if self.type != "synthetic" and self.tokenizer.given:
+            facts = self.tokenizer.facts()
+            return facts.found["pad"] if facts is not None else None
+        return SPECIAL_TOKENS.index("<pad>")
 
 
 class ScheduleSection(Section):
@@ -333,7 +413,12 @@ class TrainerSection(Section):
     compile: bool = Field(False, description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)")
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     _output_path = field_validator("output")(no_nul)
-    logger: Literal["csv", "tensorboard"] = Field("csv", description="metrics logger")
+    logger: Literal["csv", "tensorboard"] = Field("csv", description="an older spelling: tensorboard is loggers: [tensorboard]")
+    loggers: list[LoggerName] = Field(
+        default_factory=list, max_length=len(LOGGER_NAMES),
+        description="where metrics go besides metrics.csv (always written): any of tensorboard, wandb, mlflow "
+        "(Lightning's loggers; wandb and mlflow are the extras of the same names), each given the resolved recipe",
+    )
     progress: bool = Field(
         True, description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)"
     )
@@ -351,6 +436,9 @@ class TrainerSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainerSection":
+        twice = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
+        if twice:
+            fail("TrainerSection", [(("loggers",), f"loggers names {', '.join(twice)} twice", self.loggers)])
         if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
             fail("TrainerSection", [(("devices",), f"devices {self.devices} names a device twice", self.devices)])
         if self.monitor == "val_bleu" and not self.val_bleu:

@@ -44,16 +44,25 @@ class SpecialIds:
     pad: int | None
     unk: int | None
     never: tuple[int, ...] = field(default=())  # ids no decoder may emit (<pad>, <s>, <mask>)
+    mask: int | None = None  # what a masked LM shows in place of a hidden token (<mask>)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "never": list(self.never)}
+        out = {**asdict(self), "never": list(self.never)}
+        if self.mask is None:  # as checkpoints wrote them before masks were recorded
+            del out["mask"]
+        return out
+
+    def reserved(self) -> tuple[int, ...]:
+        """Every id with a role (sorted): a masked LM never hides these."""
+        return tuple(sorted({i for i in (self.start, self.end, self.pad, self.unk, self.mask, *self.never) if i is not None}))
 
     @classmethod
     def from_dict(cls, data: object, *, vocab_size: int) -> "SpecialIds":
         """The ids :meth:`to_dict` wrote, each checked to be an id of the vocabulary; a ``ValueError``
         naming the field for anything else."""
-        if not isinstance(data, dict) or set(data) != {"start", "end", "pad", "unk", "never"}:
-            raise ValueError("specials: expected the keys start, end, pad, unk, never")
+        # "mask" was added later: checkpoints written before it lack it.
+        if not isinstance(data, dict) or set(data) - {"mask"} != {"start", "end", "pad", "unk", "never"}:
+            raise ValueError("specials: expected the keys start, end, pad, unk, never (and mask)")
 
         def one(name: str, value: object) -> int | None:
             if value is None:
@@ -71,15 +80,18 @@ class SpecialIds:
             pad=one("pad", data["pad"]),
             unk=one("unk", data["unk"]),
             never=tuple(one(f"never[{i}]", v) for i, v in enumerate(never)),
+            mask=one("mask", data.get("mask")),
         )
 
     @classmethod
-    def of(cls, *, start: int | None, end: int | None, pad: int | None, unk: int | None, extra: tuple[int | None, ...] = ()) -> "SpecialIds":
-        """Ids with ``never`` derived: the pad, the start and ``extra`` (a mask token), except the end
+    def of(
+        cls, *, start: int | None, end: int | None, pad: int | None, unk: int | None, extra: tuple[int | None, ...] = (), mask: int | None = None
+    ) -> "SpecialIds":
+        """Ids with ``never`` derived: the pad, the start, the mask and ``extra``, except the end
         (GPT-2's start and end are one token, which must stay possible)."""
-        banned = {i for i in (pad, start, *extra) if i is not None} - {end}
-        return cls(start=start, end=end, pad=pad, unk=unk, never=tuple(sorted(banned)))
+        banned = {i for i in (pad, start, mask, *extra) if i is not None} - {end}
+        return cls(start=start, end=end, pad=pad, unk=unk, never=tuple(sorted(banned)), mask=mask)
 
 
-OWN = SpecialIds.of(start=BOS, end=EOS, pad=PAD, unk=UNK, extra=(MASK,))
+OWN = SpecialIds.of(start=BOS, end=EOS, pad=PAD, unk=UNK, mask=MASK)
 """The ids of every model trained by tfbuilder."""

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -23,15 +23,15 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers.logger import Logger
 from torch import nn
 
-from . import __version__, atomic, devices, objectives, preflight, registry, torch_state
+from . import __version__, atomic, devices, loggers, objectives, preflight, registry, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
 from .data.prepare import Prepared, Vocab, prepare
 from .errors import TfbuilderError
-from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
 from .runs import (
@@ -311,18 +311,8 @@ def _world(recipe: Recipe) -> int:
     return devices.count(recipe.trainer.devices, gpu=_accelerated(recipe)) * recipe.trainer.num_nodes
 
 
-def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int) -> L.Trainer:
+def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int, logger: list[Logger]) -> L.Trainer:
     t, optim = recipe.trainer, recipe.optim
-    logger_args = {"save_dir": str(run_dir.parent.parent), "name": run_dir.parent.name, "version": run_dir.name}
-    if t.logger == "tensorboard":
-        try:
-            from lightning.pytorch.loggers import TensorBoardLogger
-
-            logger = TensorBoardLogger(**logger_args, default_hp_metric=False)
-        except ModuleNotFoundError as exc:
-            raise TfbuilderError(f"trainer.logger: tensorboard needs the tensorboard package ({exc})") from None
-    else:
-        logger = MetricsCSV(run_dir)
     try:
         return L.Trainer(
             max_steps=max_steps,
@@ -447,6 +437,8 @@ class _Start:
     origin: _Origin  # the checkpoint a resume continues, and this invocation's record
     started: float  # perf_counter() when fit began (data preparation counts in the wall time)
     on_step: Callable[[int, int], None] | None = None
+    callbacks: list[Callback] = field(default_factory=list)  # given to fit() in Python, after tfbuilder's own
+    loggers: list[Logger] = field(default_factory=list)
 
 
 def fit(
@@ -457,6 +449,8 @@ def fit(
     init_from: str | Path | None = None,
     force: bool = False,
     on_step: Callable[[int, int], None] | None = None,
+    callbacks: Sequence[Callback] = (),
+    loggers: Sequence[Logger] = (),
 ) -> Summary:
     """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
 
@@ -464,11 +458,25 @@ def fit(
     instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
     (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
     written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
-    after every optimizer step. Nothing is created before every check has passed. The process's
+    after every optimizer step. ``callbacks`` (Lightning callbacks) run after tfbuilder's own, and
+    ``loggers`` (Lightning loggers) receive the metrics beside ``metrics.csv`` and those
+    ``trainer.loggers`` names. Nothing is created before every check has passed. The process's
     thread count, random generators and deterministic settings are given back as they were when
     ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
+    extra = _extras(callbacks, loggers)
     with torch_state.kept():
-        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, on_step=on_step)
+        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, on_step=on_step, extra=extra)
+
+
+def _extras(callbacks: Sequence[Callback], loggers: Sequence[Logger]) -> tuple[list[Callback], list[Logger]]:
+    """``fit``'s callbacks and loggers, each checked to be what Lightning takes (a clear error, not one from deep inside Lightning)."""
+    for what, items, cls in (("callbacks", callbacks, Callback), ("loggers", loggers, Logger)):
+        if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+            raise TfbuilderError(f"fit({what}=...) takes a list of Lightning {cls.__name__} objects, not {type(items).__name__}")
+        for i, item in enumerate(items):
+            if not isinstance(item, cls):
+                raise TfbuilderError(f"fit({what}=...)[{i}] is a {type(item).__name__}, not a Lightning {cls.__name__}")
+    return list(callbacks), list(loggers)
 
 
 def _fit(
@@ -479,6 +487,7 @@ def _fit(
     init_from: str | Path | None,
     force: bool,
     on_step: Callable[[int, int], None] | None,
+    extra: tuple[list[Callback], list[Logger]] = ([], []),
 ) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
     quiet_lightning()
@@ -491,13 +500,14 @@ def _fit(
     preflight.check_split_lengths(recipe, prepared.splits)
     vocab_json = prepared.vocab.to_json()
     model = _initial_model(recipe, origin)
+    model.specials = prepared.vocab.specials  # the tokenizer's ids: decoders and checkpoints read them here
     rank_zero = rank_zero_only.rank == 0
     run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
     lock = RunLock(run_dir).acquire() if rank_zero else None
     try:
         if rank_zero:
-            _set_up_run_dir(run_dir, recipe, origin, vocab_json)
-        return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step))
+            _set_up_run_dir(run_dir, recipe, origin, prepared.vocab)
+        return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step, *extra))
     finally:
         if lock is not None:
             lock.release()
@@ -554,9 +564,9 @@ def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
         check_foreign(run_dir)
     if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-    vocab_file = run_dir / "tokenizer.json"
-    vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
-    return _Origin(invocation, run_dir=run_dir, vocab=vocab)
+    from .data import vocab_files
+
+    return _Origin(invocation, run_dir=run_dir, vocab=vocab_files.read(run_dir))
 
 
 def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
@@ -583,7 +593,7 @@ def _claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Pat
     return Path(run_dir)
 
 
-def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: str) -> None:
+def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab: Vocab) -> None:
     """Rank 0, holding the run's lock: clear what a killed run left, write vocabulary and recipe."""
     ckpt_dir = run_dir / "checkpoints"
     if not origin.resumed and ckpt_dir.exists():  # another fit made it before we held the lock
@@ -594,8 +604,10 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: 
         for step, path in step_checkpoints(ckpt_dir):
             if step > origin.invocation["from_step"]:
                 path.unlink()
-    if not (run_dir / "tokenizer.json").exists():
-        atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
+    from .data import vocab_files
+
+    if not vocab_files.present(run_dir):
+        vocab_files.write(run_dir, vocab)
     if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
         write_recipe(run_dir, recipe.to_dict())
 
@@ -626,6 +638,7 @@ def _train(start: _Start) -> Summary:
         pin_memory=accelerated,
         position_source=lambda: task.batches_seen,
         causal=recipe.model.kind == "decoder",
+        specials=prepared.vocab.specials,
     )
 
     t = recipe.trainer
@@ -643,8 +656,12 @@ def _train(start: _Start) -> Summary:
         run_dir=display_path(run_dir), every=t.log_every, read_every=t.log_every if accelerated else 1, quiet=not t.progress,
         detail=f"{threads} CPU thread{'s' if threads > 1 else ''} (trainer.threads: {t.threads})",
     )
-    callbacks: list[Callback] = [guard, shown] + ([StepHook(on_step)] if on_step else [])
-    trainer = _trainer(recipe, run_dir, callbacks, max_steps)
+    callbacks: list[Callback] = [guard, shown] + ([StepHook(on_step)] if on_step else []) + start.callbacks
+    built = loggers.build(recipe, run_dir)  # metrics.csv first, always
+    metrics_to = built + start.loggers
+    trainer = _trainer(recipe, run_dir, callbacks, max_steps, metrics_to)
+    if trainer.is_global_zero:
+        loggers.start(metrics_to, recipe, run_dir)  # before the first step: a tracker that cannot start stops the run here
     ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
     try:
@@ -656,6 +673,7 @@ def _train(start: _Start) -> Summary:
     finally:
         if ours:
             os.environ.pop(RUN_DIR_ENV, None)
+        loggers.finish(built)
     if guard.signum is not None:
         name = signal_name(guard.signum)
         raise Interrupted(

@@ -8,34 +8,34 @@ import numpy as np
 import torch
 
 from .packing import Packed
-from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED
-from .tokenizers import BOS, EOS, PAD
+from ..specials import LANGUAGE_MODEL_ADDED, OWN, TRANSLATION_ADDED, SpecialIds
 from .tokens import Split
 
 Batch = dict[str, torch.Tensor]
 
 
-def pad(rows: Sequence[Sequence[int] | np.ndarray], *, bos: bool = False, eos: bool = False) -> torch.Tensor:
-    """Right-padded int64 (b, n) from ragged rows, adding <s> and/or </s>."""
+def pad(rows: Sequence[Sequence[int] | np.ndarray], *, bos: bool = False, eos: bool = False, ids: SpecialIds = OWN) -> torch.Tensor:
+    """Right-padded int64 (b, n) from ragged rows, adding <s> and/or </s> (the ids of ``ids``)."""
     extra = int(bos) + int(eos)
-    out = np.full((len(rows), max(map(len, rows)) + extra), PAD, dtype=np.int64)
+    out = np.full((len(rows), max(map(len, rows)) + extra), ids.pad, dtype=np.int64)
     start = int(bos)
     if bos:
-        out[:, 0] = BOS
+        out[:, 0] = ids.start
     for r, row in enumerate(rows):
         out[r, start : start + len(row)] = row
         if eos:
-            out[r, start + len(row)] = EOS
+            out[r, start + len(row)] = ids.end
     return torch.from_numpy(out)
 
 
 class Collate:
     """Examples -> a batch. Seq2seq: ``src`` x</s>, ``tgt_in`` <s>y, ``tgt_out`` y</s>;
     language models: ``tokens`` <s>x</s> (the objective shifts or masks them), or a packed block as it
-    is (documents already end in </s>)."""
+    is (documents already end in </s>). ``ids``: the tokenizer's <s>, </s> and padding ids."""
 
-    def __init__(self, split: Split):
+    def __init__(self, split: Split, ids: SpecialIds = OWN):
         self.split = split
+        self.ids = ids
 
     def __call__(self, indices: Sequence[int] | np.ndarray) -> Batch:
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
@@ -43,9 +43,10 @@ class Collate:
         if isinstance(self.split.src, Packed):
             return {"tokens": torch.from_numpy(np.stack(src).astype(np.int64)), "index": index}
         if self.split.tgt is None:
-            return {"tokens": pad(src, bos=True, eos=True), "index": index}
+            return {"tokens": pad(src, bos=True, eos=True, ids=self.ids), "index": index}
         tgt = [self.split.tgt[i] for i in indices]
-        return {"src": pad(src, eos=True), "tgt_in": pad(tgt, bos=True), "tgt_out": pad(tgt, eos=True), "index": index}
+        ids = self.ids
+        return {"src": pad(src, eos=True, ids=ids), "tgt_in": pad(tgt, bos=True, ids=ids), "tgt_out": pad(tgt, eos=True, ids=ids), "index": index}
 
 
 def lengths(split: Split) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:

@@ -8,6 +8,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from ..sections import DataSection
+from ..specials import OWN, SpecialIds
 from .batching import BucketBatchSampler
 from .collate import Collate, lengths
 from .packing import packed_splits
@@ -28,12 +29,14 @@ class DataModule(L.LightningDataModule):
         pin_memory: bool = False,
         position_source: Callable[[], int] = lambda: 0,
         causal: bool = True,
+        specials: SpecialIds = OWN,
     ):
         super().__init__()
         self.workers = workers  # batches are built in worker processes, off the training step's path
         self.pin_memory = pin_memory  # page-locked batches: copies to a GPU overlap the step
         self.prepared = prepared
-        self.splits = packed_splits(prepared.splits, data, causal=causal)
+        self.specials = specials  # the tokenizer's <s>, </s> and padding ids
+        self.splits = packed_splits(prepared.splits, data, causal=causal, eos=specials.end)
         self.data = data
         self.seed = seed
         self.batch_size_default = batch_size_default
@@ -70,7 +73,7 @@ class DataModule(L.LightningDataModule):
         return DataLoader(
             range(len(data)),
             batch_sampler=sampler,
-            collate_fn=Collate(data),
+            collate_fn=Collate(data, self.specials),
             num_workers=self.workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.workers > 0,

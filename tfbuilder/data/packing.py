@@ -22,8 +22,8 @@ class Packed:
     """Fixed windows over documents joined by </s>; reads like a :class:`TokenArray` (``len``,
     ``[i]``, ``lengths``)."""
 
-    def __init__(self, docs: TokenArray | StoredTokens, *, window: int, stride: int):
-        self.docs, self.window, self.stride = docs, window, stride
+    def __init__(self, docs: TokenArray | StoredTokens, *, window: int, stride: int, eos: int = EOS):
+        self.docs, self.window, self.stride, self.eos = docs, window, stride, eos
         stream = int(docs.offsets[-1]) + len(docs)  # every document and its </s>
         count = (stream - window) // stride + 1 if stream >= window else 0
         self.lengths = np.broadcast_to(np.uint32(window), (count,))  # every example has window tokens
@@ -58,7 +58,7 @@ class Packed:
             out[filled : filled + take] = piece[:take]
             filled += take
             if filled < self.window:
-                out[filled] = EOS
+                out[filled] = self.eos
                 filled += 1
             d, skip = d + 1, 0
         return out
@@ -74,7 +74,7 @@ def segments(tokens, eos: int = EOS):
     return (tokens == eos).cumsum(dim=1)
 
 
-def packed_splits(splits: dict[str, Split], data: DataSection, *, causal: bool) -> dict[str, Split]:
+def packed_splits(splits: dict[str, Split], data: DataSection, *, causal: bool, eos: int = EOS) -> dict[str, Split]:
     """The splits as training and scoring read them: with ``data.packing``, windows of ``block_size``
     tokens over the documents (one more for a causal LM, which predicts each next token); else as
     prepared."""
@@ -84,5 +84,5 @@ def packed_splits(splits: dict[str, Split], data: DataSection, *, causal: bool) 
     for name, split in splits.items():
         if not isinstance(split.src, (TokenArray, StoredTokens)):
             raise TypeError(f"the {name} split is already packed")
-        out[name] = Split(Packed(split.src, window=data.block_size + int(causal), stride=data.block_size))
+        out[name] = Split(Packed(split.src, window=data.block_size + int(causal), stride=data.block_size, eos=eos))
     return out

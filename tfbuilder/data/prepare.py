@@ -19,7 +19,7 @@ from typing import Protocol, TextIO
 import numpy as np
 
 from ..sections import DataSection
-from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED
+from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
 from . import store, synthetic
 from . import tokenizers as toks
 from .readers import Row, SplitSource, chunks, split_sources
@@ -39,6 +39,12 @@ class Vocab:
     @property
     def shared(self) -> bool:
         return self.src is self.tgt
+
+    @property
+    def specials(self) -> SpecialIds:
+        """The ids batches are made with (<s>, </s>, padding), and the model decodes with: the target
+        tokenizer's (a given tokenizer's own, else tfbuilder's 0-4)."""
+        return toks.specials(self.tgt)
 
     def to_json(self) -> str:
         if self.shared:
@@ -292,6 +298,12 @@ def build_vocab(data: DataSection, train: SplitSource) -> Vocab:
     """Train the tokenizer(s) on (a sample of ``data.tokenizer.sample`` examples of) the training split."""
     if data.type == "synthetic":
         tok = toks.CharTokenizer(synthetic.alphabet(data.symbols))
+        return Vocab(tok, tok)
+    if data.tokenizer.given:  # a tokenizer people already have: used as it is, on both sides
+        from . import pretrained
+
+        named = data.tokenizer.specials.model_dump() if data.tokenizer.specials else None
+        tok = pretrained.load(data.tokenizer.type, data.tokenizer.path, named)
         return Vocab(tok, tok)
     rows = sample_rows(train.rows(), data.tokenizer.sample)
     src = [row[0] for row in rows]

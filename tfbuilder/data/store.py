@@ -11,8 +11,8 @@ Layout of one store, ``<root>/<key>/``::
 
 ``side`` is ``src`` or ``tgt`` (language models have ``src`` only). The ``key`` is a hash of everything
 that decides the content (:func:`key_material`): the data files' identity (resolved path, size,
-modification time), the data settings that change tokens, and the tokenizer (trained, or the one a
-resumed run already uses), so a changed file or setting prepares again and an unchanged one never
+modification time), the data settings that change tokens, and the tokenizer (trained, the one a
+resumed run already uses, or the content of a given tokenizer file), so a changed file or setting prepares again and an unchanged one never
 does. A store is written into a hidden temporary folder and renamed into place when complete; an
 exclusive lock on ``<root>/<key>.lock`` makes concurrent preparers (sweeps, DDP ranks, several jobs)
 wait for the one that prepares, so nothing is prepared twice or read half-written.
@@ -71,6 +71,13 @@ def key_material(data: DataSection, sources: dict[str, SplitSource], tokenizer: 
     fingerprints = {name: source.fingerprint for name, source in sources.items() if source.fingerprint is not None}
     if fingerprints:  # Hugging Face datasets: their own content hash, beside the Arrow files
         material["fingerprints"] = fingerprints
+    if data.tokenizer.path is not None:  # a given tokenizer: its content, wherever it lies
+        from .pretrained import read_bytes
+
+        try:
+            material["tokenizer_file"] = hashlib.sha256(read_bytes(data.tokenizer.path)).hexdigest()
+        except DataError:  # gone since: a checkpoint's vocabulary still opens its store; training says why
+            material["tokenizer_file"] = None
     return material
 
 
@@ -239,6 +246,8 @@ def closest(root_dir: Path, material: dict) -> str | None:
         changes.append("the dataset's fingerprint changed")
     if material["tokenizer"] != other["tokenizer"]:
         changes.append("another vocabulary")
+    if material.get("tokenizer_file") != other.get("tokenizer_file"):
+        changes.append("the tokenizer file changed")
     return ", ".join(dict.fromkeys(changes)) or None
 
 

@@ -1,6 +1,8 @@
-"""Tokenizers: byte-level BPE (HF ``tokenizers``) and characters. Ids 0-4 are the specials.
+"""Tokenizers: byte-level BPE (HF ``tokenizers``) and characters, with the specials at ids 0-4; the
+tokenizers people already have (a ``tokenizer.json``, SentencePiece) are in :mod:`.pretrained`.
 
-A tokenizer serialises to a JSON string, so that checkpoints carry it as plain data.
+A tokenizer serialises to a JSON string, so that checkpoints carry it as plain data; ``hf_json()``
+gives, where it can be written as one, the Hugging Face ``tokenizers`` file of the same tokenizer.
 """
 
 from __future__ import annotations
@@ -8,7 +10,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..specials import SpecialIds
 
 from ..errors import TfbuilderError
 from ..sections import SPECIAL_TOKENS
@@ -65,6 +70,11 @@ class CharTokenizer:
     def to_json(self) -> str:
         return json.dumps({"type": "char", "chars": self.chars})
 
+    def hf_json(self) -> str:
+        from .pretrained import char_hf_json
+
+        return char_hf_json(self.chars)
+
 
 class BPETokenizer:
     """Byte-level BPE (Sennrich et al. 2016, arXiv:1508.07909; GPT-2's byte-level variant), lossless on any text."""
@@ -113,6 +123,9 @@ class BPETokenizer:
     def to_json(self) -> str:
         return json.dumps({"type": "bpe", "tokenizer": self._tok.to_str()})
 
+    def hf_json(self) -> str:
+        return self._tok.to_str()
+
 
 class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` used as it is (imported models): its own ids and special tokens,
@@ -149,6 +162,9 @@ class HFTokenizer:
     def to_json(self) -> str:
         return json.dumps({"type": "hf", "tokenizer": self._tok.to_str()})
 
+    def hf_json(self) -> str:
+        return self._tok.to_str()
+
 
 def from_json(text: str) -> Tokenizer:
     """Rebuild a tokenizer from :meth:`to_json` output."""
@@ -161,14 +177,29 @@ def from_json(text: str) -> Tokenizer:
         return BPETokenizer.from_json(data["tokenizer"])
     if data.get("type") == "hf":
         return HFTokenizer.from_str(data["tokenizer"])
+    if data.get("type") in ("pretrained", "sentencepiece"):
+        from .pretrained import PretrainedTokenizer, SentencePieceTokenizer
+
+        return (PretrainedTokenizer if data["type"] == "pretrained" else SentencePieceTokenizer).from_saved(data)
     raise DataError(f"unknown or damaged tokenizer (type {str(data.get('type'))[:40]!r})")
 
 
 def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
-    """Train a tokenizer of ``kind`` ('bpe' or 'char') on ``texts``."""
+    """Train a tokenizer of ``kind`` ('bpe', 'char' or 'sentencepiece') on ``texts``."""
     if kind == "char":
         return CharTokenizer.train(texts, vocab_size)
+    if kind == "sentencepiece":
+        from .pretrained import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.train(texts, vocab_size)
     return BPETokenizer.train(texts, vocab_size)
+
+
+def specials(tokenizer: Tokenizer) -> "SpecialIds":
+    """The ids with a role in ``tokenizer``: its own (a given tokenizer), else tfbuilder's 0-4."""
+    from ..specials import OWN
+
+    return getattr(tokenizer, "specials", OWN)
 
 
 def unknown(tokenizer: Tokenizer, text: str) -> list[str]:

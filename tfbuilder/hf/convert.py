@@ -2,7 +2,7 @@
 safetensors, as a Hugging Face directory, or as ONNX.
 
     HF_DIR/config.json, model.safetensors[, tokenizer.json]
-        -> RUN_DIR/recipe.yaml, tokenizer.json, hf-config.json, checkpoints/last.ckpt
+        -> RUN_DIR/recipe.yaml, tfbuilder-vocab.json, tokenizer.json, hf-config.json, checkpoints/last.ckpt
 """
 
 from __future__ import annotations
@@ -58,10 +58,25 @@ def _safetensors():
 
 
 def tokenizers_json(tokenizer: Tokenizer) -> str | None:
-    """The ``tokenizers`` library's JSON of a byte-level BPE or Hugging Face tokenizer (what a
-    save_pretrained directory holds as tokenizer.json), read from its saved form; None for others."""
-    saved = json.loads(tokenizer.to_json())
-    return saved.get("tokenizer") if saved.get("type") in ("bpe", "hf") else None
+    """The ``tokenizers`` library's JSON of a tokenizer (what a save_pretrained directory holds as
+    tokenizer.json); None for one that has no such form (SentencePiece)."""
+    hf_json = getattr(tokenizer, "hf_json", None)
+    return hf_json() if hf_json is not None else None
+
+
+def tokenizer_config(raw: str, specials) -> dict:
+    """``tokenizer_config.json`` for ``transformers.AutoTokenizer``: a fast tokenizer read from
+    tokenizer.json, with the model's special tokens by name."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(raw)
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for name, i in (("bos_token", specials.start), ("eos_token", specials.end), ("pad_token", specials.pad),
+                    ("unk_token", specials.unk), ("mask_token", specials.mask)):
+        token = tok.id_to_token(i) if i is not None else None
+        if token is not None:
+            config[name] = token
+    return config
 
 
 def _recipe_name(hf_dir: Path) -> str:
@@ -117,13 +132,14 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tuple[str, ...] = ()) -> Path:
     """Write a run directory from a Hugging Face model directory; returns its checkpoint's path."""
+    from ..data import vocab_files
     from ..runs import write_recipe
 
     hf_dir, out = Path(hf_dir), Path(out)
     family, recipe, model, vocab = load_hf(hf_dir, overrides)
     run_dir = _fresh_dir(out)
     write_recipe(run_dir, recipe.to_dict())
-    atomic.write_text(run_dir / "tokenizer.json", vocab.to_json(), what="vocabulary")
+    vocab_files.write(run_dir, vocab)
     atomic.copy(hf_dir / "config.json", run_dir / "hf-config.json", what="config")
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir()
@@ -200,6 +216,7 @@ def hf_family(model_section: ModelSection) -> str:
 def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path]:
     """Write a checkpoint as ``safetensors`` (+ recipe), ``hf`` (a save_pretrained directory) or
     ``onnx`` (checked with onnxruntime against PyTorch); returns the files written."""
+    from ..data import vocab_files
     from ..runs import load_checkpoint, write_recipe
 
     if format not in FORMATS:
@@ -212,8 +229,7 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         save_model = _safetensors().save_model
         atomic.write_by_name(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)), what="weights")
         write_recipe(out, loaded.recipe.to_dict())
-        atomic.write_text(out / "tokenizer.json", loaded.vocab.to_json(), what="vocabulary")
-        return [out / "model.safetensors", out / "recipe.yaml", out / "tokenizer.json"]
+        return [out / "model.safetensors", out / "recipe.yaml", *vocab_files.write(out, loaded.vocab)]
     if format == "hf":
         save_file = _safetensors().save_file
         rules = weights.rules(family, loaded.recipe.model)
@@ -227,7 +243,13 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         raw = tokenizers_json(loaded.vocab.tgt)
         if raw is not None:
             atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
-            written.append(out / "tokenizer.json")
+            config = tokenizer_config(raw, model.specials)
+            atomic.write_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n", what="tokenizer config")
+            written += [out / "tokenizer.json", out / "tokenizer_config.json"]
+        elif hasattr(loaded.vocab.tgt, "model"):  # SentencePiece: its model file, as save_pretrained keeps it
+            sp_model = loaded.vocab.tgt.model
+            atomic.write_atomic(out / "tokenizer.model", lambda f: f.write(sp_model), what="tokenizer")
+            written.append(out / "tokenizer.model")
         return written
     from ..onnx_export import export_onnx
 

@@ -1,0 +1,111 @@
+"""Metrics loggers: metrics.csv always, TensorBoard, W&B (offline) and MLflow (a local file store) beside it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+import tfbuilder
+from conftest import ONE_LAYER, QUICKSTART, short_run
+from tfbuilder import loggers
+from tfbuilder.cli import main
+from tfbuilder.training import fit
+
+
+def wandb_records(run_file: Path):
+    """The records of an offline W&B run file (LevelDB's log format: 32 KiB blocks of records with a
+    7-byte header each, after W&B's own 7-byte file header), as protobuf messages."""
+    from wandb.proto import wandb_internal_pb2
+
+    raw = run_file.read_bytes()
+    assert raw[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7]) if left >= 7 else (0, 0, 0)
+        if kind == 0:  # a block's zero-filled tail
+            pos += left
+            continue
+        pending += raw[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def wandb_logged(run_file: Path) -> tuple[set[str], dict[str, str]]:
+    """The metric names a W&B run received, and its config."""
+    metrics, config = set(), {}
+    for record in wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            metrics |= {item.key or "/".join(item.nested_key) for item in record.history.item}
+        elif kind == "config":
+            config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+    return metrics, config
+
+
+def test_every_logger_receives_the_metrics_and_metrics_csv_stays(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network: the run is written to a local file
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    for quiet in ("WANDB_X_DISABLE_STATS", "WANDB_X_DISABLE_MACHINE_INFO", "WANDB_DISABLE_GIT"):
+        monkeypatch.setenv(quiet, "true")
+    monkeypatch.setenv("WANDB_CONSOLE", "off")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    (tmp_path / "wandb").mkdir()
+    # trainer.logger: tensorboard is the older spelling, still honoured beside trainer.loggers.
+    overrides = ["trainer.max_steps=2", "trainer.val_every=2", "trainer.log_every=1", "trainer.logger=tensorboard", "trainer.loggers=[wandb, mlflow]"]
+    summary = fit(tfbuilder.load_recipe(QUICKSTART, ONE_LAYER + short_run(tmp_path, *overrides, train=64, val=8)))
+    run_dir = Path(summary.run_dir)
+
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    val_steps = [int(r["step"]) for r in rows if r.get("val_loss")]
+    assert len(val_steps) == 1 and any(r.get("train_loss") for r in rows)
+    assert list(run_dir.glob("events.out.tfevents.*"))  # TensorBoard, beside metrics.csv
+
+    record = {entry["logger"]: entry for entry in json.loads((run_dir / "loggers.json").read_text())}
+    (run_file,) = (tmp_path / "wandb").rglob(f"run-{record['WandbLogger']['id']}.wandb")
+    metrics, config = wandb_logged(run_file)
+    assert {"train_loss", "val_loss", "val_acc"} <= metrics
+    assert config["model.d_model"] == 32 and config["run_dir"] == str(run_dir.resolve())
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
+    run = client.get_run(record["MLFlowLogger"]["run_id"])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == val_steps
+    assert run.data.params["model.d_model"] == "32" and run.data.tags["tfbuilder.run_dir"] == str(run_dir.resolve())
+
+
+def test_logger_names_are_checked_with_a_suggestion(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nextends: {QUICKSTART}\ntrainer:\n  loggers: [csv, mlfow]\n")
+    assert main(["validate", str(recipe)]) == 2
+    assert "r.yaml:4:18: trainer.loggers[1]: unknown logger; did you mean 'mlflow'?" in capsys.readouterr().err
+
+
+def test_a_missing_logger_package_names_the_extra_before_anything_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(loggers, "installed", lambda module: module != "wandb")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nextends: {QUICKSTART}\ntrainer:\n  loggers: [wandb]\n  output: {tmp_path / 'runs'}\n")
+    assert main(["validate", str(recipe)]) == 2
+    expected = "trainer.loggers[0]: the wandb logger needs the wandb package: pip install 'tfbuilder[wandb]'"
+    assert expected in capsys.readouterr().err
+    assert main(["fit", str(recipe)]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_chosen_loggers_keep_csv_first_and_each_once():
+    trainer = tfbuilder.recipe.Recipe.model_fields["trainer"].annotation
+    assert loggers.chosen(trainer(loggers=["mlflow", "csv"], logger="tensorboard")) == ["csv", "mlflow", "tensorboard"]
+    with pytest.raises(ValueError, match="names mlflow twice"):
+        trainer(loggers=["mlflow", "mlflow"])

@@ -34,6 +34,7 @@ from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
+from .rewind import set_aside
 from .runs import (
     RUN_DIR_ENV,
     check_foreign,
@@ -48,7 +49,6 @@ from .runs import (
     new_run_dir,
     read_checkpoint,
     run_dir_of,
-    step_checkpoints,
     write_recipe,
 )
 from .schedules import learning_rate
@@ -590,10 +590,14 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: 
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
     if origin.resumed:
-        # Kept checkpoints later than the resumed step belong to a future this run no longer has.
-        for step, path in step_checkpoints(ckpt_dir):
-            if step > origin.invocation["from_step"]:
-                path.unlink()
+        # What the run did after the resumed step is a future this run no longer has: moved aside, never deleted.
+        step = origin.invocation["from_step"]
+        guard = (origin.source.get("callbacks") or {}).get("RunGuard") or {}
+        best_step = guard.get("best_step") if isinstance(guard.get("best_step"), int) else None
+        moved = set_aside(run_dir, step=step, resumed=origin.checkpoint, best_step=best_step)
+        if moved.folder is not None:
+            origin.invocation["set_aside"] = str(moved.folder.relative_to(run_dir))
+            _say(moved.line(step))
     if not (run_dir / "tokenizer.json").exists():
         atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
     if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
 
+import tfbuilder
 from conftest import ROOT
-from hostile import run_cli
-from tfbuilder.runs import read_checkpoint
+from hostile import assert_refused, run_cli
+from tfbuilder import training
+from tfbuilder.atomic import TEMP_MARK
+from tfbuilder.cli import main
+from tfbuilder.runs import RunDirError, read_checkpoint
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 # The quick-start task at its smallest: a fit of 16 steps takes well under a second.
@@ -106,3 +114,101 @@ def test_resuming_from_the_past_moves_the_future_aside_whole(tmp_path, capsys):
     outcome = run_cli(["fit", "--resume", str(run), "--set", "trainer.max_steps=20"], capsys)
     assert outcome.rc == 0 and "moved to" not in outcome.err
     assert sorted(p.name for p in (run / "abandoned").iterdir()) == ["from-step-8", "from-step-8-2"]
+
+
+# --- fit.lock: every way into a run directory --------------------------------------------------------
+
+HOLDER = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.write(fd, f"pid {os.getpid()} on testhost since now\n".encode())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextmanager
+def held(lock: Path):
+    """Another process holds ``lock`` (as a fit training there does) until the block ends."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc.pid
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys):
+    assert run_cli(["fit", str(QUICKSTART), *tiny(tmp_path)], capsys).rc == 0
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    before = hashes(run)
+    recipe = tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path / 'runs'}", *TINY])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with held(run / "fit.lock") as pid, held(empty / "fit.lock") as other:
+        for args in (["fit", "--resume", str(run)], ["fit", "--resume", str(run / "checkpoints" / "step-00000008.ckpt")]):
+            outcome = run_cli(args, capsys)
+            assert_refused(outcome, f"{run} is in use: a fit is training there (pid {pid} on testhost")
+            assert "training from" not in outcome.err  # refused before preparing or training anything
+        # A new run into a directory in use, from scratch or from trained weights (the Python API's run_dir).
+        for init_from in (None, run / "checkpoints" / "best.ckpt"):
+            with pytest.raises(RunDirError, match=f"is in use: a fit is training there \\(pid {other} "):
+                tfbuilder.fit(recipe, run_dir=empty, init_from=init_from)
+        # A sweep's run being trained by another sweep.
+        sweep = tmp_path / "sweep"
+        seed = sweep / "runs" / "quickstart" / "seed-0"
+        seed.mkdir(parents=True)
+        (sweep / "sweep.json").write_text("{}")  # an earlier invocation's plan (rewritten by this one)
+        with held(seed / "fit.lock") as third:
+            outcome = run_cli(["sweep", str(QUICKSTART), "--no-bleu", "--out", str(sweep), *tiny(tmp_path)], capsys)
+            assert_refused(outcome, f"is in use: a fit is training there (pid {third} ")
+    assert hashes(run) == before
+    assert sorted(p.name for p in empty.iterdir()) == ["fit.lock"]
+    # --init-from into a directory that holds a run is refused (it used to train into a new version quietly).
+    with pytest.raises(RunDirError, match="already holds a run"):
+        tfbuilder.fit(recipe, run_dir=run, init_from=run / "checkpoints" / "best.ckpt")
+    assert hashes(run) == before
+
+
+# --- a sweep run interrupted before its first checkpoint keeps every attempt's metrics -----------------
+
+
+class Killed(BaseException):
+    """What a kill does to the fit, as far as the files are concerned."""
+
+
+def test_every_interrupted_attempt_of_a_sweep_run_keeps_its_metrics(tmp_path, capsys, monkeypatch):
+    sweep = tmp_path / "sweep"
+    args = ["sweep", str(QUICKSTART), "--no-bleu", "--out", str(sweep), *tiny(tmp_path, "trainer.log_every=1")]
+    seed = sweep / "runs" / "quickstart" / "seed-0"
+    step_end = training.Task.on_train_batch_end
+    for attempt in (1, 2, 3):  # killed at steps 2, 3 and 4, having logged 1, 2 and 3 rows: before the first checkpoint
+
+        def die(self, *a, attempt=attempt):
+            step_end(self, *a)
+            if self.global_step == attempt + 1:
+                raise Killed
+
+        monkeypatch.setattr(training.Task, "on_train_batch_end", die)
+        with pytest.raises(Killed):
+            main(args)
+        assert not list((seed / "checkpoints").glob("*.ckpt"))
+    # The last attempt was killed halfway through its first checkpoint write: its temporary remains.
+    (seed / "checkpoints").mkdir(exist_ok=True)
+    (seed / "checkpoints" / f".step-00000004.ckpt{TEMP_MARK}99999").write_bytes(b"half a checkpoint")
+    monkeypatch.setattr(training.Task, "on_train_batch_end", step_end)
+    before = hashes(seed)
+    assert main(args) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "starting over; its metrics were kept as metrics.interrupted-3.csv" in err, err
+    after = hashes(seed)
+    for n in (1, 2, 3):  # attempt n, its rows each step it made
+        name = f"metrics.interrupted-{n}.csv" if n < 3 else "metrics.csv"
+        kept = f"metrics.interrupted-{n}.csv"
+        assert kept in after and (after[kept] == before[name])
+        assert [r["step"] for r in metrics_rows(seed / kept)] == [str(s) for s in range(n)]
+    assert all(before[k] == after[k] for k in before if k.startswith("metrics.interrupted"))
+    assert int(metrics_rows(seed / "metrics.csv")[-1]["step"]) == 15

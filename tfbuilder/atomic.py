@@ -158,6 +158,30 @@ def write_new_text(path: str | Path, text: str, *, what: str = "file") -> Path |
     return path
 
 
+def move_new(source: Path, pattern: str) -> Path:
+    """Rename ``source`` to the first free ``pattern.format(n)`` (n = 1, 2, ...), never over an
+    existing file: a hard link that fails when the name is taken, then the source goes; where links
+    are impossible, a rename after a check."""
+    for n in range(1, 100_000):
+        target = Path(pattern.format(n))
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise WriteError(f"cannot rename {source} to {target}: {exc.strerror or exc}") from None
+            if os.path.lexists(target):
+                continue
+            os.replace(source, target)
+            fsync_dir(target.parent)
+            return target
+        source.unlink()
+        fsync_dir(target.parent)
+        return target
+    raise WriteError(f"cannot rename {source}: every name like {Path(pattern).name} is taken")
+
+
 def save(obj: object, path: str | Path, *, what: str = "checkpoint") -> Path:
     """``torch.save`` made atomic."""
     return write_atomic(path, lambda f: _serialize(obj, f), what=what)

@@ -44,6 +44,7 @@ from .runs import (
     RunLock,
     find_checkpoint,
     fits,
+    is_empty,
     model_state,
     display_path,
     new_run_dir,
@@ -456,6 +457,7 @@ def fit(
     run_dir: str | Path | None = None,
     init_from: str | Path | None = None,
     force: bool = False,
+    restart: bool = False,
     on_step: Callable[[int, int], None] | None = None,
 ) -> Summary:
     """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
@@ -463,12 +465,15 @@ def fit(
     ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
     instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
     (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
-    written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
-    after every optimizer step. Nothing is created before every check has passed. The process's
+    written in another directory (a copied or moved run); ``restart`` starts ``run_dir`` over when
+    it stopped before its first checkpoint (its metrics kept as ``metrics.interrupted-<n>.csv``);
+    ``on_step(step, max_steps)`` is called after every optimizer step. Every way into a run
+    directory holds its ``fit.lock``: a second fit there is refused while one trains. Nothing is
+    created before every check has passed. The process's
     thread count, random generators and deterministic settings are given back as they were when
     ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
     with torch_state.kept():
-        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, on_step=on_step)
+        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step)
 
 
 def _fit(
@@ -478,25 +483,31 @@ def _fit(
     run_dir: str | Path | None,
     init_from: str | Path | None,
     force: bool,
+    restart: bool,
     on_step: Callable[[int, int], None] | None,
 ) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
     quiet_lightning()
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
-    origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force)
-    _probe(recipe)
-    # All data problems surface here, before a run directory exists or anything trains.
-    prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
-    preflight.check_split_lengths(recipe, prepared.splits)
-    vocab_json = prepared.vocab.to_json()
-    model = _initial_model(recipe, origin)
+    origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart)
     rank_zero = rank_zero_only.rank == 0
-    run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
-    lock = RunLock(run_dir).acquire() if rank_zero else None
+    lock = None
+    if rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
+        # An existing run directory is locked at once: a second fit there is refused before it prepares anything.
+        lock = RunLock(origin.run_dir).acquire()
     try:
+        _probe(recipe)
+        # All data problems surface here, before a run directory exists or anything trains.
+        prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
+        preflight.check_split_lengths(recipe, prepared.splits)
+        vocab_json = prepared.vocab.to_json()
+        model = _initial_model(recipe, origin)
+        run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
+        if rank_zero and lock is None:
+            lock = RunLock(run_dir).acquire()
         if rank_zero:
-            _set_up_run_dir(run_dir, recipe, origin, vocab_json)
+            _set_up_run_dir(run_dir, recipe, origin, vocab_json, restart=restart)
         return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step))
     finally:
         if lock is not None:
@@ -520,7 +531,8 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
 
 
 def _origin(
-    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool
+    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool,
+    restart: bool = False,
 ) -> _Origin:
     """Read (and check) what the fit starts from; nothing is written."""
     invocation: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": "new", "from_step": 0}
@@ -535,24 +547,26 @@ def _origin(
             invocation["adopted_from"] = meta["run_dir"]
         vocab = Vocab.from_json(meta["vocab"])
         return _Origin(invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab)
+    if run_dir is not None or os.environ.get(RUN_DIR_ENV):
+        origin = _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]), restart=restart)
+    else:
+        origin = _Origin(invocation)
     if init_from is not None:
         source = read_checkpoint(init_from)
         invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
         # The weights' token ids mean these tokens.
-        return _Origin(invocation, source=source, source_path=init_from, vocab=Vocab.from_json(source["tfbuilder"]["vocab"]))
-    if run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        return _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]))
-    return _Origin(invocation)
+        origin.source, origin.source_path, origin.vocab = source, init_from, Vocab.from_json(source["tfbuilder"]["vocab"])
+    return origin
 
 
-def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
+def _shared_run_dir(invocation: dict, run_dir: Path, *, restart: bool = False) -> _Origin:
     """One directory for every process of a job: set by rank 0 for the processes it launches, or by
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
     for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
     it, so all use the vocabulary it holds."""
     if rank_zero_only.rank == 0:
         check_foreign(run_dir)
-    if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
+    if rank_zero_only.rank == 0 and holds_run(run_dir, restart=restart):
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     vocab_file = run_dir / "tokenizer.json"
     vocab = Vocab.from_json(vocab_file.read_text(encoding="utf-8")) if vocab_file.exists() else None
@@ -583,12 +597,14 @@ def _claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Pat
     return Path(run_dir)
 
 
-def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: str) -> None:
+def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: str, *, restart: bool = False) -> None:
     """Rank 0, holding the run's lock: clear what a killed run left, write vocabulary and recipe."""
     ckpt_dir = run_dir / "checkpoints"
-    if not origin.resumed and ckpt_dir.exists():  # another fit made it before we held the lock
+    if not origin.resumed and holds_run(run_dir, restart=restart):  # another fit made it before we held the lock
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
+    if restart:
+        _start_over(run_dir)
     if origin.resumed:
         # What the run did after the resumed step is a future this run no longer has: moved aside, never deleted.
         step = origin.invocation["from_step"]
@@ -602,6 +618,27 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab_json: 
         atomic.write_text(run_dir / "tokenizer.json", vocab_json, what="vocabulary")
     if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
         write_recipe(run_dir, recipe.to_dict())
+
+
+def holds_run(run_dir: Path, *, restart: bool = False) -> bool:
+    """Whether ``run_dir`` holds a run a new fit would replace: its checkpoints folder (with
+    ``restart``: a checkpoint in it; a run stopped before its first checkpoint may start over)."""
+    ckpt_dir = run_dir / "checkpoints"
+    if not restart or not ckpt_dir.is_dir():
+        return ckpt_dir.exists()
+    return any(not (p.name.startswith(".") and atomic.TEMP_MARK in p.name) for p in ckpt_dir.iterdir())
+
+
+def _start_over(run_dir: Path) -> None:
+    """A run stopped before its first checkpoint starts over; what each attempt logged is kept as
+    ``metrics.interrupted-<n>.csv`` (n = 1, 2, ...: an earlier attempt's file is never replaced)."""
+    stale = run_dir / "metrics.csv"
+    if stale.exists():
+        kept = atomic.move_new(stale, str(run_dir / "metrics.interrupted-{}.csv"))
+        _say(f"{display_path(run_dir)} stopped before its first checkpoint: starting over; its metrics were kept as {kept.name}")
+    empty = run_dir / "checkpoints"
+    if empty.is_dir() and is_empty(empty):
+        empty.rmdir()
 
 
 def _train(start: _Start) -> Summary:

@@ -5,7 +5,9 @@ every file the user had is still there with the same bytes (hashed before and af
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ import torch
 import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli
-from tfbuilder import training
+from tfbuilder import atomic, diskspace, training
 from tfbuilder.atomic import TEMP_MARK
 from tfbuilder.cli import main
 from tfbuilder.runs import RunDirError, read_checkpoint
@@ -38,11 +40,12 @@ def tiny(tmp_path: Path, *more: str) -> list[str]:
 
 
 def hashes(folder: Path) -> dict[str, str]:
-    """sha256 of every file below ``folder`` by relative path (fit.lock aside: it names its holder)."""
+    """sha256 of every file below ``folder`` by relative path (fit.lock, which names its holder, and
+    temporary files of writes under way aside)."""
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != "fit.lock"
+        if p.is_file() and p.name != "fit.lock" and TEMP_MARK not in p.name
     }
 
 
@@ -212,3 +215,45 @@ def test_every_interrupted_attempt_of_a_sweep_run_keeps_its_metrics(tmp_path, ca
         assert [r["step"] for r in metrics_rows(seed / kept)] == [str(s) for s in range(n)]
     assert all(before[k] == after[k] for k in before if k.startswith("metrics.interrupted"))
     assert int(metrics_rows(seed / "metrics.csv")[-1]["step"]) == 15
+
+
+# --- a full disk ---------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_is_refused_before_training_with_the_space_needed(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(diskspace, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    outcome = run_cli(["fit", str(QUICKSTART), *tiny(tmp_path)], capsys)
+    need = 5 * diskspace.checkpoint_bytes(tfbuilder.load_recipe(QUICKSTART, TINY))  # keep_last 3, best, one being written
+    assert_refused(outcome, f"not enough free space for the checkpoints in {tmp_path / 'runs' / 'quickstart'}",
+                   f"{diskspace.size(need)} needed", "1.0 kB free")  # fmt: skip
+    assert not (tmp_path / "runs").exists()  # nothing made
+
+
+def test_the_checkpoint_size_is_estimated_from_the_parameter_count(tmp_path, capsys):
+    assert run_cli(["fit", str(QUICKSTART), *tiny(tmp_path, "trainer.max_steps=4")], capsys).rc == 0
+    actual = (tmp_path / "runs" / "quickstart" / "version_0" / "checkpoints" / "last.ckpt").stat().st_size
+    estimate = diskspace.checkpoint_bytes(tfbuilder.load_recipe(QUICKSTART, TINY))
+    assert actual <= estimate <= 1.5 * actual
+
+
+def test_a_disk_filling_during_a_checkpoint_write_keeps_every_earlier_file(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    serialize, seen = atomic._serialize, {}
+
+    def full_at_step_8(obj, f):
+        if obj.get("global_step") == 8:
+            seen["before"] = hashes(run)
+            f.write(b"x" * 1000)  # some bytes made it to the disk, then none more
+            raise OSError(errno.ENOSPC, "No space left on device")
+        serialize(obj, f)
+
+    monkeypatch.setattr(atomic, "_serialize", full_at_step_8)
+    outcome = run_cli(["fit", str(QUICKSTART), *tiny(tmp_path)], capsys)
+    assert_refused(outcome, f"the disk holding {run / 'checkpoints'} is full: writing checkpoints/step-00000008.ckpt failed",
+                   "checkpoints/last.ckpt holds step 4", f"then continue with: tfbuilder fit --resume {run}")  # fmt: skip
+    after = hashes(run)
+    assert {k: after.get(k) for k in seen["before"] if k != "metrics.csv"} == {k: v for k, v in seen["before"].items() if k != "metrics.csv"}
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt", "step-00000004.ckpt"]
+    monkeypatch.setattr(atomic, "_serialize", serialize)  # space freed
+    assert run_cli(["fit", "--resume", str(run)], capsys).rc == 0
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 16

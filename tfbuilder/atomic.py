@@ -29,6 +29,11 @@ class WriteError(TfbuilderError):
 
     exit_code = 1
 
+    def __init__(self, message: str, *, errno: int | None = None, path: Path | None = None):
+        super().__init__(message)
+        self.errno = errno  # of the OSError behind it (ENOSPC: the disk is full)
+        self.path = path
+
 
 def temp_path(path: Path) -> Path:
     return path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}"
@@ -109,7 +114,7 @@ def _commit(path: Path, produce: Callable[[Path], None], *, what: str) -> Path:
             raise
         reason = cause.strerror or (os.strerror(cause.errno) if cause.errno else str(cause) or type(cause).__name__)
         kept = "the previous version is kept" if path.exists() else "nothing was written"
-        raise WriteError(f"cannot write {what} {path}: {reason} ({kept})") from None
+        raise WriteError(f"cannot write {what} {path}: {reason} ({kept})", errno=cause.errno, path=path) from None
     fsync_dir(path.parent)
     return path
 

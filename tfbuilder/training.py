@@ -25,7 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from . import __version__, atomic, devices, objectives, preflight, registry, torch_state
+from . import __version__, atomic, devices, diskspace, objectives, preflight, registry, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
@@ -497,6 +497,9 @@ def _fit(
         # An existing run directory is locked at once: a second fit there is refused before it prepares anything.
         lock = RunLock(origin.run_dir).acquire()
     try:
+        if rank_zero:  # room for the checkpoints, before anything is prepared or trained
+            target = origin.run_dir if origin.run_dir is not None else Path(recipe.trainer.output) / recipe.name
+            diskspace.check_free(recipe, target, resumed=origin.resumed)
         _probe(recipe)
         # All data problems surface here, before a run directory exists or anything trains.
         prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
@@ -694,6 +697,16 @@ def _train(start: _Start) -> Summary:
         if guard.signum is None:
             raise
         guard.stopped = "interrupted at once"  # a second Ctrl-C: Lightning exits without validating
+    except atomic.WriteError as exc:
+        if exc.errno not in diskspace.FULL or exc.path is None:
+            raise
+        what = display_path(exc.path) if run_dir not in exc.path.parents else str(exc.path.relative_to(run_dir))
+        each = diskspace.checkpoint_bytes(recipe)
+        again = f"then continue with: tfbuilder fit --resume {run_dir}" if guard.kept_step is not None else "then run the same command again"
+        raise diskspace.DiskFull(
+            f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} "
+            f"Free at least {diskspace.size(2 * each)} there, {again}"
+        ) from None
     finally:
         if ours:
             os.environ.pop(RUN_DIR_ENV, None)

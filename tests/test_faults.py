@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -249,7 +251,7 @@ def test_a_disk_filling_during_a_checkpoint_write_keeps_every_earlier_file(tmp_p
 
     monkeypatch.setattr(atomic, "_serialize", full_at_step_8)
     outcome = run_cli(["fit", str(QUICKSTART), *tiny(tmp_path)], capsys)
-    assert_refused(outcome, f"the disk holding {run / 'checkpoints'} is full: writing checkpoints/step-00000008.ckpt failed",
+    assert_refused(outcome, f"the disk holding {run / 'checkpoints'} is full (No space left on device): writing checkpoints/step-00000008.ckpt failed",
                    "checkpoints/last.ckpt holds step 4", f"then continue with: tfbuilder fit --resume {run}")  # fmt: skip
     after = hashes(run)
     assert {k: after.get(k) for k in seen["before"] if k != "metrics.csv"} == {k: v for k, v in seen["before"].items() if k != "metrics.csv"}
@@ -257,3 +259,86 @@ def test_a_disk_filling_during_a_checkpoint_write_keeps_every_earlier_file(tmp_p
     monkeypatch.setattr(atomic, "_serialize", serialize)  # space freed
     assert run_cli(["fit", "--resume", str(run)], capsys).rc == 0
     assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 16
+
+
+# --- signals at every moment ------------------------------------------------------------------------------
+
+# Dropout draws too must resume where they were; one thread: bit-equal needs the same sums.
+EXACT = ["model.dropout=0.1", "trainer.deterministic=true"]
+
+
+class Escaped(BaseException):
+    """A signal that reached the test's own handler: tfbuilder did not handle it."""
+
+
+@pytest.fixture
+def safety_net():
+    """Signals this process sends itself land in tfbuilder's handlers, or fail the test here (never
+    stop the test run)."""
+
+    def escaped(signum, frame):
+        raise Escaped(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, escaped) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+def signal_at(monkeypatch, owner, name: str, sig: int, *, step: int | None = None) -> None:
+    """Send ``sig`` to this process once, right after ``owner.name`` runs (at ``step`` for a Task hook)."""
+    original, sent = getattr(owner, name), []
+
+    def then_signal(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if not sent and (step is None or args[0].global_step == step):
+            sent.append(sig)
+            os.kill(os.getpid(), sig)  # delivered before kill returns; handled at the next bytecode
+        return result
+
+    monkeypatch.setattr(owner, name, then_signal)
+
+
+def test_a_signal_at_every_moment_keeps_what_was_done_and_says_how_to_go_on(tmp_path, capsys, monkeypatch, safety_net):
+    args = ["fit", str(QUICKSTART), *tiny(tmp_path, *EXACT)]
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    resume = ["fit", "--resume", str(run)]
+
+    def strike(cli_args, owner, hook, sig, *, step=None):
+        with monkeypatch.context() as patch:
+            signal_at(patch, owner, hook, sig, step=step)
+            outcome = run_cli(cli_args, capsys)
+        assert outcome.rc == 128 + sig, outcome.err
+        assert "Traceback" not in outcome.err
+        return outcome.err
+
+    def kept() -> int:
+        return read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"]
+
+    # Start-up of a new run (its directory made, nothing trained): SIGTERM; the empty run directory goes.
+    err = strike(args, training, "_set_up_run_dir", signal.SIGTERM)
+    assert "SIGTERM: stopped before the first step; nothing was trained or kept. Run the same command again" in err
+    assert not run.exists()
+    # Mid-step, before the first checkpoint: the current step is validated and checkpointed.
+    err = strike(args, training.Task, "on_train_batch_end", signal.SIGINT, step=2)
+    assert f"Ctrl-C: training stopped at step {kept()}; checkpoints/last.ckpt holds step {kept()}" in err
+    assert f"Continue with: tfbuilder fit --resume {run}" in err
+    # Start-up of a resume: nothing changes.
+    before = hashes(run)
+    err = strike(resume, training, "_set_up_run_dir", signal.SIGINT)
+    assert f"Ctrl-C: stopped before training went on; checkpoints/last.ckpt holds step {kept()}. Continue with: tfbuilder fit --resume {run}" in err
+    assert hashes(run) == before
+    # Right after a resume: SIGTERM.
+    first = kept()
+    err = strike(resume, training.Task, "on_train_batch_end", signal.SIGTERM, step=first + 1)
+    assert kept() == first + 1 and f"SIGTERM: training stopped at step {first + 1}; checkpoints/last.ckpt holds step {first + 1}" in err
+    # During a validation (of step 8): that validation completes and is the checkpoint.
+    strike(resume, training.Task, "on_validation_epoch_start", signal.SIGINT, step=8)
+    assert kept() == 8
+    assert run_cli(resume, capsys).rc == 0
+
+    reference = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path / 'reference'}", *TINY, *EXACT]))
+    a, b = weights(Path(reference.last_checkpoint)), weights(run / "checkpoints" / "last.ckpt")
+    assert kept() == 16 and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    seen = [(r["step"], bool(r["val_loss"])) for r in metrics_rows(run / "metrics.csv")]
+    assert len(seen) == len(set(seen)), (run / "metrics.csv").read_text()

@@ -65,6 +65,6 @@ def check_free(recipe: "object", run_dir: Path, *, resumed: bool) -> None:
 def full_disk_message(folder: Path, what: str, each: int) -> str:
     """The first half of a mid-run message: which disk filled, what was being written, what is free."""
     return (
-        f"the disk holding {display_path(folder)} is full: writing {what} failed "
+        f"the disk holding {display_path(folder)} is full (No space left on device): writing {what} failed "
         f"(about {size(each)} needed, {size(free_bytes(folder))} free); nothing of it was kept."
     )

@@ -25,7 +25,7 @@ from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from . import __version__, atomic, devices, diskspace, objectives, preflight, registry, torch_state
+from . import __version__, atomic, devices, diskspace, objectives, preflight, registry, stopping, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
@@ -34,7 +34,7 @@ from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
-from .rewind import set_aside
+from .rewind import checkpoint_step, set_aside
 from .runs import (
     RUN_DIR_ENV,
     check_foreign,
@@ -325,7 +325,7 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
     else:
         logger = MetricsCSV(run_dir)
     try:
-        return L.Trainer(
+        trainer = L.Trainer(
             max_steps=max_steps,
             max_time=timedelta(minutes=t.max_minutes) if t.max_minutes else None,
             val_check_interval=t.val_every * optim.accumulate,
@@ -352,6 +352,13 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
         )
     except (ValueError, RuntimeError, MisconfigurationException) as exc:  # e.g. a precision or accelerator this machine lacks
         raise TfbuilderError(f"trainer: {exc}") from None
+    if isinstance(logger, MetricsCSV):
+        # Rows are numbered from the optimizer step itself (step n logged as n - 1, as Lightning numbers
+        # them), not from Lightning's logging count, which a resume from a checkpoint written while
+        # stopping restores one short: every later row would be numbered one lower than in an
+        # uninterrupted run, and rows of different steps would share a number.
+        logger.step_of = lambda: trainer.global_step - 1
+    return trainer
 
 
 class StepHook(Callback):
@@ -488,9 +495,60 @@ def _fit(
 ) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
     quiet_lightning()
+    at = _Claim()
+    try:
+        with stopping.raising():  # a signal before training starts unwinds start-up (RunGuard handles those during it)
+            return _start_and_train(
+                recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step, at=at
+            )
+    except stopping.Stop as stop:
+        raise Interrupted(_stopped_outside_training(stop.signum, at), stop.signum) from None
+
+
+@dataclass
+class _Claim:
+    """How far a fit got before training: what a signal then leaves behind."""
+
+    origin: _Origin | None = None
+    run_dir: Path | None = None
+    fresh: bool = False  # the run directory was made by this fit (a new version_<n>)
+
+
+def _stopped_outside_training(signum: int, at: _Claim) -> str:
+    """The message of a fit stopped by a signal outside its training loop: what was kept, and how to go on.
+    A run directory this fit made and trained nothing in goes (it held only the recipe and vocabulary)."""
+    name = stopping.name(signum)
+    run_dir = at.run_dir or (at.origin.run_dir if at.origin is not None else None)
+    last = run_dir / "checkpoints" / "last.ckpt" if run_dir is not None else None
+    if last is not None and last.is_file():
+        step = checkpoint_step(last, {})
+        held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
+        return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
+    if run_dir is not None and at.fresh and rank_zero_only.rank == 0:
+        for made in ("recipe.yaml", "tokenizer.json", "fit.lock"):
+            (run_dir / made).unlink(missing_ok=True)
+        for folder in (run_dir / "checkpoints", run_dir):
+            try:
+                folder.rmdir()  # only when empty: nothing else is removed
+            except OSError:
+                pass
+    return f"{name}: stopped before the first step; nothing was trained or kept. Run the same command again to start"
+
+
+def _start_and_train(
+    recipe: Recipe,
+    *,
+    resume: str | Path | None,
+    run_dir: str | Path | None,
+    init_from: str | Path | None,
+    force: bool,
+    restart: bool,
+    on_step: Callable[[int, int], None] | None,
+    at: _Claim,
+) -> Summary:
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
-    origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart)
+    origin = at.origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart)
     rank_zero = rank_zero_only.rank == 0
     lock = None
     if rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
@@ -506,7 +564,8 @@ def _fit(
         preflight.check_split_lengths(recipe, prepared.splits)
         vocab_json = prepared.vocab.to_json()
         model = _initial_model(recipe, origin)
-        run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
+        run_dir = at.run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
+        at.fresh = origin.run_dir is None
         if rank_zero and lock is None:
             lock = RunLock(run_dir).acquire()
         if rank_zero:
@@ -746,10 +805,7 @@ def _train(start: _Start) -> Summary:
     return summary
 
 
-def signal_name(signum: int) -> str:
-    import signal
-
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+signal_name = stopping.name
 
 
 __all__ = ["Interrupted", "NonFiniteLoss", "Summary", "Task", "fit"]

@@ -35,10 +35,11 @@ OVERRIDES = [
 
 # Runs `tfbuilder fit` announcing each step ("STEP n") and each checkpoint write ("WRITING", after
 # half of the bytes are on disk), and waiting after each announcement until the test answers, so
-# the test strikes exactly there: the run cannot move on before the signal lands.
+# the test strikes exactly there: the run cannot move on before the signal lands. "SIGNALLED" says
+# that the training loop's signal handler has run.
 DRIVER = r"""
 import io, sys
-from tfbuilder import atomic, training
+from tfbuilder import atomic, callbacks, training
 from tfbuilder.cli import main
 
 def wait_for_the_test(announcement):
@@ -61,6 +62,14 @@ def slow_write(obj, f):
     wait_for_the_test("WRITING")
     f.write(data[len(data) // 2:])
 atomic._serialize = slow_write
+
+on_signal = callbacks.RunGuard._on_signal
+def announce_signal(self, *args):  # the training loop's handler has run: the test may signal again
+    try:
+        on_signal(self, *args)
+    finally:
+        print("SIGNALLED", flush=True)
+callbacks.RunGuard._on_signal = announce_signal
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -147,7 +147,7 @@ def held(lock: Path):
         proc.wait(timeout=30)
 
 
-def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys):
+def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys, monkeypatch):
     assert run_cli(["fit", str(QUICKSTART), *tiny(tmp_path)], capsys).rc == 0
     run = tmp_path / "runs" / "quickstart" / "version_0"
     before = hashes(run)
@@ -155,10 +155,11 @@ def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     with held(run / "fit.lock") as pid, held(empty / "fit.lock") as other:
-        for args in (["fit", "--resume", str(run)], ["fit", "--resume", str(run / "checkpoints" / "step-00000008.ckpt")]):
-            outcome = run_cli(args, capsys)
-            assert_refused(outcome, f"{run} is in use: a fit is training there (pid {pid} on testhost")
-            assert "training from" not in outcome.err  # refused before preparing or training anything
+        with monkeypatch.context() as patch:
+            patch.setattr(training, "prepare", lambda *a, **k: pytest.fail("data prepared for a run in use"))
+            for args in (["fit", "--resume", str(run)], ["fit", "--resume", str(run / "checkpoints" / "step-00000008.ckpt")]):
+                outcome = run_cli(args, capsys)  # refused before preparing anything
+                assert_refused(outcome, f"{run} is in use: a fit is training there (pid {pid} on testhost")
         # A new run into a directory in use, from scratch or from trained weights (the Python API's run_dir).
         for init_from in (None, run / "checkpoints" / "best.ckpt"):
             with pytest.raises(RunDirError, match=f"is in use: a fit is training there \\(pid {other} "):

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -114,6 +115,12 @@ def test_resuming_from_the_past_moves_the_future_aside_whole(tmp_path, capsys):
     assert read_checkpoint(run / "abandoned" / "from-step-8-2" / "checkpoints" / "last.ckpt")["global_step"] == 10
     a, b = weights(ckpts / "last.ckpt"), weights(aside / "checkpoints" / "step-00000016.ckpt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+    # A checkpoint set aside is not resumed where it lies unless asked (it would make that folder a run).
+    before = hashes(run)
+    outcome = run_cli(["fit", "--resume", str(aside / "checkpoints" / "best.ckpt")], capsys)
+    assert_refused(outcome, "belongs to the history that a resume from an earlier step set aside", "give --force", "--init-from")
+    assert hashes(run) == before
 
     # An ordinary resume of a finished run moves nothing.
     outcome = run_cli(["fit", "--resume", str(run), "--set", "trainer.max_steps=20"], capsys)
@@ -318,7 +325,7 @@ def test_a_signal_at_every_moment_keeps_what_was_done_and_says_how_to_go_on(tmp_
 
     # Start-up of a new run (its directory made, nothing trained): SIGTERM; the empty run directory goes.
     err = strike(args, training, "_set_up_run_dir", signal.SIGTERM)
-    assert "SIGTERM: stopped before the first step; nothing was trained or kept. Run the same command again" in err
+    assert f"SIGTERM: stopped before the first step; nothing was trained or kept. Start again with: tfbuilder {shlex.join(args)}" in err
     assert not run.exists()
     # Mid-step, before the first checkpoint: the current step is validated and checkpointed.
     err = strike(args, training.Task, "on_train_batch_end", signal.SIGINT, step=2)

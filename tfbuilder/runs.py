@@ -40,8 +40,11 @@ class CheckpointError(TfbuilderError):
 class Interrupted(TfbuilderError):
     """Ctrl-C (exit 130) or SIGTERM (exit 143) stopped a fit; the message says what was kept. Not an error."""
 
+    AGAIN = "Run the same command again to start"  # the end of a message when nothing was kept
+
     def __init__(self, message: str, signum: int):
         super().__init__(message)
+        self.signum = signum
         self.exit_code = 128 + signum
 
 

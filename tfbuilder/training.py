@@ -34,7 +34,7 @@ from .errors import TfbuilderError
 from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
-from .rewind import checkpoint_step, set_aside
+from .rewind import ABANDONED, checkpoint_step, set_aside
 from .runs import (
     RUN_DIR_ENV,
     check_foreign,
@@ -397,6 +397,12 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
     if "optimizer_states" not in ckpt or "loops" not in ckpt:
         raise CheckpointError(f"{ckpt_path} holds weights only (an average?): start a new run from it with --init-from")
     recorded = ckpt["tfbuilder"].get("run_dir")
+    if recorded and run_dir.parent.name == ABANDONED and Path(recorded) == run_dir.parent.parent.resolve() and not force:
+        raise RunDirError(
+            f"{ckpt_path} belongs to the history that a resume from an earlier step set aside in {display_path(run_dir)}: "
+            f"give --force to continue it there as a run of its own, or start a new run from its weights with "
+            f"tfbuilder fit RECIPE --init-from {ckpt_path}"
+        )
     if recorded and Path(recorded) != run_dir.resolve() and not force:
         raise RunDirError(
             f"{ckpt_path} was written by the run in {recorded}, not {run_dir.resolve()} (copied or moved?); "
@@ -532,7 +538,7 @@ def _stopped_outside_training(signum: int, at: _Claim) -> str:
                 folder.rmdir()  # only when empty: nothing else is removed
             except OSError:
                 pass
-    return f"{name}: stopped before the first step; nothing was trained or kept. Run the same command again to start"
+    return f"{name}: stopped before the first step; nothing was trained or kept. {Interrupted.AGAIN}"
 
 
 def _start_and_train(

@@ -343,6 +343,9 @@ def test_a_signal_at_every_moment_keeps_what_was_done_and_says_how_to_go_on(tmp_
     # During a validation (of step 8): that validation completes and is the checkpoint.
     strike(resume, training.Task, "on_validation_epoch_start", signal.SIGINT, step=8)
     assert kept() == 8
+    # During a checkpoint write (of step 12): the write completes; the next step is validated and kept.
+    err = strike(resume, atomic, "_serialize", signal.SIGTERM)
+    assert kept() == 13 and (run / "checkpoints" / "step-00000012.ckpt").is_file() and "holds step 13" in err
     assert run_cli(resume, capsys).rc == 0
 
     reference = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, [f"trainer.output={tmp_path / 'reference'}", *TINY, *EXACT]))

@@ -11,6 +11,10 @@
         summary.json       written when training ends (with the run's history across resumes)
         test-<split>-<checkpoint>[-beam<N>][-bf16].json   scores written by ``tfbuilder test`` and sweeps
         fit.lock           who is training here (held with flock while a fit runs)
+        abandoned/from-step-<n>/   what a resume from step n moved aside (rewind.py): later checkpoints, metrics rows
+        metrics.interrupted-<k>.csv  what attempt k logged, when a sweep started a run over before its first checkpoint
+
+Nothing in a run directory is deleted or replaced by a later fit: see docs/runs.md.
 """
 
 from __future__ import annotations

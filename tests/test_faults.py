@@ -22,7 +22,7 @@ import torch
 import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli
-from tfbuilder import atomic, diskspace, training
+from tfbuilder import atomic, diskspace, metrics_log, training
 from tfbuilder.atomic import TEMP_MARK
 from tfbuilder.cli import main
 from tfbuilder.runs import RunDirError, read_checkpoint
@@ -354,3 +354,26 @@ def test_a_signal_at_every_moment_keeps_what_was_done_and_says_how_to_go_on(tmp_
     seen = [(r["step"], bool(r["val_loss"])) for r in metrics_rows(run / "metrics.csv")]
     assert len(seen) == len(set(seen)), (run / "metrics.csv").read_text()
 
+
+
+def test_a_disk_filling_during_a_metrics_write_says_so_and_keeps_the_checkpoints(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    written, seen = metrics_log.write_text, {}
+
+    def full_after_the_first_checkpoint(path, text, *, what):
+        if not (run / "checkpoints" / "last.ckpt").exists():
+            return written(path, text, what=what)
+        seen["before"] = hashes(run)
+
+        def write(f):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        return atomic.write_atomic(path, write, what=what)
+
+    monkeypatch.setattr(metrics_log, "write_text", full_after_the_first_checkpoint)
+    outcome = run_cli(["fit", str(QUICKSTART), *tiny(tmp_path)], capsys)
+    kept = read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"]
+    assert_refused(outcome, f"the disk holding {run} is full (No space left on device): writing metrics.csv failed (",
+                   "no part of it was written (an earlier version stays whole)", f"checkpoints/last.ckpt holds step {kept}",
+                   f"Free some space there, then continue with: tfbuilder fit --resume {run}")  # fmt: skip
+    assert hashes(run) == seen["before"]

@@ -62,9 +62,11 @@ def check_free(recipe: "object", run_dir: Path, *, resumed: bool) -> None:
         )
 
 
-def full_disk_message(folder: Path, what: str, each: int) -> str:
-    """The first half of a mid-run message: which disk filled, what was being written, what is free."""
+def full_disk_message(folder: Path, what: str, each: int | None) -> str:
+    """The first half of a mid-run message: which disk filled, what was being written (and about how
+    large it is, when known), what is free."""
+    needed = f"about {size(each)} needed, " if each is not None else ""
     return (
         f"the disk holding {display_path(folder)} is full (No space left on device): writing {what} failed "
-        f"(about {size(each)} needed, {size(free_bytes(folder))} free); nothing of it was kept."
+        f"({needed}{size(free_bytes(folder))} free); no part of it was written (an earlier version stays whole)."
     )

@@ -766,12 +766,10 @@ def _train(start: _Start) -> Summary:
         if exc.errno not in diskspace.FULL or exc.path is None:
             raise
         what = display_path(exc.path) if run_dir not in exc.path.parents else str(exc.path.relative_to(run_dir))
-        each = diskspace.checkpoint_bytes(recipe)
+        each = diskspace.checkpoint_bytes(recipe) if exc.path.suffix == ".ckpt" else None  # else metrics, a summary
         again = f"then continue with: tfbuilder fit --resume {run_dir}" if guard.kept_step is not None else "then run the same command again"
-        raise diskspace.DiskFull(
-            f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} "
-            f"Free at least {diskspace.size(2 * each)} there, {again}"
-        ) from None
+        free = f"Free at least {diskspace.size(2 * each)} there" if each is not None else "Free some space there"
+        raise diskspace.DiskFull(f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} {free}, {again}") from None
     finally:
         if ours:
             os.environ.pop(RUN_DIR_ENV, None)

@@ -14,6 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # in the test extra
 
+from hostile import assert_refused, run_cli, run_limited  # noqa: E402
 from test_hf import REFERENCE_CLASS, V, compare, ours, theirs  # noqa: E402
 from tfbuilder.hf import export, import_hf  # noqa: E402
 from tfbuilder.hf.configs import UnsupportedConfig, from_config  # noqa: E402
@@ -172,3 +173,46 @@ def test_t5_without_scaled_decoder_outputs_is_refused():
     with pytest.raises(UnsupportedConfig, match="scale_decoder_outputs"):
         from_config(cfg)
 
+
+
+# --- hostile config.json: exit 2 naming the file and the key, no traceback, bounded memory ----------------
+
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "n_embd": 16, "n_head": 2, "n_layer": 1, "vocab_size": 50}
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ('{"a": ' * 100_000 + "1" + "}" * 100_000, "config.json: nested too deeply to be a config"),
+        (json.dumps(GPT2)[:-1] + ', "n_head": ' + "[" * 500 + "2" + "]" * 500 + "}", "config.json: n_head: expected a positive integer, got [[[[...]]]]"),
+        (json.dumps({**GPT2, "architectures": [{"class": "GPT2LMHeadModel"}]}), "config.json: architectures: [{'class': 'GPT2LMHeadModel'}] is not supported"),
+        (json.dumps({**GPT2, "architectures": {"GPT2LMHeadModel": 1}}), "config.json: architectures: expected a list of class names"),
+        (json.dumps({**GPT2, "n_inner": 10**12}), "config.json: n_inner: 1e+12 is larger than any model tfbuilder builds"),
+        (json.dumps({**GPT2, "n_layer": 10**30}), "config.json: n_layer: 1e+30 is larger than any model"),
+        (json.dumps({**GPT2, "layer_norm_epsilon": 10**400}), "config.json: layer_norm_epsilon: expected a finite number"),
+        (json.dumps({**GPT2, "resid_pdrop": float("nan")}), "config.json: resid_pdrop: expected a finite number, got nan"),
+        (json.dumps({**GPT2, "activation_function": "gelu" * 100_000}), "config.json: activation_function: 'gelugelugelugelug...lugelugelugelugelu' is not supported"),
+        (json.dumps({**GPT2, "eos_token_id": {"id": [1] * 10_000}}), "config.json: eos_token_id: {'id': [1, 1, 1, 1, ...]} is not a token id"),
+        ('{"n_embd": 1' + "0" * 5000 + "}", "config.json: not JSON"),
+        (json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "num_attention_heads": 2, "rope_parameters": [1]}),
+         "config.json: rope_parameters: expected an object, got [1]"),
+    ],
+    ids=["deep", "deep-value", "unhashable", "not-a-list", "n_inner", "layers", "overflow", "nan", "long-string", "bad-id", "long-int", "rope"],
+)
+def test_a_hostile_config_is_refused_by_file_and_key(config, expected, tmp_path, capsys):
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(config)
+    outcome = run_cli(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
+    assert_refused(outcome, f"{tmp_path / 'hf' / expected}")
+    assert len(outcome.err) < 400  # the value is shown bounded, however large
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_config_too_large_for_the_machine_is_refused_before_anything_is_allocated(tmp_path):
+    """Every size under the cap, the whole far beyond any memory: counted, not built (1 GiB of address space)."""
+    (tmp_path / "hf").mkdir()
+    config = {**GPT2, "n_embd": 65536, "n_head": 1, "n_inner": 1 << 24, "n_layer": 1000, "vocab_size": 1 << 20}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    outcome = run_limited(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], cwd=tmp_path)
+    assert_refused(outcome, f"{tmp_path / 'hf' / 'config.json'}: ", "parameters")
+    assert not (tmp_path / "out").exists()

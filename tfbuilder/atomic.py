@@ -29,6 +29,11 @@ class WriteError(TfbuilderError):
 
     exit_code = 1
 
+    def __init__(self, message: str, *, errno: int | None = None, path: Path | None = None):
+        super().__init__(message)
+        self.errno = errno  # of the OSError behind it (ENOSPC: the disk is full)
+        self.path = path
+
 
 def temp_path(path: Path) -> Path:
     return path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}"
@@ -109,7 +114,7 @@ def _commit(path: Path, produce: Callable[[Path], None], *, what: str) -> Path:
             raise
         reason = cause.strerror or (os.strerror(cause.errno) if cause.errno else str(cause) or type(cause).__name__)
         kept = "the previous version is kept" if path.exists() else "nothing was written"
-        raise WriteError(f"cannot write {what} {path}: {reason} ({kept})") from None
+        raise WriteError(f"cannot write {what} {path}: {reason} ({kept})", errno=cause.errno, path=path) from None
     fsync_dir(path.parent)
     return path
 
@@ -156,6 +161,30 @@ def write_new_text(path: str | Path, text: str, *, what: str = "file") -> Path |
         tmp.unlink(missing_ok=True)
     fsync_dir(path.parent)
     return path
+
+
+def move_new(source: Path, pattern: str) -> Path:
+    """Rename ``source`` to the first free ``pattern.format(n)`` (n = 1, 2, ...), never over an
+    existing file: a hard link that fails when the name is taken, then the source goes; where links
+    are impossible, a rename after a check."""
+    for n in range(1, 100_000):
+        target = Path(pattern.format(n))
+        try:
+            os.link(source, target)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise WriteError(f"cannot rename {source} to {target}: {exc.strerror or exc}") from None
+            if os.path.lexists(target):
+                continue
+            os.replace(source, target)
+            fsync_dir(target.parent)
+            return target
+        source.unlink()
+        fsync_dir(target.parent)
+        return target
+    raise WriteError(f"cannot rename {source}: every name like {Path(pattern).name} is taken")
 
 
 def save(obj: object, path: str | Path, *, what: str = "checkpoint") -> Path:

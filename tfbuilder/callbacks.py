@@ -77,6 +77,7 @@ class RunGuard(Callback):
         self.last_step: int | None = None  # step of the last validation (= of last.ckpt)
         self.last_metrics: dict[str, float] = {}
         self.stale = 0  # validations since the last improvement
+        self.kept_step: int | None = None  # step of the checkpoint last.ckpt holds on disk
         # This invocation only:
         self.stopped: str | None = None
         self.record: dict = {}  # this invocation's history entry (saved in checkpoints): says why it stopped
@@ -90,6 +91,7 @@ class RunGuard(Callback):
         return {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.kept_step = state.get("last_step")
         if state.get("monitor", self.monitor) != self.monitor:
             return  # a changed monitor starts its own record (the old best is not comparable)
         for k in ("best_score", "best_step", "best_val_loss", "last_step", "stale"):
@@ -157,9 +159,9 @@ class RunGuard(Callback):
                                 "Lower the learning rate or set optim.grad_clip.")
 
     def kept(self) -> str:
-        if self.last_step is None:
+        if self.kept_step is None:
             return "No checkpoint was written."
-        return f"checkpoints/last.ckpt holds step {self.last_step}, the last validated state."
+        return f"checkpoints/last.ckpt holds step {self.kept_step}, the last validated state."
 
     # --- validation: the checkpoint -----------------------------------------------------------------
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -200,6 +202,7 @@ class RunGuard(Callback):
         if improved:
             atomic.link(written, self.ckpt_dir / "best.ckpt")
         atomic.link(written, self.ckpt_dir / "last.ckpt")
+        self.kept_step = step
         kept = step_checkpoints(self.ckpt_dir)
         for _, old in kept[: max(len(kept) - self.keep_last, 0)]:
             old.unlink(missing_ok=True)

@@ -824,7 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .runs import Interrupted
 
         if isinstance(exc, Interrupted):  # not an error: what was kept, and how to go on
-            print(printable(str(exc)), file=sys.stderr)
+            again = f"Start again with: tfbuilder {shlex.join(argv)}"  # the command as typed
+            print(printable(str(exc).replace(Interrupted.AGAIN, again)), file=sys.stderr)
             return exc.exit_code
         print(f"error: {printable(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ class MetricsCSV(Logger):
         self._pending: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._rows: list[dict[str, str]] = []  # what the file holds
+        self.step_of: Callable[[], int] | None = None  # the step a row is numbered by (else Lightning's)
         if self.path.exists():
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
@@ -56,7 +58,7 @@ class MetricsCSV(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        row = {"step": self.step_of() if self.step_of is not None else step, **{k: float(v) for k, v in metrics.items()}}
         self._pending.append(row)
 
     @rank_zero_only

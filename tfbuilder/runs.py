@@ -11,6 +11,10 @@
         summary.json       written when training ends (with the run's history across resumes)
         test-<split>-<checkpoint>[-beam<N>][-bf16].json   scores written by ``tfbuilder test`` and sweeps
         fit.lock           who is training here (held with flock while a fit runs)
+        abandoned/from-step-<n>/   what a resume from step n moved aside (rewind.py): later checkpoints, metrics rows
+        metrics.interrupted-<k>.csv  what attempt k logged, when a sweep started a run over before its first checkpoint
+
+Nothing in a run directory is deleted or replaced by a later fit: see docs/runs.md.
 """
 
 from __future__ import annotations
@@ -40,8 +44,11 @@ class CheckpointError(TfbuilderError):
 class Interrupted(TfbuilderError):
     """Ctrl-C (exit 130) or SIGTERM (exit 143) stopped a fit; the message says what was kept. Not an error."""
 
+    AGAIN = "Run the same command again to start"  # the end of a message when nothing was kept
+
     def __init__(self, message: str, signum: int):
         super().__init__(message)
+        self.signum = signum
         self.exit_code = 128 + signum
 
 

@@ -166,16 +166,10 @@ def execute(
     from .runs import load_checkpoint
     from .training import fit
 
-    if run.status == "new" and run.dir.exists():
-        # Started before but stopped ahead of its first checkpoint: start over, keeping what it logged.
-        stale = run.dir / "metrics.csv"
-        if stale.exists():
-            stale.rename(run.dir / "metrics.interrupted.csv")
-        empty = run.dir / "checkpoints"
-        if empty.is_dir() and not any(empty.iterdir()):
-            empty.rmdir()
     if run.status == "new":
-        fit(run.recipe, run_dir=run.dir, on_step=on_step)
+        # A run that started before but stopped ahead of its first checkpoint starts over, holding the
+        # run's lock; what each attempt logged is kept (metrics.interrupted-<n>.csv).
+        fit(run.recipe, run_dir=run.dir, restart=True, on_step=on_step)
     elif run.status == "resume":
         fit(run.recipe, resume=run.dir, on_step=on_step)
     if bleu_beam is not None and _translates(run.recipe) and not scores_file(run.dir, bleu_beam).exists():

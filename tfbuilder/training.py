@@ -26,14 +26,16 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
 from torch import nn
 
-from . import __version__, atomic, devices, loggers, objectives, preflight, registry, torch_state
+from . import __version__, atomic, devices, diskspace, loggers, objectives, preflight, registry, stopping, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data.datamodule import DataModule
 from .data.prepare import Prepared, Vocab, prepare
 from .errors import TfbuilderError
+from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
+from .rewind import ABANDONED, checkpoint_step, set_aside
 from .runs import (
     RUN_DIR_ENV,
     check_foreign,
@@ -43,12 +45,12 @@ from .runs import (
     RunLock,
     find_checkpoint,
     fits,
+    is_empty,
     model_state,
     display_path,
     new_run_dir,
     read_checkpoint,
     run_dir_of,
-    step_checkpoints,
     write_recipe,
 )
 from .schedules import learning_rate
@@ -314,7 +316,7 @@ def _world(recipe: Recipe) -> int:
 def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int, logger: list[Logger]) -> L.Trainer:
     t, optim = recipe.trainer, recipe.optim
     try:
-        return L.Trainer(
+        trainer = L.Trainer(
             max_steps=max_steps,
             max_time=timedelta(minutes=t.max_minutes) if t.max_minutes else None,
             val_check_interval=t.val_every * optim.accumulate,
@@ -341,6 +343,13 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
         )
     except (ValueError, RuntimeError, MisconfigurationException) as exc:  # e.g. a precision or accelerator this machine lacks
         raise TfbuilderError(f"trainer: {exc}") from None
+    for csv in (each for each in logger if isinstance(each, MetricsCSV)):
+        # Rows are numbered from the optimizer step itself (step n logged as n - 1, as Lightning numbers
+        # them), not from Lightning's logging count, which a resume from a checkpoint written while
+        # stopping restores one short: every later row would be numbered one lower than in an
+        # uninterrupted run, and rows of different steps would share a number.
+        csv.step_of = lambda: trainer.global_step - 1
+    return trainer
 
 
 class StepHook(Callback):
@@ -379,6 +388,12 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
     if "optimizer_states" not in ckpt or "loops" not in ckpt:
         raise CheckpointError(f"{ckpt_path} holds weights only (an average?): start a new run from it with --init-from")
     recorded = ckpt["tfbuilder"].get("run_dir")
+    if recorded and run_dir.parent.name == ABANDONED and Path(recorded) == run_dir.parent.parent.resolve() and not force:
+        raise RunDirError(
+            f"{ckpt_path} belongs to the history that a resume from an earlier step set aside in {display_path(run_dir)}: "
+            f"give --force to continue it there as a run of its own, or start a new run from its weights with "
+            f"tfbuilder fit RECIPE --init-from {ckpt_path}"
+        )
     if recorded and Path(recorded) != run_dir.resolve() and not force:
         raise RunDirError(
             f"{ckpt_path} was written by the run in {recorded}, not {run_dir.resolve()} (copied or moved?); "
@@ -448,6 +463,7 @@ def fit(
     run_dir: str | Path | None = None,
     init_from: str | Path | None = None,
     force: bool = False,
+    restart: bool = False,
     on_step: Callable[[int, int], None] | None = None,
     callbacks: Sequence[Callback] = (),
     loggers: Sequence[Logger] = (),
@@ -457,15 +473,18 @@ def fit(
     ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
     instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
     (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
-    written in another directory (a copied or moved run); ``on_step(step, max_steps)`` is called
-    after every optimizer step. ``callbacks`` (Lightning callbacks) run after tfbuilder's own, and
-    ``loggers`` (Lightning loggers) receive the metrics beside ``metrics.csv`` and those
-    ``trainer.loggers`` names. Nothing is created before every check has passed. The process's
+    written in another directory (a copied or moved run); ``restart`` starts ``run_dir`` over when
+    it stopped before its first checkpoint (its metrics kept as ``metrics.interrupted-<n>.csv``);
+    ``on_step(step, max_steps)`` is called after every optimizer step. ``callbacks`` (Lightning
+    callbacks) run after tfbuilder's own, and ``loggers`` (Lightning loggers) receive the metrics
+    beside ``metrics.csv`` and those ``trainer.loggers`` names. Every way into a run directory holds
+    its ``fit.lock``: a second fit there is refused while one trains. Nothing is created before
+    every check has passed. The process's
     thread count, random generators and deterministic settings are given back as they were when
     ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
     extra = _extras(callbacks, loggers)
     with torch_state.kept():
-        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, on_step=on_step, extra=extra)
+        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step, extra=extra)
 
 
 def _extras(callbacks: Sequence[Callback], loggers: Sequence[Logger]) -> tuple[list[Callback], list[Logger]]:
@@ -486,27 +505,92 @@ def _fit(
     run_dir: str | Path | None,
     init_from: str | Path | None,
     force: bool,
+    restart: bool,
     on_step: Callable[[int, int], None] | None,
     extra: tuple[list[Callback], list[Logger]] = ([], []),
 ) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
     quiet_lightning()
+    at = _Claim()
+    try:
+        with stopping.raising():  # a signal before training starts unwinds start-up (RunGuard handles those during it)
+            return _start_and_train(
+                recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step, at=at,
+                extra=extra,
+            )
+    except stopping.Stop as stop:
+        raise Interrupted(_stopped_outside_training(stop.signum, at), stop.signum) from None
+
+
+@dataclass
+class _Claim:
+    """How far a fit got before training: what a signal then leaves behind."""
+
+    origin: _Origin | None = None
+    run_dir: Path | None = None
+    fresh: bool = False  # the run directory was made by this fit (a new version_<n>)
+
+
+def _stopped_outside_training(signum: int, at: _Claim) -> str:
+    """The message of a fit stopped by a signal outside its training loop: what was kept, and how to go on.
+    A run directory this fit made and trained nothing in goes (it held only the recipe and vocabulary)."""
+    name = stopping.name(signum)
+    run_dir = at.run_dir or (at.origin.run_dir if at.origin is not None else None)
+    last = run_dir / "checkpoints" / "last.ckpt" if run_dir is not None else None
+    if last is not None and last.is_file():
+        step = checkpoint_step(last, {})
+        held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
+        return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
+    if run_dir is not None and at.fresh and rank_zero_only.rank == 0:
+        from .data import vocab_files
+
+        for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
+            (run_dir / made).unlink(missing_ok=True)
+        for folder in (run_dir / "checkpoints", run_dir):
+            try:
+                folder.rmdir()  # only when empty: nothing else is removed
+            except OSError:
+                pass
+    return f"{name}: stopped before the first step; nothing was trained or kept. {Interrupted.AGAIN}"
+
+
+def _start_and_train(
+    recipe: Recipe,
+    *,
+    resume: str | Path | None,
+    run_dir: str | Path | None,
+    init_from: str | Path | None,
+    force: bool,
+    restart: bool,
+    on_step: Callable[[int, int], None] | None,
+    at: _Claim,
+    extra: tuple[list[Callback], list[Logger]] = ([], []),
+) -> Summary:
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
-    origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force)
-    _probe(recipe)
-    # All data problems surface here, before a run directory exists or anything trains.
-    prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
-    preflight.check_split_lengths(recipe, prepared.splits)
-    vocab_json = prepared.vocab.to_json()
-    model = _initial_model(recipe, origin)
-    model.specials = prepared.vocab.specials  # the tokenizer's ids: decoders and checkpoints read them here
+    origin = at.origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart)
     rank_zero = rank_zero_only.rank == 0
-    run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
-    lock = RunLock(run_dir).acquire() if rank_zero else None
+    lock = None
+    if rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
+        # An existing run directory is locked at once: a second fit there is refused before it prepares anything.
+        lock = RunLock(origin.run_dir).acquire()
     try:
+        if rank_zero:  # room for the checkpoints, before anything is prepared or trained
+            target = origin.run_dir if origin.run_dir is not None else Path(recipe.trainer.output) / recipe.name
+            diskspace.check_free(recipe, target, resumed=origin.resumed)
+        _probe(recipe)
+        # All data problems surface here, before a run directory exists or anything trains.
+        prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
+        preflight.check_split_lengths(recipe, prepared.splits)
+        vocab_json = prepared.vocab.to_json()
+        model = _initial_model(recipe, origin)
+        model.specials = prepared.vocab.specials  # the tokenizer's ids: decoders and checkpoints read them here
+        run_dir = at.run_dir = _claim_run_dir(recipe, origin.run_dir, create=rank_zero)
+        at.fresh = origin.run_dir is None
+        if rank_zero and lock is None:
+            lock = RunLock(run_dir).acquire()
         if rank_zero:
-            _set_up_run_dir(run_dir, recipe, origin, prepared.vocab)
+            _set_up_run_dir(run_dir, recipe, origin, prepared.vocab, restart=restart)
         return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step, *extra))
     finally:
         if lock is not None:
@@ -530,7 +614,8 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
 
 
 def _origin(
-    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool
+    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool,
+    restart: bool = False,
 ) -> _Origin:
     """Read (and check) what the fit starts from; nothing is written."""
     invocation: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": "new", "from_step": 0}
@@ -545,24 +630,26 @@ def _origin(
             invocation["adopted_from"] = meta["run_dir"]
         vocab = Vocab.from_json(meta["vocab"])
         return _Origin(invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab)
+    if run_dir is not None or os.environ.get(RUN_DIR_ENV):
+        origin = _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]), restart=restart)
+    else:
+        origin = _Origin(invocation)
     if init_from is not None:
         source = read_checkpoint(init_from)
         invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
         # The weights' token ids mean these tokens.
-        return _Origin(invocation, source=source, source_path=init_from, vocab=Vocab.from_json(source["tfbuilder"]["vocab"]))
-    if run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        return _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]))
-    return _Origin(invocation)
+        origin.source, origin.source_path, origin.vocab = source, init_from, Vocab.from_json(source["tfbuilder"]["vocab"])
+    return origin
 
 
-def _shared_run_dir(invocation: dict, run_dir: Path) -> _Origin:
+def _shared_run_dir(invocation: dict, run_dir: Path, *, restart: bool = False) -> _Origin:
     """One directory for every process of a job: set by rank 0 for the processes it launches, or by
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
     for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
     it, so all use the vocabulary it holds."""
     if rank_zero_only.rank == 0:
         check_foreign(run_dir)
-    if rank_zero_only.rank == 0 and (run_dir / "checkpoints").exists():
+    if rank_zero_only.rank == 0 and holds_run(run_dir, restart=restart):
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     from .data import vocab_files
 
@@ -593,23 +680,50 @@ def _claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Pat
     return Path(run_dir)
 
 
-def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab: Vocab) -> None:
+def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab: Vocab, *, restart: bool = False) -> None:
     """Rank 0, holding the run's lock: clear what a killed run left, write vocabulary and recipe."""
     ckpt_dir = run_dir / "checkpoints"
-    if not origin.resumed and ckpt_dir.exists():  # another fit made it before we held the lock
+    if not origin.resumed and holds_run(run_dir, restart=restart):  # another fit made it before we held the lock
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
     atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
+    if restart:
+        _start_over(run_dir)
     if origin.resumed:
-        # Kept checkpoints later than the resumed step belong to a future this run no longer has.
-        for step, path in step_checkpoints(ckpt_dir):
-            if step > origin.invocation["from_step"]:
-                path.unlink()
+        # What the run did after the resumed step is a future this run no longer has: moved aside, never deleted.
+        step = origin.invocation["from_step"]
+        guard = (origin.source.get("callbacks") or {}).get("RunGuard") or {}
+        best_step = guard.get("best_step") if isinstance(guard.get("best_step"), int) else None
+        moved = set_aside(run_dir, step=step, resumed=origin.checkpoint, best_step=best_step)
+        if moved.folder is not None:
+            origin.invocation["set_aside"] = str(moved.folder.relative_to(run_dir))
+            _say(moved.line(step))
     from .data import vocab_files
 
     if not vocab_files.present(run_dir):
         vocab_files.write(run_dir, vocab)
     if not (run_dir / "recipe.yaml").exists():  # a resumed run keeps the recipe it started with
         write_recipe(run_dir, recipe.to_dict())
+
+
+def holds_run(run_dir: Path, *, restart: bool = False) -> bool:
+    """Whether ``run_dir`` holds a run a new fit would replace: its checkpoints folder (with
+    ``restart``: a checkpoint in it; a run stopped before its first checkpoint may start over)."""
+    ckpt_dir = run_dir / "checkpoints"
+    if not restart or not ckpt_dir.is_dir():
+        return ckpt_dir.exists()
+    return any(not (p.name.startswith(".") and atomic.TEMP_MARK in p.name) for p in ckpt_dir.iterdir())
+
+
+def _start_over(run_dir: Path) -> None:
+    """A run stopped before its first checkpoint starts over; what each attempt logged is kept as
+    ``metrics.interrupted-<n>.csv`` (n = 1, 2, ...: an earlier attempt's file is never replaced)."""
+    stale = run_dir / "metrics.csv"
+    if stale.exists():
+        kept = atomic.move_new(stale, str(run_dir / "metrics.interrupted-{}.csv"))
+        _say(f"{display_path(run_dir)} stopped before its first checkpoint: starting over; its metrics were kept as {kept.name}")
+    empty = run_dir / "checkpoints"
+    if empty.is_dir() and is_empty(empty):
+        empty.rmdir()
 
 
 def _train(start: _Start) -> Summary:
@@ -670,6 +784,14 @@ def _train(start: _Start) -> Summary:
         if guard.signum is None:
             raise
         guard.stopped = "interrupted at once"  # a second Ctrl-C: Lightning exits without validating
+    except atomic.WriteError as exc:
+        if exc.errno not in diskspace.FULL or exc.path is None:
+            raise
+        what = display_path(exc.path) if run_dir not in exc.path.parents else str(exc.path.relative_to(run_dir))
+        each = diskspace.checkpoint_bytes(recipe) if exc.path.suffix == ".ckpt" else None  # else metrics, a summary
+        again = f"then continue with: tfbuilder fit --resume {run_dir}" if guard.kept_step is not None else "then run the same command again"
+        free = f"Free at least {diskspace.size(2 * each)} there" if each is not None else "Free some space there"
+        raise diskspace.DiskFull(f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} {free}, {again}") from None
     finally:
         if ours:
             os.environ.pop(RUN_DIR_ENV, None)
@@ -710,10 +832,7 @@ def _train(start: _Start) -> Summary:
     return summary
 
 
-def signal_name(signum: int) -> str:
-    import signal
-
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+signal_name = stopping.name
 
 
 __all__ = ["Interrupted", "NonFiniteLoss", "Summary", "Task", "fit"]

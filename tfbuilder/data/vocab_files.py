@@ -22,6 +22,7 @@ VOCAB_FILE = "tfbuilder-vocab.json"
 HF_FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
 SOURCE_FILE = "source-tokenizer.json"
+NAMES = (VOCAB_FILE, HF_FILE, SENTENCEPIECE_FILE, SOURCE_FILE)  # every file a run's vocabulary may be written as
 
 
 def write(directory: Path, vocab: Vocab) -> list[Path]:

@@ -7,6 +7,8 @@ and that tfbuilder cannot express is refused, naming the field; values that only
 
 from __future__ import annotations
 
+import math
+import reprlib
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TfbuilderError
@@ -29,22 +31,35 @@ class UnsupportedConfig(TfbuilderError):
     """A Hugging Face config that tfbuilder cannot reproduce exactly (exit 2)."""
 
 
-def _get(cfg: dict, field: str, default: Any = None) -> Any:
-    return cfg.get(field, default) if cfg.get(field) is not None else default
+# A size (width, layers, vocabulary, positions) beyond any published model: a config asking for more
+# is damaged or hostile, and is refused by its key before anything is built.
+MAX_SIZE = 1 << 24
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlong = 3, 40, 40, 4, 4, 40
+
+
+def shown(value: Any) -> str:
+    """A config value as a message shows it: bounded, however long or deeply nested it is."""
+    return _REPR.repr(value)
 
 
 def _require(cfg: dict, field: str, allowed: tuple, default: Any = None) -> Any:
     value = cfg.get(field, default)
-    if value not in allowed:
-        shown = ", ".join(repr(a) for a in allowed)
-        raise UnsupportedConfig(f"config.json: {field}: {value!r} is not supported (supported: {shown})")
+    if not any(type(value) is type(a) and value == a for a in allowed):  # 1 is not True; a list is no choice
+        choices = ", ".join(repr(a) for a in allowed)
+        raise UnsupportedConfig(f"config.json: {field}: {shown(value)} is not supported (supported: {choices})")
     return value
 
 
 def _int(cfg: dict, field: str, default: Any = None) -> int:
-    value = cfg.get(field, default)
+    """A positive size, at most MAX_SIZE (``null`` means ``default``, as in transformers)."""
+    value = cfg.get(field)
+    if value is None:
+        value = default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UnsupportedConfig(f"config.json: {field}: expected a positive integer, got {value!r}")
+        raise UnsupportedConfig(f"config.json: {field}: expected a positive integer, got {shown(value)}")
+    if value > MAX_SIZE:
+        raise UnsupportedConfig(f"config.json: {field}: {value:.3g} is larger than any model tfbuilder builds (at most {MAX_SIZE:,})")
     return value
 
 
@@ -53,23 +68,31 @@ def _float(cfg: dict, field: str, default: float) -> float:
     if value is None:
         value = default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UnsupportedConfig(f"config.json: {field}: expected a number, got {value!r}")
-    return float(value)
+        raise UnsupportedConfig(f"config.json: {field}: expected a number, got {shown(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise UnsupportedConfig(f"config.json: {field}: expected a finite number, got {shown(value)}")
+    return number
 
 
 def family_of(cfg: dict) -> str:
     """The family a config belongs to, from ``architectures`` (or ``model_type``)."""
     archs = cfg.get("architectures")
     if isinstance(archs, list) and archs:
-        if len(archs) != 1 or archs[0] not in FAMILIES:
+        if len(archs) != 1 or not isinstance(archs[0], str) or archs[0] not in FAMILIES:
             raise UnsupportedConfig(
-                f"config.json: architectures: {archs!r} is not supported (supported: {', '.join(FAMILIES)})"
+                f"config.json: architectures: {shown(archs)} is not supported (supported: {', '.join(FAMILIES)})"
             )
         return FAMILIES[archs[0]]
+    if archs is not None and not isinstance(archs, list):
+        raise UnsupportedConfig(f"config.json: architectures: expected a list of class names, got {shown(archs)}")
     model_type = cfg.get("model_type")
-    if model_type in FAMILIES.values():
+    if isinstance(model_type, str) and model_type in FAMILIES.values():
         return model_type
-    raise UnsupportedConfig(f"config.json: architectures: missing, and model_type {model_type!r} is not one of gpt2, bert, t5, llama")
+    raise UnsupportedConfig(f"config.json: architectures: missing, and model_type {shown(model_type)} is not one of gpt2, bert, t5, llama")
 
 
 def _activation(cfg: dict, field: str, default: str) -> str:
@@ -107,7 +130,7 @@ def _gpt2(cfg: dict) -> dict:
         "position": {"type": "learned", "max_len": _int(cfg, "n_positions", 1024)},
         "attention": {"type": "multihead", "heads": heads, "dropout": _float(cfg, "attn_pdrop", 0.1), "bias": True},
         # n_inner: transformers' own default for GPT-2 is 4 * n_embd (a fact of GPT-2, not tfbuilder's default).
-        "ffn": {"type": "mlp", "hidden": _get(cfg, "n_inner", 4 * d), "activation": _activation(cfg, "activation_function", "gelu_new"), "bias": True},
+        "ffn": {"type": "mlp", "hidden": _int(cfg, "n_inner", 4 * d), "activation": _activation(cfg, "activation_function", "gelu_new"), "bias": True},
         "norm": {"type": "layernorm", "eps": _float(cfg, "layer_norm_epsilon", 1e-5)},
         "init": {"std": _float(cfg, "initializer_range", 0.02), "residual_scaling": True},
         "decoder": {"layers": _int(cfg, "n_layer")},
@@ -178,7 +201,7 @@ def _t5(cfg: dict) -> dict:
         "ffn": {"type": "mlp", "hidden": _int(cfg, "d_ff"), "activation": "relu", "bias": False},
         "norm": {"type": "rmsnorm", "eps": _float(cfg, "layer_norm_epsilon", 1e-6)},
         "encoder": {"layers": layers},
-        "decoder": {"layers": _get(cfg, "num_decoder_layers", layers)},
+        "decoder": {"layers": _int(cfg, "num_decoder_layers", layers)},
     }
 
 
@@ -187,14 +210,14 @@ def _llama(cfg: dict) -> dict:
     _require(cfg, "hidden_act", ("silu",), "silu")
     _require(cfg, "rope_scaling", (None,), None)
     rope = cfg.get("rope_parameters") or {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)}
+    if not isinstance(rope, dict):
+        raise UnsupportedConfig(f"config.json: rope_parameters: expected an object, got {shown(rope)}")
     _require({"rope_parameters.rope_type": rope.get("rope_type", "default")}, "rope_parameters.rope_type", ("default",))
     _require(cfg, "pretraining_tp", (1, None), 1)
-    head_dim = _get(cfg, "head_dim", None)
-    if head_dim is None:
-        if d % heads:
-            raise UnsupportedConfig(f"config.json: num_attention_heads: hidden_size ({d}) is not divisible by it ({heads})")
-        head_dim = d // heads  # transformers' own default for Llama (not tfbuilder's)
-    kv = _get(cfg, "num_key_value_heads", heads)
+    if cfg.get("head_dim") is None and d % heads:
+        raise UnsupportedConfig(f"config.json: num_attention_heads: hidden_size ({d}) is not divisible by it ({heads})")
+    head_dim = _int(cfg, "head_dim", d // heads)  # transformers' own default for Llama (not tfbuilder's)
+    kv = _int(cfg, "num_key_value_heads", heads)
     attention = {"type": "multihead", "heads": heads, "key_dim": head_dim, "value_dim": head_dim, "bias": bool(cfg.get("attention_bias", False))}
     if kv != heads:
         attention["kv_heads"] = kv

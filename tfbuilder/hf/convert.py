@@ -45,8 +45,10 @@ def _read_json(path: Path, limit: int) -> Any:
         raise TfbuilderError(f"{path} is larger than {limit:,} bytes: not reading it")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TfbuilderError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise TfbuilderError(f"{path}: nested too deeply to be a config") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of thousands of digits
+        raise TfbuilderError(f"{path}: not JSON ({str(exc)[:200]})") from None
 
 
 def _safetensors():
@@ -98,11 +100,20 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     cfg = _read_json(hf_dir / "config.json", MAX_CONFIG_BYTES)
     if not isinstance(cfg, dict):
         raise UnsupportedConfig(f"{hf_dir / 'config.json'}: expected a JSON object")
-    family, model_section = from_config(cfg)
+    config = hf_dir / "config.json"
+    try:
+        family, model_section = from_config(cfg)
+    except UnsupportedConfig as exc:  # "config.json: key: ..." names the file the user gave
+        raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
     for override in overrides:
         if override.split("=", 1)[0].strip().split(".")[0] in ("model", "name", "extends"):
             raise TfbuilderError(f"--set {override}: the model comes from config.json and its weights; set data, optim or trainer keys")
     recipe = recipe_from_dict({"name": _recipe_name(hf_dir), "model": model_section}, overrides)
+    _check_size(recipe, config)  # before the weights are read or the model is built
+    try:
+        specials = special_ids(cfg, family, recipe.model.vocab_size)
+    except UnsupportedConfig as exc:
+        raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
     weights_file = hf_dir / "model.safetensors"
     if not weights_file.is_file():
         sharded = (hf_dir / "model.safetensors.index.json").is_file()
@@ -114,7 +125,7 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     model = build_model(recipe)
     state = weights.from_hf(weights.rules(family, recipe.model), theirs, model.state_dict())
     model.load_state_dict(state)
-    model.specials = special_ids(cfg, family, recipe.model.vocab_size)
+    model.specials = specials
     tok_file = hf_dir / "tokenizer.json"
     if tok_file.is_file():
         if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
@@ -128,6 +139,15 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     else:
         tok = HFTokenizer.ids(recipe.model.vocab_size)
     return family, recipe, model.eval(), Vocab(tok, tok)
+
+
+def _check_size(recipe: Recipe, config: Path) -> None:
+    """The model a config asks for fits this machine: counted on the meta device before anything is allocated."""
+    from ..preflight import check_size, count_parameters
+
+    problems = check_size(recipe, count_parameters(recipe), training=False)
+    if problems:
+        raise UnsupportedConfig(f"{config}: {problems[0].message}")
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tuple[str, ...] = ()) -> Path:

@@ -5,7 +5,7 @@ export. A model keeps its own ids (T5 starts its decoder from its pad id, GPT-2 
 from __future__ import annotations
 
 from ..specials import SpecialIds
-from .configs import UnsupportedConfig
+from .configs import UnsupportedConfig, shown
 
 # What each family's config.json leaves unsaid (the values transformers assumes).
 _DEFAULTS = {
@@ -23,7 +23,7 @@ def _id(cfg: dict, key: str, family: str, vocab_size: int) -> int | None:
     if value is None:
         return None
     if type(value) is not int:
-        raise UnsupportedConfig(f"config.json: {key}: {value!r} is not a token id")
+        raise UnsupportedConfig(f"config.json: {key}: {shown(value)} is not a token id")
     # transformers writes its defaults (GPT-2's 50256) into configs of smaller vocabularies: no such token
     return value if 0 <= value < vocab_size else None
 

@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean
+from .heads.section import HeadSection, head_problems
 from .registry import ComponentParams, ModelDims
 from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
 from .sources import Source, apply_overrides, check_bounds, dotted_path, load_source
@@ -170,6 +171,9 @@ class ModelSection(Section):
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
     decoder: DecoderSection | None = Field(None, description="the decoder stack (kinds encoder_decoder and decoder)")
+    head: HeadSection | None = Field(
+        None, description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSection":
@@ -205,6 +209,8 @@ class ModelSection(Section):
             size = getattr(self, name)
             if size is not None and self.pad_id is not None and self.pad_id >= size:
                 problems.append((("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id))
+        if self.head is not None:
+            problems += head_problems(self.head, self.kind)
         fail("ModelSection", problems)
         return self
 
@@ -286,7 +292,13 @@ class Recipe(Section):
         problems: list[tuple[tuple, str, Any]] = []
         if self.data is not None:
             wanted = {"encoder_decoder": ("parallel", "synthetic"), "decoder": ("monolingual",), "encoder": ("monolingual",)}
-            if self.data.type not in wanted[self.model.kind]:
+            if self.model.head is not None:  # one prediction per text: labelled texts
+                wanted = {kind: ("labelled",) for kind in wanted}
+            if self.data.type == "labelled" and self.model.head is None and self.model.kind != "encoder_decoder":
+                problems.append(
+                    (("model", "head"), "labelled data trains a sequence head: set model.head: {type: classify, classes: N} or {type: regress}", None)
+                )
+            elif self.data.type not in wanted[self.model.kind]:
                 problems.append(
                     (("data", "type"), f"a model of kind '{self.model.kind}' trains on {' or '.join(wanted[self.model.kind])} data", self.data.type)
                 )

@@ -18,7 +18,7 @@ from ..sections import DataSection
 from . import formats, synthetic, text
 from .tokenizers import DataError
 
-Row = tuple[str, "str | None"]  # (source or text, target or None)
+Row = tuple[str, "str | None"]  # (source or text, target or None); labelled data adds the label: (text, pair or None, label)
 T = TypeVar("T")
 
 
@@ -29,7 +29,8 @@ class SplitSource:
     name: str
     files: tuple[Path, ...]
     rows: Callable[[], Iterator[Row]]
-    paired: bool  # rows have targets (translation)
+    paired: bool  # rows have targets (translation) or second texts (labelled pairs)
+    labelled: bool = False  # rows end with a label (data.type labelled)
 
 
 def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -83,21 +84,34 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
     columns = data.columns
     if columns is None:  # the schema requires them; a section built without validation gets this
         raise DataError(f"data.format {data.format} needs data.columns")
-    paired = data.type == "parallel"
-    fields = (columns.source or "", columns.target or "") if paired else (columns.text or "",)
+    labelled = data.type == "labelled"
+    paired = data.type == "parallel" or (labelled and columns.text_pair is not None)
+    if labelled:
+        fields = (columns.text or "",) + ((columns.text_pair,) if columns.text_pair else ()) + (columns.label or "",)
+    else:
+        fields = (columns.source or "", columns.target or "") if paired else (columns.text or "",)
     out: dict[str, SplitSource] = {}
     for name, stem in stems.items():
         if name == "test" and not formats.exists(directory, stem, data.format):
             continue
         path = formats.find(directory, stem, data.format)
-        out[name] = SplitSource(name, (path,), _record_rows(data.format, path, fields, paired), paired=paired)
+        rows = _record_rows(data.format, path, fields, paired, labelled=labelled)
+        out[name] = SplitSource(name, (path,), rows, paired=paired, labelled=labelled)
     return out
 
 
-def _record_rows(fmt: str, path: Path, fields: tuple[str, ...], paired: bool) -> Callable[[], Iterator[Row]]:
+def _record_rows(fmt: str, path: Path, fields: tuple[str, ...], paired: bool, *, labelled: bool = False) -> Callable[[], Iterator[Row]]:
+    numbers = fields[-1:] if labelled else ()
+
     def rows() -> Iterator[Row]:
-        read = formats.jsonl_rows(path, fields) if fmt == "jsonl" else formats.table_rows(path, fields, delimiter="\t" if fmt == "tsv" else ",")
+        if fmt == "jsonl":
+            read = formats.jsonl_rows(path, fields, numbers=numbers)
+        else:
+            read = formats.table_rows(path, fields, delimiter="\t" if fmt == "tsv" else ",")
         for values in read:
-            yield (values[0], values[1]) if paired else (values[0], None)
+            if labelled:  # (text, pair or None, label)
+                yield (values[0], values[1] if paired else None, values[-1])
+            else:
+                yield (values[0], values[1]) if paired else (values[0], None)
 
     return rows

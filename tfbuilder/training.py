@@ -33,6 +33,7 @@ from .data.datamodule import DataModule
 from .data.prepare import Prepared, Vocab, prepare
 from .errors import TfbuilderError
 from .heads import metrics as head_metrics
+from .heads import transfer
 from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
@@ -589,6 +590,14 @@ def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
     model = build_model(recipe)
     if origin.source is not None:
         weights = model_state(origin.source)
+        theirs = origin.source["tfbuilder"]["recipe"]
+        if origin.invocation["kind"] == "init_from" and transfer.new_head(recipe.to_dict(), theirs):
+            # Fine-tuning with another head (tfbuilder.heads.transfer): the body must fit, the head is new.
+            fits(model, weights, source=origin.source_path, new=transfer.HEAD)
+            dropped = transfer.load_body(model, weights)
+            _say(transfer.note(str(origin.source_path), recipe.to_dict(), theirs, model, dropped))
+            origin.invocation["new_head"] = True
+            return model
         fits(model, weights, source=origin.source_path)
         if origin.invocation["kind"] == "init_from":
             model.load_state_dict(weights)

@@ -17,12 +17,16 @@ from tfbuilder.training import fit
 FRUIT, VEHICLE = "apple banana cherry grape lemon mango".split(), "car bus train plane boat bike".split()
 
 
-def texts(n: int, seed: int) -> list[dict]:
+def texts(n: int, seed: int, *, noise: float = 0.0) -> list[dict]:
+    """``n`` texts of fruit or vehicle words; a ``noise`` share of them labelled the other way."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):
         label = rng.choice(["fruit", "vehicle"])
-        out.append({"text": " ".join(rng.choices(FRUIT if label == "fruit" else VEHICLE, k=rng.randint(2, 5))), "label": label})
+        words = " ".join(rng.choices(FRUIT if label == "fruit" else VEHICLE, k=rng.randint(2, 5)))
+        if rng.random() < noise:
+            label = "vehicle" if label == "fruit" else "fruit"
+        out.append({"text": words, "label": label})
     return out
 
 
@@ -46,15 +50,16 @@ def recipe(folder, **head):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fruit")
-    for split, n, seed in (("train", 300, 0), ("val", 40, 1), ("test", 40, 2)):
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in texts(n, seed)))
+    # Validation labels are noisy: its scores are not perfect, so that how they add up over batches shows.
+    for split, n, seed, noise in (("train", 300, 0, 0.0), ("val", 40, 1, 0.2), ("test", 40, 2, 0.0)):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in texts(n, seed, noise=noise)))
     summary = fit(recipe(folder))
     return folder, summary
 
 
 def test_fit_learns_and_keeps_the_label_names_in_the_run_and_the_checkpoint(run):
     folder, summary = run
-    assert summary.head_scores["val_acc"] >= 0.9 and "val_f1" in summary.head_scores  # 40 steps: words of two kinds
+    assert 0.6 <= summary.head_scores["val_acc"] < 1 and "val_f1" in summary.head_scores  # 40 steps: words of two kinds, noisy labels
     assert load_recipe(f"{summary.run_dir}/recipe.yaml").model.head.labels == ["fruit", "vehicle"]
     assert load_checkpoint(summary.run_dir, device="cpu").recipe.model.head.labels == ["fruit", "vehicle"]
     assert any(line.startswith("last validation macro-F1") for line in summary.lines())
@@ -77,7 +82,7 @@ def test_predict_writes_a_label_and_probabilities_per_input(run, tmp_path, capsy
 
 def test_test_prints_accuracy_and_macro_f1(run, capsys):
     _, summary = run
-    assert main(["test", summary.run_dir, "--split", "val"]) == 0
+    assert main(["test", summary.run_dir, "--split", "val"]) == 0  # best.ckpt: the last validation's (40 texts, 2 batches)
     shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert float(shown["accuracy"].rstrip("%")) / 100 == pytest.approx(summary.head_scores["val_acc"], abs=1e-6)
     assert float(shown["macro-F1"]) == pytest.approx(summary.head_scores["val_f1"], abs=1e-4)

@@ -141,6 +141,8 @@ def _load(args: argparse.Namespace, path: str | None = None):
 
     loaded = load_checkpoint(path or args.checkpoint, checkpoint=args.which, device=getattr(args, "device", None))
     print(f"checkpoint: {loaded.describe()}", file=sys.stderr)
+    if loaded.recipe.model.head is not None and args.command in ("translate", "generate", "attention"):
+        raise TfbuilderError(f"{args.command}: {loaded.describe()} has a sequence head (model.head: {loaded.recipe.model.head.type}): it labels texts; use tfbuilder predict")
     return loaded
 
 
@@ -241,7 +243,7 @@ def parser() -> argparse.ArgumentParser:
     _add_checkpoint(pd)
     pd.add_argument(
         "--input", "-i", required=True, metavar="FILE",
-        help="the texts: .jsonl, .csv or .tsv records (optionally .gz) read through the run's data.columns, any other file one text per line",
+        help="the texts: .jsonl, .csv or .tsv records (optionally .gz) read through the run's data.columns, any other file one text per line; - reads standard input",
     )
     pd.add_argument("--output", "-o", metavar="FILE", help="write JSON Lines to FILE (must not exist) instead of standard output")
     pd.add_argument("--batch-size", type=_positive_int, default=64, metavar="N", help="texts per forward pass (default 64)")
@@ -622,7 +624,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from . import atomic
     from .predict import lines, predict, read_inputs
 
-    _readable_file(args.input, "--input")
+    if args.input != "-":
+        _readable_file(args.input, "--input")
     if args.output is not None:
         _new_file(args.output, "--output")
     loaded = _load(args)

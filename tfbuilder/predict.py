@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,11 @@ def input_format(path: Path) -> str:
 
 
 def read_inputs(loaded: Loaded, path: str | Path) -> Iterator[tuple[str, str | None]]:
-    """(text, pair or None) of each input of ``path``, through the run's ``data.columns``."""
+    """(text, pair or None) of each input of ``path`` (``-``: standard input, one text per line),
+    through the run's ``data.columns``."""
+    if str(path) == "-":
+        yield from ((line.rstrip("\n"), None) for line in sys.stdin)
+        return
     path = Path(path)
     fmt = input_format(path)
     columns = loaded.recipe.data.columns if loaded.recipe.data is not None else None

@@ -127,3 +127,42 @@ def test_the_sweep_report_shows_the_head_scores(run):
 
     table = markdown(group(read_runs([Path(summary.run_dir)], warn=lambda line: None)))
     assert "val acc %" in table and "val F1" in table and "val PPL" not in table
+
+
+def test_a_regress_head_trains_tests_and_predicts_numbers(run, tmp_path, capsys):
+    folder, _ = run
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val"):  # the label becomes a number: 1 for fruit, 0 for vehicles
+        rows = [json.loads(line) for line in (folder / f"{split}.jsonl").read_text().splitlines()]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps({"text": r["text"], "label": float(r["label"] == "fruit")}) + "\n" for r in rows))
+    r = recipe(data).to_dict()
+    r["model"]["head"] = {"type": "regress", "pooling": "mean"}
+    summary = fit(recipe_from_dict(r))
+    assert set(summary.head_scores) == {"val_mse", "val_pearson"} and summary.head_scores["val_pearson"] > 0.3  # at most 0.6 with 20% of the labels flipped
+    assert main(["test", summary.run_dir, "--split", "val"]) == 0
+    shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines() if not line.startswith("Pearson"))
+    assert float(shown["MSE"]) == pytest.approx(summary.head_scores["val_mse"], abs=1e-4)
+    lines = tmp_path / "in.txt"
+    lines.write_text("apple\nbus\n")
+    assert main(["predict", summary.run_dir, "--input", str(lines)]) == 0
+    values = [json.loads(x)["value"] for x in capsys.readouterr().out.splitlines()]
+    assert len(values) == 2 and values[0] > values[1]
+
+
+def test_pairs_are_cut_longest_first_to_fit_the_positions():
+    from types import SimpleNamespace
+
+    from tfbuilder.data.tokenizers import CharTokenizer
+    from tfbuilder.predict import _encoded
+
+    tok = CharTokenizer("abcdefgh")
+    model = recipe_from_dict({"model": {"kind": "encoder", "vocab_size": 13, "d_model": 8, "position": {"type": "learned", "max_len": 9},
+                                        "attention": {"type": "multihead", "heads": 1}, "encoder": {"layers": 1}}}).model
+    loaded = SimpleNamespace(vocab=SimpleNamespace(src=tok), recipe=SimpleNamespace(model=model))
+    # 9 positions: <s> text </s> pair </s> leaves 6 tokens; "abcdefg" + "ab" (9) loses 3 from the longer text.
+    batch = _encoded(loaded, [("abcdefg", "ab"), ("abc", "h")])
+    assert batch["tokens"].tolist() == [[1, 5, 6, 7, 8, 2, 5, 6, 2], [1, 5, 6, 7, 2, 12, 2, 0, 0]]
+    assert batch["token_types"][0].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1]
+    single = _encoded(loaded, [("abcdefgh", None)])
+    assert single["tokens"].tolist() == [[1, 5, 6, 7, 8, 9, 10, 11, 2]]  # 7 tokens kept: the beginning

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,12 +121,13 @@ BODY = {"vocab_size": 40, "d_model": 16, "attention": {"type": "multihead", "hea
 LABELLED = {"type": "labelled", "format": "jsonl", "path": "x", "columns": {"text": "t", "label": "l"}, "tokenizer": {"type": "char", "vocab_size": 40}}
 
 
-def _recipe(kind: str, head: dict | None, data: dict | None = None):
+def _recipe(kind: str, head: dict | None, data: dict | None = None, monitor: str | None = None):
     stack = {"encoder": {"layers": 1}} if kind == "encoder" else {"decoder": {"layers": 1}}
     if kind == "encoder_decoder":
         stack = {"encoder": {"layers": 1}, "decoder": {"layers": 1}}
     model = {**BODY, "kind": kind, **stack} | ({"head": head} if head is not None else {})
-    return recipe_from_dict({"model": model} | ({"data": data} if data is not None else {}))
+    trainer = {"trainer": {"monitor": monitor}} if monitor else {}
+    return recipe_from_dict({"model": model} | ({"data": data} if data is not None else {}) | trainer)
 
 
 def _problems(*args) -> list[str]:
@@ -163,7 +165,18 @@ def test_the_default_pooling_follows_the_kind_and_no_head_keeps_the_language_mod
         (("encoder", {"type": "regress"}, {**LABELLED, "type": "monolingual", "columns": {"text": "t"}}), "data.type: a model of kind 'encoder' trains on labelled data"),
         (("encoder", {"type": "regress"}, {**LABELLED, "format": "text", "columns": None}), "data.format: labelled data is read from records"),
         (("encoder", {"type": "regress"}, {**LABELLED, "columns": {"text": "t"}}), "data.columns.label: labelled data in jsonl files needs columns.label"),
+        (("encoder", {"type": "regress"}, None, "val_f1"), "trainer.monitor: val_f1 is a score of a classify head"),
+        (("encoder", None, None, "val_mse"), "trainer.monitor: val_mse is a score of a regress head"),
+        (("encoder", {"type": "regress"}, None, "val_acc"), "trainer.monitor: a regress head has no accuracy"),
     ],
 )
 def test_nonsense_heads_are_refused_at_their_key(args, expected):
     assert any(p.startswith(expected) for p in _problems(*args)), _problems(*args)
+
+
+def test_a_head_score_may_pick_the_best_checkpoint():
+    assert _recipe("encoder", {"type": "classify", "classes": 2}, None, "val_f1").trainer.monitor == "val_f1"
+    from tfbuilder.callbacks import RunGuard
+
+    assert RunGuard(Path("."), monitor="val_f1", patience=None, keep_last=0, log_every=1).mode == "max"
+    assert RunGuard(Path("."), monitor="val_mse", patience=None, keep_last=0, log_every=1).mode == "min"

@@ -43,7 +43,7 @@ def recipe(folder, **head):
     return recipe_from_dict({
         "name": "fruit", "model": model, "data": data,
         "optim": {"optimizer": "adamw", "lr": 3e-3, "schedule": {"type": "constant", "warmup": 5}, "label_smoothing": 0.0},
-        "trainer": {"max_steps": 40, "val_every": 40, "output": str(folder / "runs"), "progress": False, "threads": 1, "accelerator": "cpu", "devices": 1},
+        "trainer": {"max_steps": 40, "val_every": 40, "monitor": "val_f1", "output": str(folder / "runs"), "progress": False, "threads": 1, "accelerator": "cpu", "devices": 1},
     })
 
 
@@ -138,6 +138,7 @@ def test_a_regress_head_trains_tests_and_predicts_numbers(run, tmp_path, capsys)
         (data / f"{split}.jsonl").write_text("".join(json.dumps({"text": r["text"], "label": float(r["label"] == "fruit")}) + "\n" for r in rows))
     r = recipe(data).to_dict()
     r["model"]["head"] = {"type": "regress", "pooling": "mean"}
+    r["trainer"]["monitor"] = "val_mse"
     summary = fit(recipe_from_dict(r))
     assert set(summary.head_scores) == {"val_mse", "val_pearson"} and summary.head_scores["val_pearson"] > 0.3  # at most 0.6 with 20% of the labels flipped
     assert main(["test", summary.run_dir, "--split", "val"]) == 0

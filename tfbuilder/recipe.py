@@ -320,6 +320,12 @@ class Recipe(Section):
                 problems.append(
                     (("model", "pad_id"), f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data", self.model.pad_id)
                 )
+        monitor, head = self.trainer.monitor, self.model.head.type if self.model.head is not None else None
+        wanted = {"val_f1": "classify", "val_mse": "regress"}.get(monitor)
+        if wanted is not None and head != wanted:
+            problems.append((("trainer", "monitor"), f"{monitor} is a score of a {wanted} head (model.head: {{type: {wanted}}})", monitor))
+        if monitor == "val_acc" and head == "regress":
+            problems.append((("trainer", "monitor"), "a regress head has no accuracy: monitor val_mse or val_loss", monitor))
         if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
             problems.append(
                 (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)

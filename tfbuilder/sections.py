@@ -284,8 +284,10 @@ class TrainerSection(Section):
     val_bleu: int = Field(
         0, ge=0, description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off"
     )
-    monitor: Literal["val_loss", "val_bleu"] = Field(
-        "val_loss", description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better) or val_bleu (higher; needs val_bleu)"
+    monitor: Literal["val_loss", "val_bleu", "val_acc", "val_f1", "val_mse"] = Field(
+        "val_loss",
+        description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better), val_bleu (higher; needs val_bleu), "
+        "val_acc (higher), and for a sequence head val_f1 (higher; classify) or val_mse (lower; regress)",
     )
     patience: int | None = Field(
         None, ge=1, le=1_000_000, description="stop after this many validations without improvement of monitor; unset: never"

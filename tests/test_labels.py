@@ -74,6 +74,7 @@ def test_integer_labels_are_class_ids(tmp_path):
         ([{"text": "abc", "label": 5}], TRAIN[:1], {"type": "classify", "classes": 3}, "train.jsonl: integer labels are class ids 0..2"),
         ([{"text": "abc", "label": 0.5}], [{"text": "ab", "label": "high"}], {"type": "regress"}, "val.jsonl: record 1: label 'high' is not a finite number"),
         ([{"text": "abc", "label": None}], TRAIN[:1], {"type": "regress"}, "train.jsonl:1: field 'label' is null, not text"),
+        (TRAIN, [{"text": "ab", "label": "pos"}, {"text": "ab", "label": " "}], {"type": "classify", "classes": 2}, "val.jsonl: record 2: the label is empty"),
     ],
 )
 def test_bad_labels_are_named_by_file_and_record(tmp_path, train, val, head, message):

@@ -123,6 +123,10 @@ def settle(recipe: Recipe, prepared: Prepared) -> Recipe:
     read_back = {name: read(prepared.store, name) for name in prepared.splits}
     names = None
     if head.type == "classify":
+        for file, records, values in read_back.values():
+            blank = next((i for i, v in enumerate(values) if not v.strip()), None)
+            if blank is not None:
+                raise DataError(f"{file}: record {records[blank]}: the label is empty")
         file, _, values = read_back["train"]
         names = head.labels or names_of(values, head.outputs, file)
     for name, split in prepared.splits.items():

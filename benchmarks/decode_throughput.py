@@ -65,6 +65,21 @@ def timed(fn, device: torch.device, repeats: int = 3) -> tuple[float, object]:
     return statistics.median(times), result
 
 
+def timed_together(fns: list[Callable], device: torch.device, repeats: int = 3) -> list[tuple[float, object]]:
+    """For each of ``fns``, the median seconds of ``repeats`` calls and the last result; after one
+    warm-up call each, the calls alternate between the functions."""
+    results = [fn() for fn in fns]
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            sync(device)
+            start = time.perf_counter()
+            results[k] = fn()
+            sync(device)
+            times[k].append(time.perf_counter() - start)
+    return [(statistics.median(t), r) for t, r in zip(times, results)]
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -128,9 +143,8 @@ def quality_table(name: str, loaded, sources: list[str], references: list[str], 
     print(f"{'search':<7} {'code':<6} {'sent/s':>7} {'vs now':>7} {'exact %':>8} {'mean score':>10} {'BLEU':>6}")
     for search in searches(decoding):
         speed_now = None
-        for label, module in versions:
-            fn = searches(module)[search]
 
+        def runner(fn):
             def run():
                 out: list[list[int]] = [[] for _ in sources]
                 for rows, src in work:
@@ -138,7 +152,12 @@ def quality_table(name: str, loaded, sources: list[str], references: list[str], 
                         out[i] = hyp
                 return out
 
-            seconds, hyps = timed(run, device, repeats)
+            return run
+
+        # The versions' repeats alternate (now, before, now, ...): a change in the machine's load
+        # falls on both alike, so their ratio is fair within one run.
+        timings = timed_together([runner(searches(module)[search]) for _, module in versions], device, repeats)
+        for (label, module), (seconds, hyps) in zip(versions, timings):
             texts = [loaded.vocab.tgt.decode(h) for h in hyps]
             exact = 100 * sum(t == r for t, r in zip(texts, references)) / len(references)
             score = statistics.mean(s for rows, src in work for s in normalised_score(model, src, [hyps[i] for i in rows]))

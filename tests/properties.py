@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from tfbuilder.heads.module import SequenceHead
+from tfbuilder.objectives import causal_lm
 
 PAD = 0
 
@@ -41,7 +42,10 @@ def check_gradients(model: nn.Module, vocab: int, src_vocab: int | None = None) 
     model.zero_grad()
     inputs = inputs_for(model, vocab, src_vocab, batch=16)
     out = call(model, *inputs)
-    (out * torch.randn_like(out)).sum().backward()
+    loss = (out * torch.randn_like(out)).sum()
+    if model.kind == "decoder" and model.mtp is not None:  # training-only modules: the objective reaches them
+        loss = loss + causal_lm(model.train(), {"tokens": inputs[0]}, 0.0).loss
+    loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing, f"no gradient reaches: {missing}"
 

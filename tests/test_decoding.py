@@ -50,10 +50,9 @@ def test_cached_decoding_equals_uncached(family, name, kind):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_beam_of_one_follows_the_greedy_path(seed):
-    """Beam 1 keeps the greedy hypothesis and lets every prefix of it end: it returns the best-scoring
-    prefix of the greedy output followed by </s> (greedy itself, without a length penalty, where
-    ending early does not score higher)."""
+def test_beam_of_one_is_greedy(seed):
+    """Beam 1 is greedy search (as in Hugging Face's generate), scored like every beam: the output's
+    log-probability, </s> included, over the length penalty of its length counting </s>."""
     model = model_with(seed=seed)
     src = pad([torch.randint(5, 53, (n,)).tolist() for n in (8, 3, 6)], eos=True)
     for alpha in (0.0, 0.6):
@@ -61,10 +60,8 @@ def test_beam_of_one_follows_the_greedy_path(seed):
         for row, path, (score, hyp) in zip(src, decoding.greedy(model, src, max_len_b=6), (found[0] for found in got)):
             with torch.no_grad():
                 logp = model(row[None], torch.tensor([[BOS, *path]]))[0].log_softmax(-1)
-            prefix_scores = logp[torch.arange(len(path)), torch.tensor(path, dtype=torch.long)].cumsum(0).tolist()
-            ends = [(([0.0] + prefix_scores)[n] + float(logp[n, EOS])) / ((5 + n + 1) / 6) ** alpha for n in range(len(path) + 1)]
-            best = max(range(len(ends)), key=ends.__getitem__)
-            assert hyp == path[:best] and score == pytest.approx(ends[best], abs=1e-4)
+            total = float(logp[torch.arange(len(path)), torch.tensor(path, dtype=torch.long)].sum() + logp[len(path), EOS])
+            assert hyp == path and score == pytest.approx(total / ((5 + len(path) + 1) / 6) ** alpha, abs=1e-4)
 
 
 def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float, limit: int, nbest: int | None = None):

@@ -70,7 +70,7 @@ def trap(limit: int = 6) -> Tensor:
     return table
 
 
-@pytest.mark.parametrize("beam", [1, 2, 4, 8])
+@pytest.mark.parametrize("beam", [2, 4, 8])  # a beam of one is greedy search (tests/test_decoding.py)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
 def test_beam_search_finds_the_exhaustive_best(beam, alpha):
     limit = 6

@@ -90,7 +90,7 @@ def test_malformed_records_are_named_by_file_and_line(tmp_path, fmt, content, me
 def test_columns_are_checked_by_the_schema():
     with pytest.raises(Exception, match="needs columns.target"):
         DataSection(type="parallel", path="x", format="csv", columns={"source": "de"}, tokenizer={"type": "bpe", "vocab_size": 300})
-    with pytest.raises(Exception, match="set format to jsonl, csv or tsv"):
+    with pytest.raises(Exception, match="set format to jsonl, csv, tsv, parquet or datasets"):
         DataSection(type="parallel", path="x", src_lang="de", tgt_lang="en", columns={"source": "de"}, tokenizer={"type": "bpe", "vocab_size": 300})
 
 

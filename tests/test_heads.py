@@ -125,7 +125,8 @@ def _recipe(kind: str, head: dict | None, data: dict | None = None, monitor: str
     stack = {"encoder": {"layers": 1}} if kind == "encoder" else {"decoder": {"layers": 1}}
     if kind == "encoder_decoder":
         stack = {"encoder": {"layers": 1}, "decoder": {"layers": 1}}
-    model = {**BODY, "kind": kind, **stack} | ({"head": head} if head is not None else {})
+    mtp = head.pop("mtp", None) if head is not None else None  # a key of the model section, given beside the head here
+    model = {**BODY, "kind": kind, **stack} | ({"head": head} if head is not None else {}) | ({"mtp": {"depth": 1}} if mtp else {})
     trainer = {"trainer": {"monitor": monitor}} if monitor else {}
     return recipe_from_dict({"model": model} | ({"data": data} if data is not None else {}) | trainer)
 
@@ -164,8 +165,9 @@ def test_the_default_pooling_follows_the_kind_and_no_head_keeps_the_language_mod
         (("encoder", None, LABELLED), "model.head: labelled data trains a sequence head"),
         (("encoder", {"type": "regress"}, {**LABELLED, "type": "monolingual", "columns": {"text": "t"}}), "data.type: a model of kind 'encoder' trains on labelled data"),
         (("encoder", {"type": "regress"}, {**LABELLED, "format": "text", "columns": None}), "data.format: labelled data is read from records"),
-        (("encoder", {"type": "regress"}, {**LABELLED, "columns": {"text": "t"}}), "data.columns.label: labelled data in jsonl files needs columns.label"),
+        (("encoder", {"type": "regress"}, {**LABELLED, "columns": {"text": "t"}}), "data.columns.label: labelled data in format jsonl needs columns.label"),
         (("encoder", {"type": "regress"}, None, "val_f1"), "trainer.monitor: val_f1 is a score of a classify head"),
+        (("decoder", {"type": "regress", "mtp": True}), "model.mtp: multi-token prediction trains next-token outputs"),
         (("encoder", None, None, "val_mse"), "trainer.monitor: val_mse is a score of a regress head"),
         (("encoder", {"type": "regress"}, None, "val_acc"), "trainer.monitor: a regress head has no accuracy"),
     ],

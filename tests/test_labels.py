@@ -110,3 +110,16 @@ def test_a_single_text_has_type_zero_everywhere():
     batch = labelled([np.array([7, 8]), np.array([9])])
     assert batch["tokens"].tolist() == [[1, 7, 8, 2], [1, 9, 2, 0]]
     assert batch["token_types"].tolist() == [[0, 0, 0, 0], [0, 0, 0, 0]]
+
+
+def test_parquet_labels_may_be_integers_or_numbers(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    for split in ("train", "val"):
+        table = pa.table({"text": ["abc", "cab", "bca"], "label": [1, 0, 1], "score": [0.5, -1.0, 2.0]})
+        pq.write_table(table, tmp_path / f"{split}.parquet")
+    _, prepared = settled(tmp_path, {"type": "classify", "classes": 2}, fmt="parquet")
+    assert prepared.splits["train"].labels.tolist() == [1, 0, 1]
+    _, prepared = settled(tmp_path, {"type": "regress"}, fmt="parquet", columns={"text": "text", "label": "score"})
+    assert prepared.splits["val"].labels.tolist() == [0.5, -1.0, 2.0]

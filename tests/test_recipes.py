@@ -121,7 +121,17 @@ def analytic_parameters(spec) -> int:
     """Parameter count written out from the architecture, for every built-in component type."""
     d = spec.d_model
 
-    def attention(p) -> int:
+    def attention(p, cross: bool = False) -> int:
+        if p.type == "latent":  # DeepSeek-V2: query (latent), key/value latent + shared rotary key, up, out
+            h, d_h = p.heads, p.head_dim or d // p.heads
+            dv, dc = p.value_dim or d_h, p.kv_rank or 4 * d_h
+            r = 0 if cross else (p.rope_dim if p.rope_dim is not None else d_h // 4 * 2)
+            widths = [p.q_rank, h * (d_h + r)] if p.q_rank else [h * (d_h + r)]
+            inputs = [d, p.q_rank] if p.q_rank else [d]
+            widths += [dc + r, h * (d_h + dv), d]
+            inputs += [d, dc, h * dv]
+            norms = ((p.q_rank or 0) + dc) if p.latent_norm else 0
+            return sum(i * w for i, w in zip(inputs, widths)) + norms + (sum(widths) if p.bias else 0)
         h, kv = p.heads, p.kv_heads or p.heads
         dk, dv = p.key_dim or d // h, p.value_dim or d // h
         widths = h * dk + kv * dk + kv * dv
@@ -164,8 +174,10 @@ def analytic_parameters(spec) -> int:
         stack_norm = norm(stack.norm or spec.norm)
         per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norms_per_sublayer * stack_norm
         if sublayers == 3:
-            per_layer += attention(cross)
+            per_layer += attention(cross, cross=True)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
+        if part == "decoder" and spec.mtp is not None:  # per depth: two norms, W_k (2d x d), one layer (and its final norm)
+            total += spec.mtp.depth * (2 * stack_norm + 2 * d * d + per_layer + (stack_norm if spec.uses_final_norm else 0))
     if spec.kind == "encoder" and spec.head is None:
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
     total += spec.token_types * d + (norm(spec.norm) * sides if spec.embed_norm else 0)
@@ -274,3 +286,20 @@ def test_vanilla_is_the_papers_base_model():
     assert m.share_embeddings and m.tie_output and not m.uses_final_norm
     assert (r.optim.optimizer, r.optim.betas, r.optim.eps, r.optim.label_smoothing) == ("adam", (0.9, 0.98), 1e-9, 0.1)
     assert (r.optim.schedule.type, r.optim.schedule.warmup) == ("inverse_sqrt", 4000)
+
+
+def test_wmt14_recipes_are_the_papers_setup():
+    """WMT 2014 En->De from the Hub, a shared 37k BPE, 25,000 tokens per step (8 x 3,125 accumulated on
+    one device, as on the paper's 8 GPUs), 100k/300k steps, the last 5/20 checkpoints kept for averaging."""
+    for size, steps, keep, model in (("base", 100_000, 5, "vanilla.yaml"), ("big", 300_000, 20, "vanilla-big.yaml")):
+        r = tfbuilder.load_recipe(ROOT / "recipes" / "wmt14" / f"{size}.yaml")
+        parent = tfbuilder.load_recipe(ROOT / "recipes" / model)
+        assert r.model == parent.model and r.optim.model_copy(update={"accumulate": 1}) == parent.optim
+        d = r.data
+        assert (d.format, d.hub.name, d.hub.config, d.path) == ("datasets", "wmt/wmt14", "de-en", None)
+        assert (d.columns.source, d.columns.target) == ("translation.en", "translation.de")
+        assert (d.splits.train, d.splits.val, d.splits.test) == ("train", "validation", "test")
+        assert (d.tokenizer.type, d.tokenizer.vocab_size, d.tokenizer.shared) == ("bpe", 37000, True)
+        assert d.max_tokens * r.optim.accumulate * r.trainer.devices == 25_000
+        assert (r.trainer.max_steps, r.trainer.keep_last) == (steps, keep)
+

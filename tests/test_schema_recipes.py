@@ -30,7 +30,7 @@ SCHEMA_CANNOT = {
     "cross-field": {
         "betas_out_of_range", "decoder_for_encoder_kind", "heads_not_dividing", "heads_not_dividing_key_dim_only",
         "missing_encoder", "missing_vocab_size", "monolingual_without_path", "pad_id_not_the_datas", "pad_id_too_large",
-        "parallel_without_path",
+        "parallel_without_path", "hub_with_path", "parquet_without_target_column",
         "src_vocab_for_decoder_kind", "src_vocab_mismatch", "synthetic_lengths_absurd", "synthetic_without_task",
         "val_bleu_on_decoder",
     },

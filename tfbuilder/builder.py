@@ -11,6 +11,7 @@ from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
 from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .heads.module import SequenceHead
+from .multi_token import MultiTokenPrediction, PredictionModule
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
 from .recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
 from .registry import BuildContext, ComponentParams
@@ -62,9 +63,9 @@ class _Builder:
         shape = self.spec.attention_shape(part)
         return shape.heads, shape.key_dim
 
-    def stack(self, part: Literal["encoder", "decoder"], position: nn.Module) -> Stack:
-        """The encoder or decoder stack; ``position`` is its side's position module, given to
-        self-attention when it acts there (an :class:`AttentionPosition`)."""
+    def stack(self, part: Literal["encoder", "decoder"], position: nn.Module, *, layers: int | None = None) -> Stack:
+        """The encoder or decoder stack (``layers`` of them, default the section's); ``position`` is its
+        side's position module, given to self-attention when it acts there (an :class:`AttentionPosition`)."""
         spec = self.spec
         in_attention = position if isinstance(position, AttentionPosition) else None
         section = spec.stack(part)
@@ -75,20 +76,20 @@ class _Builder:
         heads, head_dim = self.attention_shape(part)
         ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
         cross_ctx = BuildContext(d_model=spec.d_model, cross=True)
-        layers = []
-        for _ in range(section.layers):
+        built = []
+        for _ in range(section.layers if layers is None else layers):
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
             ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
             if not decoder:
-                layers.append(EncoderLayer(self_attn=self_attn, ffn=ff))
+                built.append(EncoderLayer(self_attn=self_attn, ffn=ff))
                 continue
             cross = None
             if spec.kind == "encoder_decoder":
                 where = (part, "cross_attention" if section.cross_attention else "attention")
                 cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part)
-            layers.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
+            built.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
         final = self.norm(section, part) if spec.uses_final_norm else None
-        return Stack(layers, final)
+        return Stack(built, final)
 
     def embedding(self, tokens: nn.Embedding, *, part: Literal["encoder", "decoder"]) -> Embedding:
         """Token embedding plus the position module of the side that feeds the ``part`` stack
@@ -104,6 +105,23 @@ class _Builder:
         norm = self.norm(None, "embed") if spec.embed_norm else None
         scale = None if spec.embed_scale == "sqrt_d_model" else spec.embed_scale
         return Embedding(tokens, position, dropout=spec.dropout, scale=scale, types=types, norm=norm)
+
+    def multi_token(self, position: nn.Module) -> MultiTokenPrediction | None:
+        """DeepSeek-V3's prediction modules (``model.mtp``): per depth two norms of the decoder's kind
+        and one decoder layer with the decoder's components."""
+        if self.spec.mtp is None:
+            return None
+        section = self.spec.decoder
+        modules = [
+            PredictionModule(
+                d_model=self.spec.d_model,
+                norm_hidden=self.norm(section, "decoder"),
+                norm_embed=self.norm(section, "decoder"),
+                layer=self.stack("decoder", position, layers=1),
+            )
+            for _ in range(self.spec.mtp.depth)
+        ]
+        return MultiTokenPrediction(modules, weight=self.spec.mtp.weight)
 
     def output(self, tokens: nn.Embedding) -> OutputProjection:
         spec = self.spec
@@ -155,6 +173,7 @@ class _Builder:
                 decoder=self.stack("decoder", embed.position),
                 head=self.sequence_head() or self.output(tgt_tokens),
                 pad_id=spec.pad_id,
+                mtp=self.multi_token(embed.position),
             )
         embed = self.embedding(tgt_tokens, part="encoder")
         head = self.sequence_head() or MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))

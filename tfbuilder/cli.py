@@ -365,7 +365,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     from .builder import count_parameters
-    from .module_tree import format_tree, tree
+    from .module_tree import format_tree, kv_cache_per_token, tree
 
     recipe, model = _check(args.recipe, args.overrides)
     print(f"# resolved recipe: {args.recipe}")
@@ -375,6 +375,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(format_tree(tree(model, max_depth=args.depth)))
     print()
     print(f"total parameters: {count_parameters(model):,}")
+    cached = kv_cache_per_token(model)
+    if cached is not None:
+        print(f"KV cache per generated token (every decoder layer): {cached:,} numbers, {cached * 2 / 1024:,.1f} KiB in bfloat16")
     return 0
 
 

@@ -144,6 +144,11 @@ class AttentionBase:
         module), for exporters that split them; empty when nothing is fused."""
         return {}
 
+    def cache_per_token(self) -> int | None:
+        """How many numbers the KV cache keeps per token of self-attention (``tfbuilder show``
+        reports the sum over a decoder's layers); None when the component does not say."""
+        return None
+
 
 class FeedForwardBase:
     """Defaults of the feed-forward contract: no fused projections."""

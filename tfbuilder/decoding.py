@@ -235,13 +235,17 @@ def beam_search_nbest(
     """The ``nbest`` (at most ``beam``) best hypotheses of a beam search per input, best first, each
     as (length-normalised log-probability, ids without <s> and </s>); distinct sequences.
 
-    Every live hypothesis may end at every step, and the ``nbest`` best ended ones are kept; an
-    input's search ends only when no live hypothesis can still beat the worst of them under the
-    length penalty, or at the length limit (Hugging Face's ``early_stopping=False``, with an exact
+    A beam of one is greedy search. Otherwise every live hypothesis may end at every step, and the
+    ``nbest`` best ended ones are kept; an input's search ends only when no live hypothesis can still
+    beat the worst of them under the length penalty, or at the length limit (Hugging Face's ``early_stopping=False``, with an exact
     bound). The greedy continuation always stays in the beam, so the best hypothesis never scores
     below greedy's."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest ({nbest}) must be between 1 and the beam ({beam})")
+    if beam == 1:  # a beam of one is greedy search (as in Hugging Face's generate), scored the same way
+        pick = lambda logp: logp.argmax(dim=-1)  # noqa: E731
+        found = _left_to_right(model, src, pick, max_len_a=max_len_a, max_len_b=max_len_b, rules=rules)
+        return [[(score / _length_penalty(len(ids) + 1, alpha), ids)] for score, ids in found]
     model.eval()
     start, end = _ids(model)
     src = ended_sources(model, src)
@@ -346,7 +350,7 @@ class _BeamSearch:
         """The candidates ``index`` (n, beam) with the greedy hypothesis's continuation in the last
         slot where the best ``beam`` left it out, and the greedy hypothesis's new slot (-1 once its
         most likely next token is </s>: then it has just ended and been recorded)."""
-        if self.beam == 1 or not bool((self.greedy >= 0).any()):  # beam 1 follows greedy until it ends
+        if not bool((self.greedy >= 0).any()):
             return index, live_scores, self.greedy
         n, vocab = logp.shape[0], logp.shape[-1]
         has = self.greedy >= 0

@@ -19,6 +19,7 @@ from .dropout import Dropout
 from . import masks
 from .blocks import Stack
 from .heads.module import SequenceHead
+from .multi_token import MultiTokenPrediction
 from .registry import AuxiliaryLoss
 from .specials import OWN, SpecialIds
 
@@ -192,13 +193,14 @@ class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     kind: Kind = "decoder"
 
     def __init__(
-        self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int | None
+        self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int | None, mtp: MultiTokenPrediction | None = None
     ):
         super().__init__()
         self.embed = embed
         self.decoder = decoder
         self.head = head
         self.pad_id = pad_id
+        self.mtp = mtp  # multi-token prediction modules, for training only (see objectives.causal_lm)
 
     def stacks(self) -> dict[str, Stack]:
         """The decoder, by name."""

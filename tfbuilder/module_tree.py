@@ -68,3 +68,14 @@ def format_tree(rows: list[ModuleRow]) -> str:
         note = f"  ({row.note})" if row.note else ""
         lines.append(f"{label.ljust(width)}  {row.params:>14,}{note}")
     return "\n".join(lines)
+
+
+def kv_cache_per_token(model: nn.Module) -> int | None:
+    """Numbers the KV cache of incremental decoding keeps per generated token: the self-attention
+    (``cache_per_token``) of every layer of the decoder stack; None for a model without one, or when
+    a component does not say."""
+    decoder = model.stacks().get("decoder")
+    if decoder is None:
+        return None
+    sizes = [layer.self_attn.inner.cache_per_token() for layer in decoder.layers]
+    return None if None in sizes else sum(sizes)

@@ -16,7 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from .data.packing import segments
+from . import masks
 from .model import OutputProjection
+from .multi_token import targets_ahead
 from .sections import MLM_PROBABILITY
 from .specials import COUNT as SPECIAL_COUNT
 from .specials import MASK
@@ -159,7 +161,26 @@ def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, doc
     tokens = batch["tokens"]
     inputs = tokens[:, :-1]
     hidden = model.features(inputs, segments=segments(inputs)) if documents else model.features(inputs)
-    return head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model))
+    result = head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model))
+    if model.mtp is None or not model.training:  # the modules' loss trains; validation scores the main head
+        return result
+    mask = masks.document_mask(segments(inputs)) if documents else None
+    extra = multi_token_loss(model, hidden, tokens, epsilon=epsilon, mask=mask)
+    return Result(result.loss + extra, result.nll, result.correct, result.tokens)
+
+
+def multi_token_loss(model: nn.Module, hidden: Tensor, tokens: Tensor, *, epsilon: float, mask: Tensor | None = None) -> Tensor:
+    """DeepSeek-V3's multi-token prediction loss (arXiv:2412.19437, eq. 24-25): ``weight / D`` times
+    the sum over depths k of the mean cross-entropy of predicting ``tokens[:, i + k + 1]`` from
+    depth k's states, through the model's output head. ``hidden`` (b, n, d): the trunk's states."""
+    mtp, ignore = model.mtp, _ignored(model)
+    fill = 0 if model.pad_id is None else model.pad_id
+    states = mtp(hidden, tokens, embed=model.embed, fill=fill, mask=mask)
+    losses = [
+        head_loss(model.head, h, targets_ahead(tokens, k, hidden.shape[1], ignore=ignore), epsilon=epsilon, ignore=ignore).loss
+        for k, h in enumerate(states, start=1)
+    ]
+    return mtp.weight / len(losses) * torch.stack(losses).sum()
 
 
 def masked_lm(

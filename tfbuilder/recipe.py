@@ -129,6 +129,17 @@ class InitSection(Section):
         return self
 
 
+class MultiTokenSection(Section):
+    """Multi-token prediction (DeepSeek-V3, arXiv:2412.19437, sec. 2.2; Gloeckle et al. 2024,
+    arXiv:2404.19737): sequential modules predicting tokens 2..depth+1 ahead, trained beside the main
+    head; decoding uses the main head only."""
+
+    depth: int = Field(1, ge=1, le=16, description="number D of extra tokens predicted (DeepSeek-V3: 1)")
+    weight: float = Field(
+        0.3, gt=0.0, le=10.0, description="lambda: the modules' mean loss is added times this (DeepSeek-V3: 0.3, then 0.1)"
+    )
+
+
 class ModelSection(Section):
     """The architecture. Defaults are the paper's base model (Vaswani et al. 2017, Table 3 'base')."""
 
@@ -171,6 +182,9 @@ class ModelSection(Section):
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
     decoder: DecoderSection | None = Field(None, description="the decoder stack (kinds encoder_decoder and decoder)")
+    mtp: MultiTokenSection | None = Field(
+        None, description="multi-token prediction modules trained beside the output head (kind decoder); default none"
+    )
     head: HeadSection | None = Field(
         None, description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)"
     )
@@ -201,6 +215,8 @@ class ModelSection(Section):
                     self.src_vocab_size,
                 )
             )
+        if self.mtp is not None and self.kind != "decoder":
+            problems.append((("mtp",), f"multi-token prediction is for decoder-only language models (kind decoder), not kind '{self.kind}'", None))
         if self.token_types and self.kind == "encoder_decoder":
             problems.append((("token_types",), "token_types are for one-stack models (kinds decoder and encoder)", self.token_types))
         if self.pad_id is None and self.kind == "encoder_decoder":
@@ -211,6 +227,8 @@ class ModelSection(Section):
                 problems.append((("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id))
         if self.head is not None:
             problems += head_problems(self.head, self.kind)
+            if self.mtp is not None:
+                problems.append((("mtp",), "multi-token prediction trains next-token outputs; a model with a sequence head (model.head) has none", None))
         fail("ModelSection", problems)
         return self
 

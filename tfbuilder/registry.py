@@ -26,6 +26,7 @@ FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
 ENTRY_POINT_GROUP = "tfbuilder.components"
 _BUILTIN_MODULES = (
     "tfbuilder.components.attention",
+    "tfbuilder.components.latent_attention",
     "tfbuilder.components.position",
     "tfbuilder.components.norm",
     "tfbuilder.components.ffn",

@@ -62,7 +62,8 @@ STEM_SCHEMA = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
 
 
 class SplitsSection(Section):
-    """File stems of the splits: ``<path>/<stem>.<lang>`` or ``<stem>.<lang>.gz``."""
+    """The splits: file stems (``<path>/<stem>.<lang>`` or ``<stem>.<lang>.gz``), or the split names of a
+    Hugging Face dataset (``data.format: datasets``, such as ``validation``)."""
 
     train: str = Field("train", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="training split")
     val: str = Field("val", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="validation split")
@@ -85,13 +86,31 @@ def no_nul(value: str | None) -> str | None:
 
 
 class ColumnsSection(Section):
-    """Which fields of a record hold the text (``data.format`` jsonl, csv or tsv)."""
+    """Which fields of a record hold the text (every ``data.format`` but text)."""
 
-    source: str | None = Field(None, min_length=1, max_length=255, description="translation: the source field (JSON: a dotted path such as translation.de)")
+    source: str | None = Field(
+        None, min_length=1, max_length=255,
+        description="translation: the source field (JSON, Parquet, datasets: a dotted path into nested records such as translation.de)",
+    )
     target: str | None = Field(None, min_length=1, max_length=255, description="translation: the target field")
     text: str | None = Field(None, min_length=1, max_length=255, description="language models and labelled data: the text field")
     text_pair: str | None = Field(None, min_length=1, max_length=255, description="labelled data: a second text read with the first (<s> text </s> pair </s>); optional")
     label: str | None = Field(None, min_length=1, max_length=255, description="labelled data: the label field (a class name or integer; a number to regress)")
+
+
+# A Hub repository id: a name, or owner/name (letters, digits, '-', '_', '.').
+HUB_NAME = r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$"
+
+
+class HubSection(Section):
+    """A dataset on the Hugging Face Hub, loaded with ``datasets.load_dataset`` (``data.format: datasets``)."""
+
+    name: str = Field(min_length=1, max_length=200, pattern=HUB_NAME, description="the dataset's id on the Hub, such as wmt/wmt14")
+    config: str | None = Field(None, min_length=1, max_length=200, description="its configuration (subset), such as de-en")
+    revision: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="a branch, tag or commit of the dataset's repository (default: its main branch); a commit pins the data",
+    )
 
 
 class DataSection(Section):
@@ -111,18 +130,26 @@ class DataSection(Section):
     test_size: int = Field(500, ge=1, le=MAX_EXAMPLES, description="synthetic test examples")
     seed: int = Field(1234, ge=0, le=MAX_SEED, description="seed of the synthetic data (independent of trainer.seed)")
     # text
-    path: str | None = Field(None, description="directory of the text files (relative to the working directory)")
+    path: str | None = Field(
+        None,
+        description="directory of the data files, or (format datasets) the folder DatasetDict.save_to_disk wrote; "
+        "relative to the working directory",
+    )
     _data_path = field_validator("path")(no_nul)
     src_lang: str | None = Field(None, description="source language suffix: train.<src_lang>[.gz]")
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
-    splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits")
-    format: Literal["text", "jsonl", "csv", "tsv"] = Field(
+    splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits (format datasets: split names)")
+    format: Literal["text", "jsonl", "csv", "tsv", "parquet", "datasets"] = Field(
         "text",
         description="text: <stem>.<lang>[.gz], one example per line; jsonl, csv, tsv: <stem>.<format>[.gz], records "
-        "whose fields data.columns names",
+        "whose fields data.columns names; parquet: <stem>.parquet or its shards <stem>-*.parquet; datasets: a Hugging "
+        "Face dataset (a save_to_disk folder in path, or data.hub), its splits named by data.splits",
     )
-    columns: ColumnsSection | None = Field(None, description="jsonl, csv, tsv: the fields that hold the text")
+    columns: ColumnsSection | None = Field(None, description="every format but text: the fields that hold the text")
+    hub: HubSection | None = Field(
+        None, description="format datasets: a dataset on the Hugging Face Hub (instead of path), downloaded and cached by datasets"
+    )
     max_len: int = Field(
         256, ge=1, le=1_000_000, description="training examples longer than this (in tokens) are dropped (not with packing)"
     )
@@ -181,17 +208,22 @@ class DataSection(Section):
             if self.tokenizer.type != "char":
                 problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
         else:
-            if self.path is None:
+            if self.format == "datasets":
+                if self.path is None and self.hub is None:
+                    problems.append((("path",), f"{self.type} data in format datasets needs a path (a save_to_disk folder) or hub", None))
+                elif self.path is not None and self.hub is not None:
+                    problems.append((("hub",), "set path (a save_to_disk folder) or hub (a dataset on the Hub), not both; path: null drops an inherited one", self.hub.name))
+            elif self.path is None:
                 problems.append((("path",), f"{self.type} data needs a path", None))
             if self.format == "text" and self.type == "labelled":
-                problems.append((("format",), "labelled data is read from records: set format to jsonl, csv or tsv, and columns.text and columns.label", self.format))
+                problems.append((("format",), "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, and columns.text and columns.label", self.format))
             elif self.format == "text":
                 needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
                 for lang in needed:
                     if getattr(self, lang) is None:
                         problems.append(((lang,), f"{self.type} data needs {lang}", None))
                 if self.columns is not None:
-                    problems.append((("columns",), "columns name fields of records: set format to jsonl, csv or tsv", None))
+                    problems.append((("columns",), "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets", None))
             else:
                 fields = {"parallel": ("source", "target"), "labelled": ("text", "label")}.get(self.type, ("text",))
                 optional = ("text_pair",) if self.type == "labelled" else ()
@@ -199,7 +231,7 @@ class DataSection(Section):
                 named = {"source": columns.source, "target": columns.target, "text": columns.text, "text_pair": columns.text_pair, "label": columns.label}
                 for name in fields:
                     if named[name] is None:
-                        problems.append((("columns", name), f"{self.type} data in {self.format} files needs columns.{name}", None))
+                        problems.append((("columns", name), f"{self.type} data in format {self.format} needs columns.{name}", None))
                 for name, value in named.items():
                     if value is not None and name not in fields + optional:
                         problems.append((("columns", name), f"{self.type} data has no {name} column", value))
@@ -207,6 +239,8 @@ class DataSection(Section):
                     problems.append((("documents",), "documents separated by blank lines are plain text (format: text)", self.documents))
             if self.tokenizer.vocab_size is None:
                 problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
+        if self.hub is not None and self.format != "datasets":
+            problems.append((("hub",), "hub names a Hugging Face dataset: set format to datasets", self.hub.name))
         if self.max_tokens is not None and self.batch_size is not None:
             problems.append((("batch_size",), "set max_tokens or batch_size, not both", self.batch_size))
         if self.packing:

@@ -110,6 +110,10 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         q, k, v = self.split
         return {"to_kv": [k, v]} if self.cross else {"to_qkv": [q, k, v]}
 
+    def cache_per_token(self) -> int:
+        """Keys and values of every key/value head: kv_heads * (d_k + d_v) numbers per token."""
+        return self.kv_heads * (self.key_dim + self.value_dim)
+
     @property
     def position(self) -> AttentionPosition | None:
         """The position acting inside this attention (rotating queries and keys, biasing scores), or None."""

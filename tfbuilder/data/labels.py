@@ -45,7 +45,7 @@ class Collected:
         self.values.extend(values)
 
 
-def write(directory: Path, split: str, source: Path, collected: Collected) -> None:
+def write(directory: Path, split: str, source: str | Path, collected: Collected) -> None:
     """``<directory>/<split>.labels.json`` (inside a store being prepared: renamed into place whole)."""
     data = {"file": str(source), "records": collected.records, "labels": collected.values}
     (directory / f"{split}{SUFFIX}").write_text(json.dumps(data), encoding="utf-8")

@@ -85,7 +85,7 @@ def prepare(
     vocabulary unless one is given (resume, other ranks, scoring). ``say`` hears one line on what
     happened (prepared, and why; or reused); by default the ``tfbuilder`` logger does."""
     say = say or log.info
-    sources = split_sources(data)
+    sources = split_sources(data, say=say)
     prepared = _generated(data, sources, vocab) if data.type == "synthetic" else _stored(data, sources, vocab, say)
     if model_vocab is not None and prepared.vocab.tgt.vocab_size != model_vocab:
         raise DataError(f"the tokenizer has {prepared.vocab.tgt.vocab_size} tokens but the model expects {model_vocab}")
@@ -196,7 +196,7 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
         try:
             info = _encode(source, vocab, sides, handles, max_len=data.max_len if name == "train" and not data.packing else None, labels=labels)
             if labels is not None:
-                label_files.write(tmp, name, source.files[0], labels)
+                label_files.write(tmp, name, source.label or str(source.files[0]), labels)
         finally:
             for side in sides:
                 side.close()
@@ -274,8 +274,10 @@ def _encode(
         seen += len(keep)
     for i, count in enumerate(nonblank[: len(sides)]):
         if count == 0:
-            where = source.files[i] if i < len(source.files) else f"the {source.name} split"
-            raise DataError(f"{where} is empty")
+            if source.label is None:  # text files: one per side
+                raise DataError(f"{source.files[i] if i < len(source.files) else f'the {source.name} split'} is empty")
+            side = "" if len(sides) == 1 else (" source" if i == 0 else " target")
+            raise DataError(f"{source.label} is empty: no{side} text in any row")
     return {"examples": seen, "rows": rows, "dropped": dropped, "dropped_tokens": dropped_tokens}
 
 

@@ -48,8 +48,10 @@ CACHE_ENV = "TFBUILDER_CACHE"
 # how it is read (batching, workers, blocks) or is not used for files (synthetic data); a test holds
 # that each field is in exactly one of the two lists.
 CONTENT_FIELDS = (
-    "type", "src_lang", "tgt_lang", "lang", "splits", "format", "columns", "max_len", "documents", "packing", "tokenizer",
+    "type", "src_lang", "tgt_lang", "lang", "splits", "format", "columns", "hub", "max_len", "documents", "packing", "tokenizer",
 )
+# Content fields added since the first stores: in the key only when set, so that older stores keep their key.
+LATER_FIELDS = ("hub",)
 READING_FIELDS = (
     "task", "symbols", "lengths", "train_size", "val_size", "test_size", "seed", "path", "mlm_probability",
     "max_tokens", "batch_size", "workers", "block_size", "document_mask", "cache",
@@ -61,11 +63,15 @@ def key_material(data: DataSection, sources: dict[str, SplitSource], tokenizer: 
     or the hash of a given vocabulary. ``data.path`` is left out: the files' resolved paths say it,
     however the recipe spells it."""
     dumped = data.model_dump(mode="json")
-    content = {name: dumped[name] for name in CONTENT_FIELDS}
+    content = {name: dumped[name] for name in CONTENT_FIELDS if name not in LATER_FIELDS or dumped[name] is not None}
     if data.packing:
         content["max_len"] = None  # nothing is dropped
     files = {name: [_identity(path) for path in source.files] for name, source in sources.items()}
-    return {"version": STORE_VERSION, "data": content, "files": files, "tokenizer": tokenizer}
+    material = {"version": STORE_VERSION, "data": content, "files": files, "tokenizer": tokenizer}
+    fingerprints = {name: source.fingerprint for name, source in sources.items() if source.fingerprint is not None}
+    if fingerprints:  # Hugging Face datasets: their own content hash, beside the Arrow files
+        material["fingerprints"] = fingerprints
+    return material
 
 
 def _identity(path: Path) -> list:
@@ -221,9 +227,16 @@ def closest(root_dir: Path, material: dict) -> str | None:
     if best is None:
         return None
     other = best[1]
-    changes = [f"{Path(p[0]).name} changed" for files in material["files"].values() for p in files
-               if p not in [q for f in other["files"].values() for q in f]]
+    theirs_all = [q for f in other["files"].values() for q in f]
+    names = [Path(p[0]).name for files in material["files"].values() for p in files]
+
+    def shown(path: str) -> str:  # the file's name, with its folder where names repeat (a dataset's splits)
+        return Path(path).name if names.count(Path(path).name) == 1 else f"{Path(path).parent.name}/{Path(path).name}"
+
+    changes = [f"{shown(p[0])} changed" for files in material["files"].values() for p in files if p not in theirs_all]
     changes += [f"data.{k} changed" for k, v in material["data"].items() if other["data"].get(k) != v]
+    if material.get("fingerprints") != other.get("fingerprints") and not changes:
+        changes.append("the dataset's fingerprint changed")
     if material["tokenizer"] != other["tokenizer"]:
         changes.append("another vocabulary")
     return ", ".join(dict.fromkeys(changes)) or None

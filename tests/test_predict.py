@@ -3,6 +3,7 @@ and `tfbuilder predict` on the command line, and the sweep report's columns (tfb
 
 from __future__ import annotations
 
+import io
 import json
 import random
 
@@ -65,7 +66,7 @@ def test_fit_learns_and_keeps_the_label_names_in_the_run_and_the_checkpoint(run)
     assert any(line.startswith("last validation macro-F1") for line in summary.lines())
 
 
-def test_predict_writes_a_label_and_probabilities_per_input(run, tmp_path, capsys):
+def test_predict_writes_a_label_and_probabilities_per_input(run, tmp_path, capsys, monkeypatch):
     folder, summary = run
     lines = tmp_path / "in.txt"
     lines.write_text("apple lemon\nbus boat train\n")
@@ -78,6 +79,9 @@ def test_predict_writes_a_label_and_probabilities_per_input(run, tmp_path, capsy
     assert len(out.read_text().splitlines()) == 40
     assert main(["predict", summary.run_dir, "--input", str(lines), "--output", str(out)]) == 2  # never overwritten
     assert "not overwriting" in capsys.readouterr().err and len(out.read_text().splitlines()) == 40
+    monkeypatch.setattr("sys.stdin", io.StringIO("lemon mango\n"))
+    assert main(["predict", summary.run_dir, "--input", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == "fruit"
 
 
 def test_test_prints_accuracy_and_macro_f1(run, capsys):

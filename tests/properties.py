@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tfbuilder.heads.module import SequenceHead
 from tfbuilder.objectives import causal_lm
 
 PAD = 0
@@ -27,7 +28,10 @@ def inputs_for(model: nn.Module, vocab: int, src_vocab: int | None = None, *, ba
 def check_shapes(model: nn.Module, vocab: int, src_vocab: int | None = None) -> None:
     inputs = inputs_for(model, vocab, src_vocab)
     out = call(model, *inputs)
-    assert out.shape == (*inputs[-1].shape, vocab)
+    if isinstance(model.head, SequenceHead):  # one output per text
+        assert out.shape == (inputs[-1].shape[0], model.head.out.out_features)
+    else:
+        assert out.shape == (*inputs[-1].shape, vocab)
     assert out.dtype == torch.float32
     assert torch.isfinite(out).all()
 

@@ -10,6 +10,7 @@ from . import registry
 from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
 from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
+from .heads.module import SequenceHead
 from .multi_token import MultiTokenPrediction, PredictionModule
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
 from .recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
@@ -134,6 +135,14 @@ class _Builder:
             nn.init.zeros_(out.bias)
         return out
 
+    def sequence_head(self) -> SequenceHead | None:
+        """The recipe's ``model.head`` (classify or regress), None for the language-model output."""
+        spec, head = self.spec, self.spec.head
+        if head is None:
+            return None
+        dropout = spec.dropout if head.dropout is None else head.dropout
+        return SequenceHead(d_model=spec.d_model, outputs=head.outputs, pooling=head.pooling_for(spec.kind), dropout=dropout, pad_id=spec.pad_id)
+
     def model(self) -> nn.Module:
         model = self._model()
         if self.spec.init.std is not None:
@@ -162,12 +171,12 @@ class _Builder:
             return DecoderOnly(
                 embed=embed,
                 decoder=self.stack("decoder", embed.position),
-                head=self.output(tgt_tokens),
+                head=self.sequence_head() or self.output(tgt_tokens),
                 pad_id=spec.pad_id,
                 mtp=self.multi_token(embed.position),
             )
         embed = self.embedding(tgt_tokens, part="encoder")
-        head = MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))
+        head = self.sequence_head() or MLMHead(spec.d_model, self.norm(None, "encoder"), self.output(tgt_tokens))
         return EncoderOnly(embed=embed, encoder=self.stack("encoder", embed.position), head=head, pad_id=spec.pad_id)
 
 

@@ -66,7 +66,7 @@ class RunGuard(Callback):
     def __init__(self, ckpt_dir: Path, *, monitor: str, patience: int | None, keep_last: int, log_every: int):
         self.ckpt_dir = Path(ckpt_dir)
         self.monitor = monitor
-        self.mode = "max" if monitor == "val_bleu" else "min"
+        self.mode = "max" if monitor in ("val_bleu", "val_acc", "val_f1") else "min"
         self.patience = patience
         self.keep_last = keep_last
         self.log_every = log_every

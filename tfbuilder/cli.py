@@ -141,6 +141,8 @@ def _load(args: argparse.Namespace, path: str | None = None):
 
     loaded = load_checkpoint(path or args.checkpoint, checkpoint=args.which, device=getattr(args, "device", None))
     print(f"checkpoint: {loaded.describe()}", file=sys.stderr)
+    if loaded.recipe.model.head is not None and args.command in ("translate", "generate", "attention"):
+        raise TfbuilderError(f"{args.command}: {loaded.describe()} has a sequence head (model.head: {loaded.recipe.model.head.type}): it labels texts; use tfbuilder predict")
     return loaded
 
 
@@ -236,7 +238,19 @@ def parser() -> argparse.ArgumentParser:
     _add_device(g)
     g.set_defaults(run=cmd_generate)
 
-    e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint")
+    pd = sub.add_parser("predict", help="label (and probabilities) or number of each text, with a checkpoint that has a sequence head (model.head)")
+    pd.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
+    _add_checkpoint(pd)
+    pd.add_argument(
+        "--input", "-i", required=True, metavar="FILE",
+        help="the texts: .jsonl, .csv or .tsv records (optionally .gz) read through the run's data.columns, any other file one text per line; - reads standard input",
+    )
+    pd.add_argument("--output", "-o", metavar="FILE", help="write JSON Lines to FILE (must not exist) instead of standard output")
+    pd.add_argument("--batch-size", type=_positive_int, default=64, metavar="N", help="texts per forward pass (default 64)")
+    _add_device(pd)
+    pd.set_defaults(run=cmd_predict)
+
+    e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint; accuracy and macro-F1 (or MSE and Pearson) of a sequence head")
     _add_checkpoints(e, "are scored")
     _add_checkpoint(e)
     e.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split of the recipe's data (default test)")
@@ -556,6 +570,8 @@ def cmd_test(args: argparse.Namespace) -> int:
     if args.output is not None:
         _new_file(args.output, "--output")
     loaded, *others = _load_all(args)
+    if loaded.recipe.model.head is not None:
+        return _test_head(args, loaded, others)
     try:
         search = Search(beam=args.beam, alpha=args.alpha, unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram)
         scores, outputs = evaluate_outputs(loaded, args.split, search=search, precision=args.precision, ensemble=others)
@@ -588,6 +604,48 @@ def cmd_test(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise TfbuilderError(f"--output {args.output}: {exc.strerror or exc}") from None
         print(f"{'translations'.ljust(width)}  {display_path(args.output)}")
+    return 0
+
+
+HEAD_SCORES = {"acc": ("accuracy", "{:.2%}"), "f1": ("macro-F1", "{:.4f}"), "mse": ("MSE", "{:.4f}"), "pearson": ("Pearson r", "{:.4f}")}
+
+
+def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
+    """``tfbuilder test`` of a checkpoint with a sequence head: loss and its scores on a split."""
+    from .predict import score
+
+    if others:
+        raise TfbuilderError("test: ensembles are for translation; give one checkpoint with a sequence head")
+    if args.output is not None:
+        raise TfbuilderError("test --output writes translations; a sequence head's predictions come from tfbuilder predict")
+    result = score(loaded, args.split)
+    head = loaded.recipe.model.head
+    loss = "cross-entropy per text" if head.type == "classify" else "squared error per text"
+    rows = [("checkpoint", loaded.describe()), ("split", f"{result.split} ({result.examples:,} examples)"), ("loss", f"{result.loss:.4f} ({loss})")]
+    rows += [(HEAD_SCORES[k][0], HEAD_SCORES[k][1].format(v)) for k, v in result.scores.items()]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from . import atomic
+    from .predict import lines, predict, read_inputs
+
+    if args.input != "-":
+        _readable_file(args.input, "--input")
+    if args.output is not None:
+        _new_file(args.output, "--output")
+    loaded = _load(args)
+    answers = lines(predict(loaded, read_inputs(loaded, args.input), batch=args.batch_size))
+    if args.output is None:
+        for line in answers:
+            sys.stdout.write(line)
+        return 0
+    with atomic.text_file(args.output, what="predictions") as out:  # whole, or nothing on an error
+        for line in answers:
+            out.write(line)
+    print(f"predictions: {args.output}", file=sys.stderr)
     return 0
 
 

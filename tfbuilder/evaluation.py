@@ -208,6 +208,8 @@ def evaluate_outputs(
     sharing the vocabulary), the models translate and are scored together (:class:`~tfbuilder.ensemble.Ensemble`)."""
     search = search or Search(beam=beam, alpha=alpha)
     recipe = loaded.recipe
+    if recipe.model.head is not None:
+        raise ValueError("a model with a sequence head (model.head) is scored by tfbuilder.predict.score")
     data = recipe.data
     if data is None:
         raise ValueError("the checkpoint's recipe has no data section")

@@ -18,6 +18,7 @@ from .dropout import Dropout
 
 from . import masks
 from .blocks import Stack
+from .heads.module import SequenceHead
 from .multi_token import MultiTokenPrediction
 from .registry import AuxiliaryLoss
 from .specials import OWN, SpecialIds
@@ -226,12 +227,14 @@ class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     def forward(
         self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
     ) -> Tensor:
-        """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens, cache=cache, offset=offset, token_types=token_types))
+        """``tokens`` (b, n) int64 -> logits (b, n, vocab); with a sequence head, (b, classes)."""
+        hidden = self.features(tokens, cache=cache, offset=offset, token_types=token_types)
+        return self.head(hidden, tokens=tokens) if isinstance(self.head, SequenceHead) else self.head(hidden)
 
 
 class EncoderOnly(AuxiliaryLosses, nn.Module):
-    """An encoder-only (BERT-like) model with a masked-LM head: ``model(tokens) -> logits``."""
+    """An encoder-only (BERT-like) model with a masked-LM head (or a sequence head,
+    :mod:`tfbuilder.heads`): ``model(tokens) -> logits``."""
 
     kind: Kind = "encoder"
 
@@ -255,5 +258,6 @@ class EncoderOnly(AuxiliaryLosses, nn.Module):
         return self.encoder(self.embed(tokens, token_types=token_types), mask=mask)
 
     def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
-        """``tokens`` (b, n) int64 -> logits (b, n, vocab)."""
-        return self.head(self.features(tokens, token_types=token_types))
+        """``tokens`` (b, n) int64 -> logits (b, n, vocab); with a sequence head, (b, classes)."""
+        hidden = self.features(tokens, token_types=token_types)
+        return self.head(hidden, tokens=tokens) if isinstance(self.head, SequenceHead) else self.head(hidden)

@@ -34,7 +34,8 @@ class Result:
     loss: Tensor  # mean smoothed loss per target token (what is optimised)
     nll: Tensor  # summed negative log-likelihood (for perplexity)
     correct: Tensor  # argmax hits
-    tokens: Tensor  # target tokens that count
+    tokens: Tensor  # target tokens that count (a sequence head: texts)
+    outputs: Tensor | None = None  # a sequence head's outputs (b, c), for its scores
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -221,6 +222,10 @@ def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tenso
     """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``."""
     kind = recipe.model.kind
     data = recipe.data
+    if recipe.model.head is not None:  # one prediction per text (tfbuilder.heads)
+        from .heads.objective import sequence_loss
+
+        return partial(sequence_loss, epsilon=epsilon, regress=recipe.model.head.type == "regress")
     documents = data is not None and data.packing and data.document_mask
     if kind == "encoder_decoder":
         return partial(seq2seq, epsilon=epsilon)

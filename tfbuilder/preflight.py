@@ -233,7 +233,7 @@ def trial_step(recipe: Recipe) -> None:
         src = torch.randint(5, max(6, spec.src_vocab_size or spec.vocab_size), (2, n), generator=generator).to(device)
         model.train()
         logits = model(src, ids) if spec.kind == "encoder_decoder" else model(ids)
-        expected = (2, n, spec.vocab_size)
+        expected = (2, n, spec.vocab_size) if spec.head is None else (2, spec.head.outputs)  # a sequence head: one output per text
         if tuple(logits.shape) != expected:
             raise RecipeError([recipe.problem(("model",), f"the model gives logits of shape {tuple(logits.shape)}, not {expected}")])
         logits.float().square().mean().backward()

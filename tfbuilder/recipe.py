@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from . import registry
 from .errors import Problem, RecipeError, did_you_mean
+from .heads.section import HeadSection, head_problems
 from .registry import ComponentParams, ModelDims
 from .sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
 from .sources import RECIPE_SECTIONS, Source, apply_overrides, check_bounds, dotted_path, load_source, merge
@@ -184,6 +185,9 @@ class ModelSection(Section):
     mtp: MultiTokenSection | None = Field(
         None, description="multi-token prediction modules trained beside the output head (kind decoder); default none"
     )
+    head: HeadSection | None = Field(
+        None, description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSection":
@@ -221,6 +225,10 @@ class ModelSection(Section):
             size = getattr(self, name)
             if size is not None and self.pad_id is not None and self.pad_id >= size:
                 problems.append((("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id))
+        if self.head is not None:
+            problems += head_problems(self.head, self.kind)
+            if self.mtp is not None:
+                problems.append((("mtp",), "multi-token prediction trains next-token outputs; a model with a sequence head (model.head) has none", None))
         fail("ModelSection", problems)
         return self
 
@@ -310,7 +318,13 @@ class Recipe(Section):
         problems: list[tuple[tuple, str, Any]] = []
         if self.data is not None:
             wanted = {"encoder_decoder": ("parallel", "synthetic"), "decoder": ("monolingual",), "encoder": ("monolingual",)}
-            if self.data.type not in wanted[self.model.kind]:
+            if self.model.head is not None:  # one prediction per text: labelled texts
+                wanted = {kind: ("labelled",) for kind in wanted}
+            if self.data.type == "labelled" and self.model.head is None and self.model.kind != "encoder_decoder":
+                problems.append(
+                    (("model", "head"), "labelled data trains a sequence head: set model.head: {type: classify, classes: N} or {type: regress}", None)
+                )
+            elif self.data.type not in wanted[self.model.kind]:
                 problems.append(
                     (("data", "type"), f"a model of kind '{self.model.kind}' trains on {' or '.join(wanted[self.model.kind])} data", self.data.type)
                 )
@@ -340,6 +354,12 @@ class Recipe(Section):
                     problems.append(
                         (("data", "tokenizer", "path"), f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials", self.data.tokenizer.path)
                     )
+        monitor, head = self.trainer.monitor, self.model.head.type if self.model.head is not None else None
+        wanted = {"val_f1": "classify", "val_mse": "regress"}.get(monitor)
+        if wanted is not None and head != wanted:
+            problems.append((("trainer", "monitor"), f"{monitor} is a score of a {wanted} head (model.head: {{type: {wanted}}})", monitor))
+        if monitor == "val_acc" and head == "regress":
+            problems.append((("trainer", "monitor"), "a regress head has no accuracy: monitor val_mse or val_loss", monitor))
         if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
             problems.append(
                 (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)

@@ -46,6 +46,7 @@ class RunResult:
     tokens_per_s: float
     seconds: float
     exact_match: float | None = None  # percent of validation outputs equal to their reference
+    head_scores: dict[str, float] = field(default_factory=dict)  # a sequence head's last validation (val_acc, val_f1, val_mse, val_pearson)
     val_curve: list[tuple[int, float]] = field(default_factory=list)
     train_curve: list[tuple[int, float]] = field(default_factory=list)
 
@@ -71,7 +72,12 @@ class Row:
         return [float(v) for v in out if v is not None]
 
     def perplexities(self) -> list[float]:
-        return [math.exp(min(v, 50)) for v in self.values("best_val_loss")]
+        # Of language models and translation; a sequence head's loss is per text, not per token.
+        return [math.exp(min(r.best_val_loss, 50)) for r in self.runs if r.best_val_loss is not None and not r.head_scores]
+
+    def head(self, key: str, scale: float = 1.0) -> list[float]:
+        """A sequence head's score ``key`` of each run that has it."""
+        return [scale * r.head_scores[key] for r in self.runs if key in r.head_scores]
 
 
 def find_runs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
@@ -136,6 +142,8 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     seconds = number(summary, "seconds", summary_path, what="run summary")
     best = number(summary, "best_val_loss", summary_path, what="run summary", optional=True)
     speed = number(summary, "tokens_per_s", summary_path, what="run summary", optional=True)
+    saved_head = summary.get("head_scores") if isinstance(summary.get("head_scores"), dict) else {}
+    head_scores = {k: number(saved_head, k, summary_path, what="run summary") for k in HEAD_KEYS if saved_head.get(k) is not None}
     with torch.device("meta"):
         parameters = count_parameters(build_model(recipe))
     bleu = exact = None
@@ -167,6 +175,7 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
         seconds=seconds,
         val_curve=val_curve,
         train_curve=train_curve,
+        head_scores=head_scores,
     )
 
 
@@ -220,9 +229,14 @@ def _cell(values: list[float], digits: int) -> str:
     return f"{mean:,.{digits}f}" + ("" if std is None else f" ± {std:,.{digits}f}")
 
 
+HEAD_KEYS = ("val_acc", "val_f1", "val_mse", "val_pearson")  # what a sequence head's run summary holds
 COLUMNS = (  # (header, CSV name, how to get the values, digits)
     ("val loss", "val_loss", lambda row: row.values("best_val_loss"), 3),
     ("val PPL", "val_ppl", lambda row: row.perplexities(), 2),
+    ("val acc %", "val_acc", lambda row: row.head("val_acc", 100.0), 1),
+    ("val F1", "val_f1", lambda row: row.head("val_f1"), 3),
+    ("val MSE", "val_mse", lambda row: row.head("val_mse"), 4),
+    ("val r", "val_pearson", lambda row: row.head("val_pearson"), 3),
     ("BLEU", "bleu", lambda row: row.values("bleu"), 2),
     ("exact %", "exact_match", lambda row: row.values("exact_match"), 1),
     ("tokens/s", "tokens_per_s", lambda row: row.values("tokens_per_s"), 0),
@@ -286,7 +300,9 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
 def _legend(beam: int) -> str:
     return (
         "Each cell is the mean ± sample standard deviation over the seeds. *val loss*: the best validation "
-        "loss (per-token NLL, no label smoothing) and *val PPL* its perplexity; *BLEU*: sacreBLEU of the best "
+        "loss (per-token NLL, no label smoothing; of a sequence head: per-text cross-entropy or squared error) and *val PPL* "
+        "its perplexity; *val acc %*, *val F1*, *val MSE*, *val r*: a sequence head's accuracy, macro-F1, mean squared error "
+        "and Pearson correlation at the last validation; *BLEU*: sacreBLEU of the best "
         f"checkpoint's beam-{beam} translations of the validation split (text data only); *exact %*: the share "
         "of those translations equal to their reference; *tokens/s*: target tokens per second "
         "of training steps; *wall s*: the whole run, data preparation and validation included."

@@ -314,10 +314,14 @@ def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
     return chosen
 
 
-def fits(model: nn.Module, state: dict[str, torch.Tensor], *, source: str | Path) -> None:
+def fits(model: nn.Module, state: dict[str, torch.Tensor], *, source: str | Path, new: str | None = None) -> None:
     """Refuse (exit 2, naming the parameters) weights that do not fit ``model``: missing, unexpected,
-    or of another shape. Checked before anything is created or trained."""
+    or of another shape. Checked before anything is created or trained. Keys starting with ``new``
+    (a new head, ``"head."``) are left out on both sides."""
     own = model.state_dict()
+    if new is not None:
+        own = {k: v for k, v in own.items() if not k.startswith(new)}
+        state = {k: v for k, v in state.items() if not k.startswith(new)}
     problems = [
         f"{k}: checkpoint {tuple(state[k].shape)}, recipe {tuple(v.shape)}"
         for k, v in own.items()

@@ -152,7 +152,9 @@ class ColumnsSection(Section):
         description="translation: the source field (JSON, Parquet, datasets: a dotted path into nested records such as translation.de)",
     )
     target: str | None = Field(None, min_length=1, max_length=255, description="translation: the target field")
-    text: str | None = Field(None, min_length=1, max_length=255, description="language models: the text field")
+    text: str | None = Field(None, min_length=1, max_length=255, description="language models and labelled data: the text field")
+    text_pair: str | None = Field(None, min_length=1, max_length=255, description="labelled data: a second text read with the first (<s> text </s> pair </s>); optional")
+    label: str | None = Field(None, min_length=1, max_length=255, description="labelled data: the label field (a class name or integer; a number to regress)")
 
 
 # A Hub repository id: a name, or owner/name (letters, digits, '-', '_', '.').
@@ -173,8 +175,10 @@ class HubSection(Section):
 class DataSection(Section):
     """Where examples come from and how they are batched."""
 
-    type: Literal["synthetic", "parallel", "monolingual"] = Field(
-        "synthetic", description="synthetic tasks, parallel text (translation) or monolingual text (language models)"
+    type: Literal["synthetic", "parallel", "monolingual", "labelled"] = Field(
+        "synthetic",
+        description="synthetic tasks, parallel text (translation), monolingual text (language models) or labelled text "
+        "(a sequence head: classification, regression; records with columns text, label and optionally text_pair)",
     )
     # synthetic tasks
     task: Literal["copy", "reverse", "sort"] | None = Field(None, description="the synthetic task")
@@ -270,7 +274,9 @@ class DataSection(Section):
                     problems.append((("hub",), "set path (a save_to_disk folder) or hub (a dataset on the Hub), not both; path: null drops an inherited one", self.hub.name))
             elif self.path is None:
                 problems.append((("path",), f"{self.type} data needs a path", None))
-            if self.format == "text":
+            if self.format == "text" and self.type == "labelled":
+                problems.append((("format",), "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, and columns.text and columns.label", self.format))
+            elif self.format == "text":
                 needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
                 for lang in needed:
                     if getattr(self, lang) is None:
@@ -278,14 +284,15 @@ class DataSection(Section):
                 if self.columns is not None:
                     problems.append((("columns",), "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets", None))
             else:
-                fields = ("source", "target") if self.type == "parallel" else ("text",)
+                fields = {"parallel": ("source", "target"), "labelled": ("text", "label")}.get(self.type, ("text",))
+                optional = ("text_pair",) if self.type == "labelled" else ()
                 columns = self.columns or ColumnsSection()
-                named = {"source": columns.source, "target": columns.target, "text": columns.text}
+                named = {"source": columns.source, "target": columns.target, "text": columns.text, "text_pair": columns.text_pair, "label": columns.label}
                 for name in fields:
                     if named[name] is None:
                         problems.append((("columns", name), f"{self.type} data in format {self.format} needs columns.{name}", None))
                 for name, value in named.items():
-                    if value is not None and name not in fields:
+                    if value is not None and name not in fields + optional:
                         problems.append((("columns", name), f"{self.type} data has no {name} column", value))
                 if self.documents != "lines":
                     problems.append((("documents",), "documents separated by blank lines are plain text (format: text)", self.documents))
@@ -391,8 +398,10 @@ class TrainerSection(Section):
     val_bleu: int = Field(
         0, ge=0, description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off"
     )
-    monitor: Literal["val_loss", "val_bleu"] = Field(
-        "val_loss", description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better) or val_bleu (higher; needs val_bleu)"
+    monitor: Literal["val_loss", "val_bleu", "val_acc", "val_f1", "val_mse"] = Field(
+        "val_loss",
+        description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better), val_bleu (higher; needs val_bleu), "
+        "val_acc (higher), and for a sequence head val_f1 (higher; classify) or val_mse (lower; regress)",
     )
     patience: int | None = Field(
         None, ge=1, le=1_000_000, description="stop after this many validations without improvement of monitor; unset: never"

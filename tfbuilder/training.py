@@ -29,9 +29,12 @@ from torch import nn
 from . import __version__, atomic, devices, diskspace, loggers, objectives, preflight, registry, stopping, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
+from .data import labels as label_files
 from .data.datamodule import DataModule
 from .data.prepare import Prepared, Vocab, prepare
 from .errors import TfbuilderError
+from .heads import metrics as head_metrics
+from .heads import transfer
 from .metrics_log import MetricsCSV
 from .progress import Progress
 from .recipe import Recipe
@@ -96,6 +99,8 @@ class Task(L.LightningModule):
         self.started = time.perf_counter() if started is None else started
         self.objective = objectives.objective(recipe, epsilon=recipe.optim.label_smoothing)
         self._val = torch.zeros(3, dtype=torch.float64)
+        self.head = recipe.model.head  # a sequence head's scores: sums over the validation (tfbuilder.heads.metrics)
+        self._head_sums: torch.Tensor | None = None
         self._clock = 0.0
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
@@ -129,8 +134,10 @@ class Task(L.LightningModule):
         # Over the tokens the objective predicted (a masked LM: its masked share), as validation does;
         # tokens/s counts every target token the step read.
         predicted = result.tokens.clamp(min=1)
-        self.log("train_ppl", torch.exp(result.nll / predicted), batch_size=size)
-        self.log("train_acc", result.correct.float() / predicted, batch_size=size)
+        if self.head is None:
+            self.log("train_ppl", torch.exp(result.nll / predicted), batch_size=size)
+        if self.head is None or self.head.type == "classify":
+            self.log("train_acc", result.correct.float() / predicted, batch_size=size)
         if self.recipe.optim.accumulate > 1:
             # Lightning averages the k micro-batches' losses; a step must instead average over their
             # target tokens, as one batch k times larger would. The token-summed loss is returned here
@@ -178,16 +185,25 @@ class Task(L.LightningModule):
     # --- validation ---------------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
         self._val = torch.zeros(3, dtype=torch.float64, device=self.device)
+        if self.head is not None:
+            self._head_sums = torch.zeros(head_metrics.size(self.head.type, self.head.outputs), dtype=torch.float64, device=self.device)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         result = self.objective(self.model, batch)
         # Summed on the device; read once, when the validation ends.
         self._val += torch.stack([result.nll.double(), result.correct.double(), result.tokens.double()])
+        if self._head_sums is not None:
+            self._head_sums += head_metrics.batch_sums(self.head.type, result.outputs, batch["labels"], self.head.outputs)
 
     def on_validation_epoch_end(self) -> None:
         nll, correct, tokens = self.trainer.strategy.reduce(self._val, reduce_op="sum").tolist()
         loss = nll / max(tokens, 1)
         self.log("val_loss", loss, prog_bar=True, sync_dist=False, rank_zero_only=False)
+        if self._head_sums is not None:  # accuracy and macro-F1, or MSE and Pearson's r
+            sums = self.trainer.strategy.reduce(self._head_sums, reduce_op="sum")
+            for name, value in head_metrics.scores(self.head.type, sums, self.head.outputs, prefix="val_").items():
+                self.log(name, value, sync_dist=False)
+            return
         self.log("val_ppl", math.exp(min(loss, 50)), sync_dist=False)
         self.log("val_acc", correct / max(tokens, 1), sync_dist=False)
         if self.bleu_lines is not None:
@@ -253,6 +269,9 @@ class Task(L.LightningModule):
             self.ranks_agree = bool(torch.all(gathered == gathered[0]))
 
 
+SCORE_NAMES = {"val_acc": "accuracy", "val_f1": "macro-F1", "val_mse": "MSE", "val_pearson": "Pearson r"}
+
+
 @dataclass
 class Summary:
     """What ``fit`` reports when it ends (also ``summary.json``)."""
@@ -275,16 +294,20 @@ class Summary:
     last_val_step: int | None = None  # = last.ckpt
     stopped: str = "max_steps"
     history: list[dict] = field(default_factory=list)  # every invocation: new, resumes, with what changed
+    head_scores: dict[str, float] | None = None  # a sequence head's last validation: val_acc, val_f1 or val_mse, val_pearson
 
     def lines(self) -> list[str]:
-        best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f} (perplexity {self.best_val_ppl:.2f})"
+        best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f}" + ("" if self.head_scores is not None else f" (perplexity {self.best_val_ppl:.2f})")
         rows = [
             ("run directory", display_path(self.run_dir)),
             ("steps", f"{self.steps:,} ({self.stopped})"),
             ("wall time", f"{self.seconds:.1f} s"),
             ("best validation loss", best),
-            ("last validation accuracy", "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens"),
         ]
+        if self.head_scores is not None:
+            rows += [(f"last validation {SCORE_NAMES[k]}", f"{v:.4f}") for k, v in self.head_scores.items()]
+        else:
+            rows.append(("last validation accuracy", "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens"))
         if self.last_val_bleu is not None:
             rows.append(("last validation BLEU", f"{self.last_val_bleu:.2f} (greedy, subset)"))
         rows += [("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)")]
@@ -581,6 +604,7 @@ def _start_and_train(
         _probe(recipe)
         # All data problems surface here, before a run directory exists or anything trains.
         prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
+        recipe = label_files.settle(recipe, prepared)  # labelled data: label ids, and the mapping recorded in the recipe
         preflight.check_split_lengths(recipe, prepared.splits)
         vocab_json = prepared.vocab.to_json()
         model = _initial_model(recipe, origin)
@@ -663,6 +687,14 @@ def _initial_model(recipe: Recipe, origin: _Origin) -> nn.Module:
     model = build_model(recipe)
     if origin.source is not None:
         weights = model_state(origin.source)
+        theirs = origin.source["tfbuilder"]["recipe"]
+        if origin.invocation["kind"] == "init_from" and transfer.new_head(recipe.to_dict(), theirs):
+            # Fine-tuning with another head (tfbuilder.heads.transfer): the body must fit, the head is new.
+            fits(model, weights, source=origin.source_path, new=transfer.HEAD)
+            dropped = transfer.load_body(model, weights)
+            _say(transfer.note(str(origin.source_path), recipe.to_dict(), theirs, model, dropped))
+            origin.invocation["new_head"] = True
+            return model
         fits(model, weights, source=origin.source_path)
         if origin.invocation["kind"] == "init_from":
             model.load_state_dict(weights)
@@ -826,6 +858,9 @@ def _train(start: _Start) -> Summary:
         last_val_step=guard.last_step,
         stopped=stopped,
         history=task.history + [{**invocation, "to_step": trainer.global_step}],
+        head_scores=None if recipe.model.head is None else {
+            k: v for k, v in guard.last_metrics.items() if k in SCORE_NAMES and math.isfinite(v)  # Pearson's r of a constant: none
+        },
     )
     if trainer.is_global_zero:
         atomic.write_text(run_dir / "summary.json", json.dumps(asdict(summary), indent=2), what="summary")

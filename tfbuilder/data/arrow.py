@@ -12,6 +12,7 @@ the file (Parquet) or the split and dataset (``datasets``) and the row, counted 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,10 @@ def columns_of(schema: Any, fields: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(split_path(schema.names, f)[0] for f in fields))
 
 
-def check_fields(schema: Any, fields: tuple[str, ...], where: str) -> None:
-    """Each dotted field of ``fields`` exists in ``schema`` and holds text; a :class:`DataError` naming
-    ``where`` (a file, a split) and what the schema has otherwise."""
+def check_fields(schema: Any, fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()) -> None:
+    """Each dotted field of ``fields`` exists in ``schema`` and holds text (those in ``numbers``, a
+    label, may hold numbers or booleans); a :class:`DataError` naming ``where`` (a file, a split) and
+    what the schema has otherwise."""
     import pyarrow as pa
 
     for dotted in fields:
@@ -63,7 +65,7 @@ def check_fields(schema: Any, fields: tuple[str, ...], where: str) -> None:
                 inside = f" in '{parent}' ({_kind(node)})" if parent and names is None else (f" in '{parent}'" if parent else "")
                 raise DataError(f"{where}: no field '{dotted}' (data.columns): no '{part}'{inside}{has}")
             node = node.field(part).type
-        if not _is_text(node):
+        if not _is_text(node) and not (dotted in numbers and _is_number(node)):
             raise DataError(f"{where}: field '{dotted}' is {_kind(node)}, not text (every row; data.columns)")
 
 
@@ -74,6 +76,14 @@ def _is_text(kind: Any) -> bool:
         kind = kind.value_type
     is_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow 16 and later
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or is_view(kind)
+
+
+def _is_number(kind: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
 
 
 def _kind(kind: Any) -> str:
@@ -100,9 +110,10 @@ def _leaf(batch: Any, dotted: str) -> Any:
     return array
 
 
-def batch_rows(batches: Iterable[Any], fields: tuple[str, ...], where: str) -> Iterator[tuple[str, ...]]:
+def batch_rows(batches: Iterable[Any], fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The ``fields`` of every row of ``batches`` (Arrow record batches whose schema
-    :func:`check_fields` accepted); a null value is an error naming ``where`` and its row."""
+    :func:`check_fields` accepted); a null value is an error naming ``where`` and its row. Numbers
+    (of the fields in ``numbers``) are given as their JSON text, as JSON Lines labels are."""
     start = 0
     for batch in batches:
         columns = []
@@ -111,7 +122,10 @@ def batch_rows(batches: Iterable[Any], fields: tuple[str, ...], where: str) -> I
             if array.null_count:
                 row = start + array.is_null().to_pylist().index(True) + 1
                 raise DataError(f"{where}, row {row:,}: field '{dotted}' is null, not text")
-            columns.append(array.to_pylist())
+            values = array.to_pylist()
+            if dotted in numbers and not _is_text(array.type):
+                values = [json.dumps(v) for v in values]
+            columns.append(values)
         yield from zip(*columns)
         start += batch.num_rows
 
@@ -148,7 +162,7 @@ def _escape(stem: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in stem)
 
 
-def parquet_rows(paths: list[Path], fields: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+def parquet_rows(paths: list[Path], fields: tuple[str, ...], *, numbers: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The ``fields`` of every row of the Parquet files ``paths``, in order, a record batch at a time;
     only the columns that hold them are read."""
     pa = require("pyarrow", "parquet")
@@ -162,14 +176,14 @@ def parquet_rows(paths: list[Path], fields: tuple[str, ...]) -> Iterator[tuple[s
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"cannot read {path}: not a readable Parquet file ({_first_line(exc)})") from None
         with parquet:
-            check_fields(parquet.schema_arrow, fields, str(path))
+            check_fields(parquet.schema_arrow, fields, str(path), numbers=numbers)
             top = columns_of(parquet.schema_arrow, fields)
             batches = (
                 batch
                 for group in range(parquet.metadata.num_row_groups)
                 for batch in parquet.iter_batches(batch_size=BATCH, columns=top, row_groups=[group])
             )
-            yield from batch_rows(_guarded(batches, str(path)), fields, str(path))
+            yield from batch_rows(_guarded(batches, str(path)), fields, str(path), numbers=numbers)
 
 
 def _guarded(batches: Iterator[Any], where: str) -> Iterator[Any]:
@@ -242,16 +256,16 @@ def dataset_files(dataset: Any) -> tuple[Path, ...]:
     return tuple(Path(f["filename"]) for f in dataset.cache_files)
 
 
-def dataset_rows(dataset: Any, fields: tuple[str, ...], where: str) -> Callable[[], Iterator[tuple[str, ...]]]:
+def dataset_rows(dataset: Any, fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()) -> Callable[[], Iterator[tuple[str, ...]]]:
     """A function streaming the ``fields`` of every row of ``dataset`` (a ``datasets.Dataset``), in
     Arrow batches of ``BATCH`` rows; the schema is checked now."""
-    check_fields(dataset.features.arrow_schema, fields, where)
+    check_fields(dataset.features.arrow_schema, fields, where, numbers=numbers)
     top = columns_of(dataset.features.arrow_schema, fields)
 
     def rows() -> Iterator[tuple[str, ...]]:
         tables = dataset.select_columns(top).with_format("arrow").iter(batch_size=BATCH)
         batches = (batch for table in _guarded(tables, where) for batch in table.to_batches())
-        yield from batch_rows(batches, fields, where)
+        yield from batch_rows(batches, fields, where, numbers=numbers)
 
     return rows
 

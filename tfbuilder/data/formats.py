@@ -40,15 +40,18 @@ def _field(record: object, dotted: str) -> object:
     return value
 
 
-def _text_of(value: object, where: str, name: str) -> str:
+def _text_of(value: object, where: str, name: str, *, number: bool = False) -> str:
     if isinstance(value, str):
         return value
+    if number and isinstance(value, (bool, int, float)):  # a label: JSON's own spelling of it
+        return json.dumps(value)
     kind = "null" if value is None else type(value).__name__
     raise DataError(f"{where}: field '{name}' is {kind}, not text")
 
 
-def jsonl_rows(path: Path, fields: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
-    """The ``fields`` of each JSON record (one per line; blank lines are skipped)."""
+def jsonl_rows(path: Path, fields: tuple[str, ...], *, numbers: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The ``fields`` of each JSON record (one per line; blank lines are skipped); those in
+    ``numbers`` (labels) may also be JSON numbers or booleans, given as their JSON text."""
     for number, line in enumerate(text.lines(path), start=1):
         if not line.strip():
             continue
@@ -67,7 +70,7 @@ def jsonl_rows(path: Path, fields: tuple[str, ...]) -> Iterator[tuple[str, ...]]
                 value = _field(record, name)
             except KeyError:
                 raise DataError(f"{where}: no field '{name}' (data.columns)") from None
-            values.append(_text_of(value, where, name))
+            values.append(_text_of(value, where, name, number=name in numbers))
         yield tuple(values)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from ..sections import DataSection
 from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
+from . import labels as label_files
 from . import store, synthetic
 from . import tokenizers as toks
 from .readers import Row, SplitSource, chunks, split_sources
@@ -195,10 +196,13 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
     for name, source in sources.items():
         names = ["src", "tgt"] if source.paired else ["src"]
         sides = [store.SideWriter(tmp, f"{name}.{side}", dtype) for side in names]
-        keep_text = source.paired and name != "train"
+        keep_text = source.paired and name != "train" and not source.labelled  # for BLEU
         handles = [open(tmp / f"{name}.{side}.txt", "w", encoding="utf-8", newline="\n") for side in names] if keep_text else []
+        labels = label_files.Collected() if source.labelled else None
         try:
-            info = _encode(source, vocab, sides, handles, max_len=data.max_len if name == "train" and not data.packing else None)
+            info = _encode(source, vocab, sides, handles, max_len=data.max_len if name == "train" and not data.packing else None, labels=labels)
+            if labels is not None:
+                label_files.write(tmp, name, source.label or str(source.files[0]), labels)
         finally:
             for side in sides:
                 side.close()
@@ -235,11 +239,18 @@ class _MemorySide:
 
 
 def _encode(
-    source: SplitSource, vocab: Vocab, sides: Sequence[_Side], texts: Sequence[list[str] | TextIO], *, max_len: int | None
+    source: SplitSource,
+    vocab: Vocab,
+    sides: Sequence[_Side],
+    texts: Sequence[list[str] | TextIO],
+    *,
+    max_len: int | None,
+    labels: "label_files.Collected | None" = None,
 ) -> dict:
     """Stream ``source`` through the tokenizer into ``sides`` (one per side), chunk by chunk, keeping
-    the text in ``texts`` (lists or files) when given. Empty examples are left out, and with
-    ``max_len`` longer ones; returns the counts."""
+    the text in ``texts`` (lists or files) when given, and the labels of the examples kept in
+    ``labels`` (labelled data). Empty examples are left out, and with ``max_len`` longer ones;
+    returns the counts."""
     rows = seen = dropped = dropped_tokens = 0
     nonblank = [0, 0]
     for chunk in chunks(source.rows(), CHUNK):
@@ -263,6 +274,8 @@ def _encode(
             encoded = [[ids[i] for i in keep] for ids in encoded]
         for side, ids in zip(sides, encoded):
             side.add(ids)
+        if labels is not None:
+            labels.add([rows + i + 1 for i in keep], [chunk[i][2] for i in keep])
         rows += len(chunk)
         seen += len(keep)
     for i, count in enumerate(nonblank[: len(sides)]):

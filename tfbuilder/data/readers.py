@@ -19,7 +19,7 @@ from ..sections import DataSection
 from . import arrow, formats, synthetic, text
 from .tokenizers import DataError
 
-Row = tuple[str, "str | None"]  # (source or text, target or None)
+Row = tuple[str, "str | None"]  # (source or text, target or None); labelled data adds the label: (text, pair or None, label)
 T = TypeVar("T")
 
 
@@ -30,9 +30,10 @@ class SplitSource:
     name: str
     files: tuple[Path, ...]
     rows: Callable[[], Iterator[Row]]
-    paired: bool  # rows have targets (translation)
+    paired: bool  # rows have targets (translation) or second texts (labelled pairs)
     label: str | None = None  # how errors name the split when its files are not one per side (records, datasets)
     fingerprint: str | None = None  # what identifies a loaded Hugging Face dataset, beside its files
+    labelled: bool = False  # rows end with a label (data.type labelled, tfbuilder.data.labels)
 
 
 def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -85,16 +86,30 @@ def _text(data: DataSection, name: str, paths: tuple[Path, ...]) -> SplitSource:
 
 
 def _fields(data: DataSection) -> tuple[str, ...]:
-    """The record fields ``data.columns`` names: (source, target) or (text,)."""
+    """The record fields ``data.columns`` names: (source, target), (text,), or labelled data's
+    (text, [text_pair,] label)."""
     columns = data.columns
     if columns is None:  # the schema requires them; a section built without validation gets this
         raise DataError(f"data.format {data.format} needs data.columns")
+    if data.type == "labelled":
+        return (columns.text or "",) + ((columns.text_pair,) if columns.text_pair else ()) + (columns.label or "",)
     return (columns.source or "", columns.target or "") if data.type == "parallel" else (columns.text or "",)
+
+
+def _paired(data: DataSection) -> bool:
+    """Whether rows have a second text: a translation's target, or a labelled pair."""
+    return data.type == "parallel" or (data.type == "labelled" and data.columns is not None and data.columns.text_pair is not None)
+
+
+def _numbers(data: DataSection, fields: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields that may hold numbers rather than text: a label (given as its JSON text)."""
+    return fields[-1:] if data.type == "labelled" else ()
 
 
 def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[str, SplitSource]:
     """Splits of JSON Lines, CSV, TSV (:mod:`tfbuilder.data.formats`) or Parquet files (:mod:`tfbuilder.data.arrow`)."""
-    fields, paired = _fields(data), data.type == "parallel"
+    fields, paired, labelled = _fields(data), _paired(data), data.type == "labelled"
+    numbers = _numbers(data, fields)
     if data.format == "parquet":
         arrow.require("pyarrow", "parquet")  # said now, not when the first row is read
     out: dict[str, SplitSource] = {}
@@ -103,25 +118,25 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
             if name == "test" and not arrow.parquet_exists(directory, stem):
                 continue
             paths = tuple(arrow.parquet_files(directory, stem))
-            read = partial(arrow.parquet_rows, list(paths), fields)
+            read = partial(arrow.parquet_rows, list(paths), fields, numbers=numbers)
             label = str(paths[0]) if len(paths) == 1 else f"{directory}/{stem}-*.parquet"
-            out[name] = SplitSource(name, paths, _as_rows(read, paired), paired=paired, label=label)
+            out[name] = SplitSource(name, paths, _as_rows(read, paired, labelled), paired=paired, label=label, labelled=labelled)
             continue
         if name == "test" and not formats.exists(directory, stem, data.format):
             continue
         path = formats.find(directory, stem, data.format)
         if data.format == "jsonl":
-            read = partial(formats.jsonl_rows, path, fields)
+            read = partial(formats.jsonl_rows, path, fields, numbers=numbers)
         else:
             read = partial(formats.table_rows, path, fields, delimiter="\t" if data.format == "tsv" else ",")
-        out[name] = SplitSource(name, (path,), _as_rows(read, paired), paired=paired, label=str(path))
+        out[name] = SplitSource(name, (path,), _as_rows(read, paired, labelled), paired=paired, label=str(path), labelled=labelled)
     return out
 
 
 def _datasets(data: DataSection, stems: dict[str, str], say: Callable[[str], None]) -> dict[str, SplitSource]:
     """Splits of a Hugging Face dataset: a ``save_to_disk`` folder (``data.path``) or a Hub dataset
     (``data.hub``, through ``load_dataset``). Loading maps the Arrow files; rows are read when asked for."""
-    fields, paired = _fields(data), data.type == "parallel"
+    fields, paired, labelled = _fields(data), _paired(data), data.type == "labelled"
     keys = {"train": "data.splits.train", "val": "data.splits.val", "test": "data.splits.test"}
     hub = data.hub
     loaded = None
@@ -142,17 +157,21 @@ def _datasets(data: DataSection, stems: dict[str, str], say: Callable[[str], Non
                 continue
             dataset = arrow.load_saved(folder, split, keys[name])
             where = f"{folder / split}"
-        read = arrow.dataset_rows(dataset, fields, where)
+        read = arrow.dataset_rows(dataset, fields, where, numbers=_numbers(data, fields))
         out[name] = SplitSource(
-            name, arrow.dataset_files(dataset), _as_rows(read, paired), paired=paired, label=where,
+            name, arrow.dataset_files(dataset), _as_rows(read, paired, labelled), paired=paired, label=where,
             fingerprint=getattr(dataset, "_fingerprint", None),  # datasets' own content hash (no public accessor)
+            labelled=labelled,
         )
     return out
 
 
-def _as_rows(read: Callable[[], Iterator[tuple[str, ...]]], paired: bool) -> Callable[[], Iterator[Row]]:
+def _as_rows(read: Callable[[], Iterator[tuple[str, ...]]], paired: bool, labelled: bool = False) -> Callable[[], Iterator[Row]]:
     def rows() -> Iterator[Row]:
         for values in read():
-            yield (values[0], values[1]) if paired else (values[0], None)
+            if labelled:  # (text, pair or None, label)
+                yield (values[0], values[1] if paired else None, values[-1])
+            else:
+                yield (values[0], values[1]) if paired else (values[0], None)
 
     return rows

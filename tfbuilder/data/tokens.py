@@ -139,12 +139,15 @@ class StoredTokens:
 @dataclass
 class Split:
     """Tokenized examples of one split (targets are None for monolingual text). ``dropped``: examples
-    left out (empty, or longer than ``data.max_len``), and ``dropped_tokens`` their tokens."""
+    left out (empty, or longer than ``data.max_len``), and ``dropped_tokens`` their tokens. Labelled
+    data (:mod:`tfbuilder.data.labels`): ``tgt`` holds the second texts of pairs, ``labels`` a class
+    id (int64) or a number (float32) per example."""
 
     src: Rows
     tgt: Rows | None = None
     dropped: int = 0
     dropped_tokens: int = 0
+    labels: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         # Lists of rows are accepted for convenience (tests, small in-memory data).

@@ -373,6 +373,17 @@ class _BeamSearch:
         """``ended`` (n, beam): the scores of every live hypothesis followed by </s>. Those that beat
         an input's ``nbest``-th best so far replace it (length-normalised)."""
         normalised = ended / _length_penalty(step + 1, self.alpha)
+        if self.nbest == 1:  # the common case, without a Python loop over candidates
+            best, column = normalised.max(dim=1)  # of equal scores, the first
+            rows = (best > self.bar[self.alive]).nonzero().squeeze(1)
+            if len(rows) == 0:
+                return
+            inputs = self.alive[rows]
+            self.bar[inputs] = best[rows]
+            ids = self.tokens[rows * self.beam + column[rows], 1:].tolist()
+            for i, score, hyp in zip(inputs.tolist(), best[rows].tolist(), ids):
+                self.finished[i] = [(score, hyp)]
+            return
         better = normalised > self.bar[self.alive][:, None]
         if not bool(better.any()):
             return

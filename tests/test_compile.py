@@ -23,13 +23,14 @@ from tfbuilder.recipe import Recipe
 VOCAB = tiny_model()["vocab_size"]
 
 
-ATTENTION_VARIANTS = [{}, {"kv_heads": 2}, {"window": 3}, {"qk_norm": True}, {"dropout": 0.1}]
+ATTENTION_VARIANTS = [{}, {"kv_heads": 2}, {"window": 3}, {"qk_norm": True}, {"dropout": 0.1}, {"softcap": 50.0}]
 PLACEMENTS = ["post", "pre", "sandwich"]
 
 
 def _cases() -> list:
     """Every registered type of every family, every model kind, placement and attention variant
-    (grouped-query, sliding window, qk-norm, attention dropout), with and without the model's dropout:
+    (grouped-query, sliding window, qk-norm, attention dropout, soft-capped scores), with and without the
+    model's dropout, soft-capped logits and the z-loss:
     combined into as few models as cover them all, case i taking the i-th of each (cycling). Tracing
     is what costs here; a graph break anywhere in a model fails its case, named by all it combines."""
     types = {family: registry.types(family) for family in registry.FAMILIES}
@@ -43,6 +44,8 @@ def _cases() -> list:
             changes["ffn"]["capacity_factor"] = 1.5  # (compiled, the dispatch is the static one either way)
         changes["placement"] = PLACEMENTS[i % len(PLACEMENTS)]
         changes["dropout"] = 0.1 * (i % 2)
+        if i % 3 == 1:
+            changes["logit_softcap"] = 30.0  # with the recipe's z-loss (see _setup)
         kind = list(KINDS)[i % len(KINDS)]
         name = "-".join([kind, changes["placement"], *(c["type"] for c in (changes[f] for f in registry.FAMILIES))])
         variant = "-".join(f"{k}={v}" for k, v in changes["attention"].items() if k not in ("type", "heads"))
@@ -56,7 +59,8 @@ def _setup(changes: dict, kind: str):
         if spec.get(part):
             spec[part] = {"layers": 1}
     spec.update(changes)
-    recipe = Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1}})
+    z_loss = 1e-4 if spec.get("logit_softcap") else 0.0
+    recipe = Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1, "z_loss": z_loss}})
     model = tfbuilder.build_model(recipe).train()
     return model, objective(recipe, epsilon=0.1)
 

@@ -107,7 +107,7 @@ class _Builder:
     def output(self, tokens: nn.Embedding) -> OutputProjection:
         spec = self.spec
         scale = spec.d_model**-0.5 if spec.output_scale == "rsqrt_d_model" else spec.output_scale
-        out = OutputProjection(spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale)
+        out = OutputProjection(spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale, softcap=spec.logit_softcap)
         if spec.tie_output:
             out.weight = tokens.weight
         else:

@@ -167,6 +167,10 @@ class ModelSection(Section):
     )
     embed_norm: bool = Field(False, description="a norm (model.norm) after embeddings, positions and token types (BERT)")
     head_bias: bool = Field(False, description="learn a bias on the output projection (BERT's masked-LM head)")
+    logit_softcap: float | None = Field(
+        None, gt=0.0, le=1e4,
+        description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, arXiv:2408.00118: 30); default none",
+    )
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
     decoder: DecoderSection | None = Field(None, description="the decoder stack (kinds encoder_decoder and decoder)")

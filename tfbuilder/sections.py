@@ -251,6 +251,10 @@ class OptimSection(Section):
     )
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
+    z_loss: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="weight w of the auxiliary z-loss w * log(Z)^2 per target token, Z the softmax normaliser (PaLM, Chowdhery et al. 2022: 1e-4); 0: off",
+    )
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
     accumulate: int = Field(
         1, ge=1, le=65_536,

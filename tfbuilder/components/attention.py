@@ -22,7 +22,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
     """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2), with
     grouped-query and multi-query attention (``kv_heads``; Ainslie et al. 2023, arXiv:2305.13245;
     Shazeer 2019, arXiv:1911.02150), sliding-window attention (``window``; Beltagy et al. 2020,
-    arXiv:2004.05150) and query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245).
+    arXiv:2004.05150), query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245) and
+    score soft-capping (``softcap``; Gemma 2, Gemma Team 2024, arXiv:2408.00118).
 
     Self-attention projects queries, keys and values with one fused matrix; cross-attention
     (``ctx.cross``) projects queries from ``x`` and keys/values, fused, from ``context``. Positions that
@@ -51,6 +52,10 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         bias: bool = Field(True, description="learn biases in the input and output projections")
         scale: float | None = Field(
             None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
+        )
+        softcap: float | None = Field(
+            None, gt=0.0, le=1e4,
+            description="soft-cap the scaled scores to softcap * tanh(scores / softcap) before the mask and the softmax (Gemma 2: 50); default none",
         )
 
         def shape(self, d_model: int) -> AttentionShape:
@@ -81,6 +86,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         self.causal = ctx.causal
         self.window = params.window
         self.scale = params.scale if params.scale is not None else 1.0 / math.sqrt(self.key_dim)
+        self.softcap = params.softcap
         # A position acting inside self-attention (see AttentionPosition). The embedding owns it: held in
         # a tuple, it is not registered again under every layer (nor saved once per layer).
         position = None if ctx.cross else ctx.position
@@ -187,7 +193,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         attn_mask, is_causal = self._scores_mask(q, k.shape[2], mask, offset=offset)
         q, k, scale = self._scaled_qk(q, k)
         k, v = self._expand_kv(k), self._expand_kv(v)
-        if self.keep_weights:
+        if self.keep_weights or self.softcap is not None:  # the fused kernel has no soft-cap
             return self._explicit(q, k, v, attn_mask, scale)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal, scale=scale
@@ -202,7 +208,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         is_causal = False
         if self.causal and not self.cross and n_q > 1:  # one new query may see every key so far
             plain = mask is None and offset == 0 and n_q == n_k
-            if plain and self.window is None and not self.biased and not self.keep_weights:
+            if plain and self.window is None and not self.biased and not self.keep_weights and self.softcap is None:
                 is_causal = True
             else:
                 mask = masks.combine(mask, masks.causal_mask(n_q, n_k, offset=offset, device=q.device))
@@ -236,9 +242,12 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         return group
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, scale: float) -> Tensor:
-        """softmax(q k^T * scale + bias) v written out, so that the weights can be kept. Equal to the
+        """softmax(q k^T * scale + bias) v written out, so that the weights can be kept (and the scores
+        soft-capped, Gemma 2: softcap * tanh(scores / softcap), before bias and mask). Equal to the
         fused kernel's output (tested)."""
         scores = (q @ k.transpose(-2, -1)) * scale
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
         if attn_mask is not None:
             scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
         weights = scores.softmax(dim=-1)

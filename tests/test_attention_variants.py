@@ -1,0 +1,62 @@
+"""The 2024-2025 attention variants against their papers' equations, written out here from the
+papers (not by calling the implementation): soft-capped scores (Gemma 2), and each variant with
+grouped-query heads, rotary positions, every norm placement and the key/value cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+
+import tfbuilder
+from conftest import tiny_model
+from tfbuilder import decoding
+from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.recipe import ModelSection
+from tfbuilder.registry import BuildContext
+
+D, HEADS = 16, 2
+
+
+def attention(*, causal: bool = True, **params) -> MultiHeadAttention:
+    return MultiHeadAttention(MultiHeadAttention.Params(heads=HEADS, **params), BuildContext(d_model=D, causal=causal)).eval()
+
+
+def heads_of(x: torch.Tensor, heads: int = HEADS) -> torch.Tensor:
+    return rearrange(x, "b n (h k) -> b h n k", h=heads)
+
+
+def causal_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    n = q.shape[2]
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    return scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+
+
+def test_softcap_is_cap_times_tanh_of_the_scores():
+    """Gemma 2 (arXiv:2408.00118, sec. 2): scores <- cap * tanh(scores / cap), then mask and softmax."""
+    attn = attention(softcap=0.7, bias=False)
+    x = 3 * torch.randn(2, 5, D)  # large scores: the cap bites
+    q, k, v = (heads_of(t) for t in attn.to_qkv(x).split(D, dim=-1))
+    scores = q @ k.transpose(-1, -2) / (D // HEADS) ** 0.5
+    scores = 0.7 * torch.tanh(scores / 0.7)
+    scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    expected = attn.to_out(rearrange(scores.softmax(-1) @ v, "b h n v -> b n (h v)"))
+    torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+    uncapped = attn.to_out(rearrange(causal_scores(q, k).softmax(-1) @ v, "b h n v -> b n (h v)"))
+    assert not torch.allclose(expected, uncapped, atol=1e-3)  # the cap made a difference here
+
+
+OPTIONS = [{"softcap": 5.0}]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("placement", ["pre", "post", "sandwich"])
+def test_cached_decoding_equals_uncached_with_gqa_and_rotary(options, placement):
+    torch.manual_seed(0)
+    spec = tiny_model(kind="decoder", encoder=None, placement=placement, position={"type": "rotary"})
+    spec["attention"] = {"type": "multihead", "heads": 4, "kv_heads": 2, **options}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    tokens = torch.randint(5, 53, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(decoding.incremental_logits(model, tokens), model(tokens), atol=1e-5, rtol=1e-5)

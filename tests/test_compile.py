@@ -46,8 +46,10 @@ def _cases() -> list:
         changes["dropout"] = 0.1 * (i % 2)
         if i % 3 == 1:
             changes["logit_softcap"] = 30.0  # with the recipe's z-loss (see _setup)
+        if i in (4, 5):  # a decoder with pre-norm, an encoder with sandwich norms (the kinds and placements it allows)
+            changes.update(block="parallel", parallel_norms=("shared", "separate")[i % 2])
         kind = list(KINDS)[i % len(KINDS)]
-        name = "-".join([kind, changes["placement"], *(c["type"] for c in (changes[f] for f in registry.FAMILIES))])
+        name = "-".join([kind, changes["placement"], *(["parallel"] if "block" in changes else []), *(c["type"] for c in (changes[f] for f in registry.FAMILIES))])
         variant = "-".join(f"{k}={v}" for k, v in changes["attention"].items() if k not in ("type", "heads"))
         cases.append(pytest.param(changes, kind, id=name + (f"-{variant}" if variant else "") + ("-dropout" if i % 2 else "")))
     return cases

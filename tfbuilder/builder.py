@@ -7,7 +7,7 @@ from typing import Literal
 from torch import nn
 
 from . import registry
-from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
+from .blocks import DecoderLayer, EncoderLayer, ParallelLayer, Residual, Stack
 from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
@@ -44,11 +44,13 @@ class _Builder:
         params = (stack.norm if stack else None) or self.spec.norm
         return self.component("norm", params, BuildContext(d_model=self.spec.d_model), (where, "norm"))
 
-    def residual(self, inner: nn.Module, stack: StackSection, where: str) -> Residual:
+    def residual(self, inner: nn.Module, stack: StackSection, where: str, *, norm: bool = True) -> Residual:
+        """``inner`` wrapped with its norm(s), dropout and residual; ``norm=False``: an identity for its
+        input norm (the feed-forward of a parallel layer that shares the attention's norm)."""
         sandwich = self.spec.placement == "sandwich"
         return Residual(
             inner,
-            self.norm(stack, where),
+            self.norm(stack, where) if norm else nn.Identity(),
             placement=self.spec.placement,
             dropout=self.spec.dropout,
             norm_out=self.norm(stack, where) if sandwich else None,
@@ -75,9 +77,14 @@ class _Builder:
         ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
         cross_ctx = BuildContext(d_model=spec.d_model, cross=True)
         layers = []
+        parallel = spec.block == "parallel"
         for _ in range(section.layers):
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
-            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
+            own_norm = not (parallel and spec.parallel_norms == "shared")
+            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm)
+            if parallel:  # one-stack kinds only (validated): no cross-attention
+                layers.append(ParallelLayer(self_attn=self_attn, ffn=ff, shared_norm=not own_norm))
+                continue
             if not decoder:
                 layers.append(EncoderLayer(self_attn=self_attn, ffn=ff))
                 continue

@@ -150,6 +150,13 @@ class ModelSection(Section):
         description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + Norm(f(Norm(x))))",
     )
     final_norm: bool | None = Field(None, description="norm after each stack; default false for post, true otherwise")
+    block: Literal["sequential", "parallel"] = Field(
+        "sequential",
+        description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
+    )
+    parallel_norms: Literal["shared", "separate"] = Field(
+        "shared", description="parallel blocks: one norm shared by both branches (GPT-J, PaLM) or one norm per branch (GPT-NeoX)"
+    )
     share_embeddings: bool = Field(True, description="source and target share one embedding matrix (sec. 3.4)")
     tie_output: bool = Field(True, description="the pre-softmax projection reuses the target embedding (sec. 3.4)")
     position: Position = Field(default_factory=_default("position", "sinusoidal"), description="positional encoding")
@@ -201,6 +208,12 @@ class ModelSection(Section):
                     self.src_vocab_size,
                 )
             )
+        if self.block == "parallel" and self.kind == "encoder_decoder":
+            problems.append((("block",), "parallel blocks are for one-stack models (kinds decoder and encoder): a decoder with cross-attention has no parallel form", self.block))
+        if self.block == "parallel" and self.placement == "post":
+            problems.append((("placement",), "parallel blocks normalise before their branches: use placement pre or sandwich", self.placement))
+        if self.parallel_norms == "separate" and self.block != "parallel":
+            problems.append((("parallel_norms",), "parallel_norms is for block: parallel", self.parallel_norms))
         if self.token_types and self.kind == "encoder_decoder":
             problems.append((("token_types",), "token_types are for one-stack models (kinds decoder and encoder)", self.token_types))
         if self.pad_id is None and self.kind == "encoder_decoder":

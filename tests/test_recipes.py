@@ -160,6 +160,8 @@ def analytic_parameters(spec) -> int:
         cross = getattr(stack, "cross_attention", None) or attn
         stack_norm = norm(stack.norm or spec.norm)
         per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norms_per_sublayer * stack_norm
+        if spec.block == "parallel" and spec.parallel_norms == "shared":  # the branches share one input norm
+            per_layer -= stack_norm
         if sublayers == 3:
             per_layer += attention(cross)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)

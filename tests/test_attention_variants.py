@@ -47,7 +47,23 @@ def test_softcap_is_cap_times_tanh_of_the_scores():
     assert not torch.allclose(expected, uncapped, atol=1e-3)  # the cap made a difference here
 
 
-OPTIONS = [{"softcap": 5.0}]
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+def test_gated_attention_multiplies_each_heads_output_by_a_sigmoid_of_the_input(gate):
+    """Qiu et al. 2025 (arXiv:2505.06708), G1: Y' = Y * sigmoid(X W_theta), Y the SDPA output of each
+    head, X the attention's input; W_theta is d x (h d_v) (elementwise) or d x h (headwise)."""
+    attn = attention(gate=gate)
+    x = torch.randn(2, 5, D)
+    q, k, v = (heads_of(t) for t in attn.to_qkv(x).split(D, dim=-1))
+    y = causal_scores(q, k).softmax(-1) @ v  # (b, h, n, d_v)
+    w = attn.to_gate.weight  # (outputs, d)
+    assert w.shape == ((D if gate == "elementwise" else HEADS), D) and attn.to_gate.bias is None
+    g = torch.sigmoid(x @ w.T)
+    g = heads_of(g) if gate == "elementwise" else rearrange(g, "b n h -> b h n 1")
+    expected = attn.to_out(rearrange(y * g, "b h n v -> b n (h v)"))
+    torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
+
+
+OPTIONS = [{"softcap": 5.0}, {"gate": "elementwise"}, {"gate": "headwise"}]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))

@@ -23,13 +23,20 @@ from tfbuilder.recipe import Recipe
 VOCAB = tiny_model()["vocab_size"]
 
 
-ATTENTION_VARIANTS = [{}, {"kv_heads": 2}, {"window": 3}, {"qk_norm": True}, {"dropout": 0.1}, {"softcap": 50.0}]
+ATTENTION_VARIANTS = [
+    {},
+    {"kv_heads": 2, "gate": "elementwise"},
+    {"window": 3},
+    {"qk_norm": True},
+    {"dropout": 0.1, "gate": "headwise"},
+    {"softcap": 50.0},
+]
 PLACEMENTS = ["post", "pre", "sandwich"]
 
 
 def _cases() -> list:
     """Every registered type of every family, every model kind, placement and attention variant
-    (grouped-query, sliding window, qk-norm, attention dropout, soft-capped scores), with and without the
+    (grouped-query, sliding window, qk-norm, attention dropout, soft-capped scores, output gates), with and without the
     model's dropout, soft-capped logits and the z-loss:
     combined into as few models as cover them all, case i taking the i-th of each (cycling). Tracing
     is what costs here; a graph break anywhere in a model fails its case, named by all it combines."""

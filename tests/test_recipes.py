@@ -125,7 +125,8 @@ def analytic_parameters(spec) -> int:
         dk, dv = p.key_dim or d // h, p.value_dim or d // h
         widths = h * dk + kv * dk + kv * dv
         total = d * widths + h * dv * d + (widths + d if p.bias else 0)
-        return total + (1 if p.qk_norm else 0)
+        gates = {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]  # gated attention's W_theta, no bias
+        return total + (1 if p.qk_norm else 0) + d * gates
 
     def mlp(hidden, bias) -> int:
         return 2 * d * hidden + (hidden + d if bias else 0)

@@ -23,7 +23,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
     grouped-query and multi-query attention (``kv_heads``; Ainslie et al. 2023, arXiv:2305.13245;
     Shazeer 2019, arXiv:1911.02150), sliding-window attention (``window``; Beltagy et al. 2020,
     arXiv:2004.05150), query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245) and
-    score soft-capping (``softcap``; Gemma 2, Gemma Team 2024, arXiv:2408.00118).
+    score soft-capping (``softcap``; Gemma 2, Gemma Team 2024, arXiv:2408.00118) and output gating
+    (``gate``; Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv:2505.06708).
 
     Self-attention projects queries, keys and values with one fused matrix; cross-attention
     (``ctx.cross``) projects queries from ``x`` and keys/values, fused, from ``context``. Positions that
@@ -48,6 +49,10 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             None, ge=1, description="sliding-window self-attention: attend to keys at most window-1 positions away; default all"
         )
         qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
+        gate: Literal["none", "elementwise", "headwise"] = Field(
+            "none",
+            description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): each head's output times sigmoid(x W), x the attention's input; elementwise: one gate per value channel, headwise: one per head",
+        )
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
         bias: bool = Field(True, description="learn biases in the input and output projections")
         scale: float | None = Field(
@@ -103,6 +108,11 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         else:
             self.to_qkv = nn.Linear(d, q + k + v, bias=params.bias)
         self.to_out = nn.Linear(h * self.value_dim, d, bias=params.bias)
+        # Gated attention: the paper's Y' = Y * sigmoid(X W_theta), without a bias; one gate per value
+        # channel of each head (elementwise) or one per head (headwise).
+        self.gate = params.gate
+        gates = {"none": 0, "elementwise": h * self.value_dim, "headwise": h}[params.gate]
+        self.to_gate = nn.Linear(d, gates, bias=False) if gates else None
         # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
         self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
         self.reset_parameters()
@@ -146,7 +156,17 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         else:
             q, k, v, offset = self._self_qkv(x, cache)
             out = self._attend(q, k, v, mask, offset=offset)
+        if self.to_gate is not None:
+            out = self._gated(out, x)
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
+
+    def _gated(self, out: Tensor, x: Tensor) -> Tensor:
+        """Each head's output (b, h, i, v) times sigmoid(x W_theta), query-dependent: from this layer's
+        input ``x`` (b, i, d), per value channel (elementwise) or per head (headwise)."""
+        scores = self.to_gate(x)
+        if self.gate == "headwise":
+            return out * rearrange(scores, "b i h -> b h i 1").sigmoid()
+        return out * rearrange(scores, "b i (h v) -> b h i v", h=self.heads).sigmoid()
 
     def _self_qkv(self, x: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Queries, keys and values of self-attention (b, h, n, k), with the cached keys and values

@@ -63,7 +63,7 @@ def test_gated_attention_multiplies_each_heads_output_by_a_sigmoid_of_the_input(
     torch.testing.assert_close(attn(x), expected, atol=1e-5, rtol=1e-5)
 
 
-OPTIONS = [{"softcap": 5.0}, {"gate": "elementwise"}, {"gate": "headwise"}]
+OPTIONS = [{"softcap": 5.0}, {"gate": "elementwise"}, {"gate": "headwise"}, {"value_residual": "learnable"}]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
@@ -76,3 +76,43 @@ def test_cached_decoding_equals_uncached_with_gqa_and_rotary(options, placement)
     tokens = torch.randint(5, 53, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(decoding.incremental_logits(model, tokens), model(tokens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["fixed", "learnable"])
+def test_value_residual_mixes_the_first_layers_values_into_every_later_layer(mode):
+    """ResFormer (Zhou et al. 2024, arXiv:2410.17897): layer n >= 2 attends with its own attention
+    weights over V'_n = lambda1 * V_1 + lambda2 * V_n, V_1 = the first layer's values (of its input)."""
+    torch.manual_seed(0)
+    spec = tiny_model(kind="decoder", encoder=None, placement="pre", decoder={"layers": 3})
+    spec["attention"] = {"type": "multihead", "heads": HEADS, "bias": False, "value_residual": mode, "value_lambdas": [0.3, 0.9]}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    tokens = torch.randint(5, 53, (2, 5))
+    x = model.embed(tokens)
+    v1 = None
+    for n, layer in enumerate(model.decoder.layers):
+        attn = layer.self_attn.inner
+        h = layer.self_attn.norm(x)
+        q, k, v = (heads_of(t, HEADS) for t in attn.to_qkv(h).split(32, dim=-1))
+        if n == 0:
+            v1 = v
+        else:
+            v = 0.3 * v1 + 0.9 * v
+        y = attn.to_out(rearrange(causal_scores(q, k).softmax(-1) @ v, "b h n v -> b n (h v)"))
+        x = layer.ffn(x + y)
+    torch.testing.assert_close(model(tokens), model.head(model.decoder.final_norm(x)), atol=1e-5, rtol=1e-5)
+    lambdas = [p for name, p in model.named_parameters() if "value_lambdas" in name]
+    assert len(lambdas) == (2 if mode == "learnable" else 0)  # layers 2 and 3; the first layer has none
+    assert all(layer.self_attn.inner._shared[0].first_values is None for layer in model.decoder.layers)  # nothing kept
+
+
+def test_value_residual_compiles_across_layers_without_graph_breaks():
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    spec = tiny_model(kind="decoder", encoder=None, placement="pre", decoder={"layers": 2})
+    spec["attention"] = {"type": "multihead", "heads": 4, "kv_heads": 2, "value_residual": "learnable"}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec))
+    tokens = torch.randint(5, 53, (2, 6))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(tokens), model(tokens))

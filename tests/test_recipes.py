@@ -166,6 +166,8 @@ def analytic_parameters(spec) -> int:
         if sublayers == 3:
             per_layer += attention(cross)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
+        if getattr(attn, "value_residual", "none") == "learnable":  # two lambdas in every self-attention but the first
+            total += 2 * (stack.layers - 1)
     if spec.kind == "encoder":
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
     total += spec.token_types * d + (norm(spec.norm) * sides if spec.embed_norm else 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from torch import nn
@@ -12,7 +13,7 @@ from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
 from .recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
-from .registry import BuildContext, ComponentParams
+from .registry import BuildContext, ComponentParams, StackShared
 from .sources import dotted_path
 
 
@@ -74,11 +75,15 @@ class _Builder:
         cross_params = (section.cross_attention if decoder else None) or attention
         ffn = section.ffn or spec.ffn
         heads, head_dim = self.attention_shape(part)
-        ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
-        cross_ctx = BuildContext(d_model=spec.d_model, cross=True)
+        stack_ctx = BuildContext(
+            d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention,
+            layers=section.layers, shared=StackShared(),
+        )
         layers = []
         parallel = spec.block == "parallel"
-        for _ in range(section.layers):
+        for index in range(section.layers):
+            ctx = replace(stack_ctx, layer=index)
+            cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, layers=section.layers)
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
             own_norm = not (parallel and spec.parallel_norms == "shared")
             ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm)

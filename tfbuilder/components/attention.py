@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,9 @@ from ..registry import BuildContext, ModelDims, register
 from .position import AttentionPosition
 
 
+Lambda = Annotated[float, Field(ge=-100.0, le=100.0)]
+
+
 @register("attention", "multihead")
 class MultiHeadAttention(AttentionBase, nn.Module):
     """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2), with
@@ -24,7 +27,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
     Shazeer 2019, arXiv:1911.02150), sliding-window attention (``window``; Beltagy et al. 2020,
     arXiv:2004.05150), query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245) and
     score soft-capping (``softcap``; Gemma 2, Gemma Team 2024, arXiv:2408.00118) and output gating
-    (``gate``; Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv:2505.06708).
+    (``gate``; Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv:2505.06708), and
+    value residual learning (``value_residual``; Zhou et al. 2024, ResFormer, arXiv:2410.17897).
 
     Self-attention projects queries, keys and values with one fused matrix; cross-attention
     (``ctx.cross``) projects queries from ``x`` and keys/values, fused, from ``context``. Positions that
@@ -52,6 +56,14 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         gate: Literal["none", "elementwise", "headwise"] = Field(
             "none",
             description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): each head's output times sigmoid(x W), x the attention's input; elementwise: one gate per value channel, headwise: one per head",
+        )
+        value_residual: Literal["none", "fixed", "learnable"] = Field(
+            "none",
+            description="value residual learning (ResFormer, Zhou et al. 2024, arXiv:2410.17897): self-attention layers after the first use lambda1 * V_1 + lambda2 * V_n as values, V_1 the first layer's; fixed or learnable lambdas",
+        )
+        value_lambdas: tuple[Lambda, Lambda] = Field(
+            (0.5, 0.5), strict=False,
+            description="value residual: (lambda1, lambda2), the weights of V_1 and of the layer's own values (learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
         )
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
         bias: bool = Field(True, description="learn biases in the input and output projections")
@@ -113,6 +125,15 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         self.gate = params.gate
         gates = {"none": 0, "elementwise": h * self.value_dim, "headwise": h}[params.gate]
         self.to_gate = nn.Linear(d, gates, bias=False) if gates else None
+        # Value residual learning: the stack's first self-attention layer hands its values to the others
+        # through the stack's shared scratch (held in a tuple: not a module); layers after it mix them in.
+        residual = params.value_residual != "none" and not ctx.cross and ctx.shared is not None
+        self._shared = (ctx.shared,) if residual else ()
+        self.layer, self.last_layer = ctx.layer, ctx.layer == ctx.layers - 1
+        self.value_lambdas: nn.Parameter | tuple[float, float] | None = None
+        if residual and ctx.layer > 0:
+            lambdas = tuple(float(lam) for lam in params.value_lambdas)
+            self.value_lambdas = nn.Parameter(torch.tensor(lambdas)) if params.value_residual == "learnable" else lambdas
         # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
         self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
         self.reset_parameters()
@@ -174,6 +195,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         q, k, v = self.to_qkv(x).split(list(self.split), dim=-1)
         q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
         k, v = self._heads_kv((k, v))
+        if self._shared:
+            v = self._value_residual(v)
         offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0
         if self.rotates:
             q, k = self.position.rotate(q, offset), self.position.rotate(k, offset)  # keys are cached rotated
@@ -182,6 +205,21 @@ class MultiHeadAttention(AttentionBase, nn.Module):
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
             cache["k"], cache["v"] = k, v
         return q, k, v, offset
+
+    def _value_residual(self, v: Tensor) -> Tensor:
+        """ResFormer (Zhou et al. 2024, arXiv:2410.17897): the first layer keeps its values V_1
+        (b, h_kv, n, v) for the others, which attend over lambda1 * V_1 + lambda2 * V_n. Values of this
+        call's tokens only: cached values are stored mixed, so decoding with a cache mixes the same."""
+        shared = self._shared[0]
+        if self.layer == 0:
+            shared.first_values = v
+            return v
+        first = shared.first_values
+        if first is None:
+            raise RuntimeError("value residual: the stack's first layer did not run before this one")
+        if self.last_layer:
+            shared.first_values = None  # not kept alive between forwards
+        return self.value_lambdas[0] * first + self.value_lambdas[1] * v
 
     def _cross_qkv(
         self, x: Tensor, context: Tensor | None, mask: Tensor | None, cache: KVCache | None

@@ -4,6 +4,8 @@ grouped-query heads, rotary positions, every norm placement and the key/value ca
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,3 +118,47 @@ def test_value_residual_compiles_across_layers_without_graph_breaks():
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(tokens), model(tokens))
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["per-head", "multi-query"])
+def test_differential_attention_is_the_papers_difference_of_two_softmaxes(kv_heads):
+    """Ye et al. 2025 (arXiv:2410.05258), sec. 2.1, for head i of layer l (here l = 3):
+    [Q1; Q2] = X W_Q, [K1; K2] = X W_K, V = X W_V (2d wide),
+    head_i = (softmax(Q1 K1^T / sqrt(d)) - lambda softmax(Q2 K2^T / sqrt(d))) V,
+    lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)),
+    out = W_O concat_i((1 - lambda_init) RMSNorm(head_i))."""
+    from tfbuilder.components.attention import DifferentialAttention
+
+    h, d = 2, D // 4  # two heads; each query/key half d = 4, values 2d = 8
+    params = DifferentialAttention.Params(heads=h, kv_heads=kv_heads)
+    attn = DifferentialAttention(params, BuildContext(d_model=D, causal=True, layer=2, layers=4)).eval()
+    with torch.no_grad():
+        attn.head_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, D)
+    q, k, v = attn.to_qkv(x).split([h * 2 * d, kv_heads * 2 * d, kv_heads * 2 * d], dim=-1)
+    init = 0.8 - 0.6 * torch.exp(torch.tensor(-0.3 * (3 - 1)))
+    lam = torch.exp(attn.lambda_q1 @ attn.lambda_k1) - torch.exp(attn.lambda_q2 @ attn.lambda_k2) + init
+    mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    heads = []
+    for i in range(h):
+        g = i // (h // kv_heads)
+        qi, ki, vi = q[..., i * 2 * d : (i + 1) * 2 * d], k[..., g * 2 * d : (g + 1) * 2 * d], v[..., g * 2 * d : (g + 1) * 2 * d]
+        a1 = (qi[..., :d] @ ki[..., :d].transpose(-1, -2) / d**0.5).masked_fill(mask, float("-inf")).softmax(-1)
+        a2 = (qi[..., d:] @ ki[..., d:].transpose(-1, -2) / d**0.5).masked_fill(mask, float("-inf")).softmax(-1)
+        head = (a1 - lam * a2) @ vi
+        head = head / head.pow(2).mean(-1, keepdim=True).add(1e-5).sqrt() * attn.head_norm.weight
+        heads.append((1 - init) * head)
+    torch.testing.assert_close(attn(x), attn.to_out(torch.cat(heads, dim=-1)), atol=1e-5, rtol=1e-5)
+    assert attn.lambda_init == pytest.approx(float(init))
+
+
+def test_differential_attention_in_a_model_decodes_with_a_cache_as_without():
+    torch.manual_seed(0)
+    spec = tiny_model(kind="decoder", encoder=None, placement="pre", position={"type": "rotary"})
+    spec["attention"] = {"type": "differential", "heads": 2, "kv_heads": 1}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    tokens = torch.randint(5, 53, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(decoding.incremental_logits(model, tokens), model(tokens), atol=1e-5, rtol=1e-5)
+    inits = [layer.self_attn.inner.lambda_init for layer in model.decoder.layers]
+    assert inits == pytest.approx([0.8 - 0.6 * math.exp(-0.3 * l) for l in range(2)])

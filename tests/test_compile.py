@@ -45,7 +45,7 @@ def _cases() -> list:
     cases = []
     for i in range(count):
         changes: dict = {family: {"type": names[i % len(names)]} for family, names in types.items()}
-        if changes["attention"]["type"] == "multihead":
+        if changes["attention"]["type"] in ("multihead", "differential"):  # the variants are options of both
             changes["attention"].update(heads=4, **ATTENTION_VARIANTS[i % len(ATTENTION_VARIANTS)])
         if changes["ffn"]["type"] == "moe":
             changes["ffn"]["capacity_factor"] = 1.5  # (compiled, the dispatch is the static one either way)

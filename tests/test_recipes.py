@@ -121,6 +121,12 @@ def analytic_parameters(spec) -> int:
     d = spec.d_model
 
     def attention(p) -> int:
+        if p.type == "differential":  # h heads: queries and keys 2d wide (two halves), values 2d; lambdas, head norm
+            h, kv = p.heads, p.kv_heads or p.heads
+            half, dv = p.key_dim or d // (2 * h), p.value_dim or d // h
+            widths = h * 2 * half + kv * 2 * half + kv * dv
+            total = d * widths + h * dv * d + (widths + d if p.bias else 0) + 4 * half + dv
+            return total + (1 if p.qk_norm else 0) + d * {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]
         h, kv = p.heads, p.kv_heads or p.heads
         dk, dv = p.key_dim or d // h, p.value_dim or d // h
         widths = h * dk + kv * dk + kv * dv

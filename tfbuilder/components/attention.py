@@ -25,9 +25,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
     """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2), with
     grouped-query and multi-query attention (``kv_heads``; Ainslie et al. 2023, arXiv:2305.13245;
     Shazeer 2019, arXiv:1911.02150), sliding-window attention (``window``; Beltagy et al. 2020,
-    arXiv:2004.05150), query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245) and
-    score soft-capping (``softcap``; Gemma 2, Gemma Team 2024, arXiv:2408.00118) and output gating
-    (``gate``; Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv:2505.06708), and
+    arXiv:2004.05150), query/key normalisation (``qk_norm``; Henry et al. 2020, arXiv:2010.04245),
+    score soft-capping (``softcap``; Gemma 2, Gemma Team 2024, arXiv:2408.00118), output gating
+    (``gate``; Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv:2505.06708) and
     value residual learning (``value_residual``; Zhou et al. 2024, ResFormer, arXiv:2410.17897).
 
     Self-attention projects queries, keys and values with one fused matrix; cross-attention
@@ -187,7 +187,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         scores = self.to_gate(x)
         if self.gate == "headwise":
             return out * rearrange(scores, "b i h -> b h i 1").sigmoid()
-        return out * rearrange(scores, "b i (h v) -> b h i v", h=self.heads).sigmoid()
+        return out * rearrange(scores, "b i (h v) -> b h i v", h=out.shape[1]).sigmoid()
 
     def _self_qkv(self, x: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, int]:
         """Queries, keys and values of self-attention (b, h, n, k), with the cached keys and values
@@ -318,3 +318,104 @@ class MultiHeadAttention(AttentionBase, nn.Module):
     def _heads_kv(self, kv: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         k, v = kv
         return rearrange(k, "b j (h k) -> b h j k", h=self.kv_heads), rearrange(v, "b j (h v) -> b h j v", h=self.kv_heads)
+
+
+def lambda_init(layer: int) -> float:
+    """Differential attention's lambda_init = 0.8 - 0.6 * exp(-0.3 * (l - 1)) for layer l = 1, 2, ...
+    (Ye et al. 2025, arXiv:2410.05258, sec. 2.1); ``layer`` counts from 0 (= l - 1)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+
+@register("attention", "differential")
+class DifferentialAttention(MultiHeadAttention):
+    """Differential attention (Ye et al. 2025, "Differential Transformer", ICLR 2025, arXiv:2410.05258):
+    each head's weights are the difference of two softmax maps, (softmax(Q1 K1^T / sqrt(d)) -
+    lambda softmax(Q2 K2^T / sqrt(d))) V, with lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init,
+    then a per-head RMSNorm and the factor (1 - lambda_init).
+
+    A head's queries and keys are split into two halves of width d (``key_dim``), its values are 2d
+    wide (``value_dim``): with ``heads`` h the projections have the shapes of multi-head attention with
+    2h heads. The 2h softmax maps run as 2h heads of the fused kernel (``heads`` on the module is 2h:
+    positions inside attention, rotary over d, and kept weights are per map); grouped-query keys and
+    values serve heads / kv_heads consecutive heads, both maps of a head reading the same group.
+    """
+
+    class Params(MultiHeadAttention.Params):
+        type: Literal["differential"] = "differential"
+        heads: int = Field(8, ge=1, le=512, description="number of differential heads h (each with two softmax maps)")
+        kv_heads: int | None = Field(
+            None, ge=1, description="key/value heads (grouped-query; 1 = multi-query); default heads"
+        )
+        key_dim: int | None = Field(
+            None, ge=1, description="width d of each of a head's two queries and keys; default d_model / heads / 2"
+        )
+        value_dim: int | None = Field(
+            None, ge=2, description="value width per head, 2d in the paper (even); default d_model / heads"
+        )
+        bias: bool = Field(False, description="learn biases in the input and output projections (the paper: none)")
+        norm_eps: float = Field(1e-5, gt=0.0, lt=1.0, description="epsilon of the per-head RMSNorm")
+
+        def shape(self, d_model: int) -> AttentionShape:
+            # Two softmax maps per head, each over queries and keys of width d: what positions act on.
+            return AttentionShape(2 * self.heads, self.key_dim or default_head_dim(d_model, 2 * self.heads))
+
+        def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+            problems = []
+            if self.scale is not None and self.qk_norm:
+                problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
+            if self.key_dim is None and dims.d_model % (2 * self.heads):
+                problems.append(("heads", f"d_model ({dims.d_model}) must be divisible by 2 * heads ({2 * self.heads}), or set key_dim"))
+            if self.value_dim is None and dims.d_model % self.heads:
+                problems.append(("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set value_dim"))
+            if self.value_dim is not None and self.value_dim % 2:
+                problems.append(("value_dim", f"value_dim ({self.value_dim}) must be even (2d: two halves of a head's values)"))
+            if self.kv_heads is not None and self.heads % self.kv_heads:
+                problems.append(("kv_heads", f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"))
+            return problems
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        h, d = params.heads, params.shape(ctx.d_model).key_dim
+        value_dim = params.value_dim or default_head_dim(ctx.d_model, h)
+        kv_heads = params.kv_heads or h
+        # The projections of multi-head attention with 2h heads of width d and values of width value_dim / 2.
+        maps = params.model_copy(update={"heads": 2 * h, "kv_heads": 2 * kv_heads, "key_dim": d, "value_dim": value_dim // 2})
+        super().__init__(maps, ctx)
+        self.diff_heads, self.diff_kv_heads = h, kv_heads
+        if params.gate == "headwise":  # one gate per differential head
+            self.to_gate = nn.Linear(ctx.d_model, h, bias=False)
+        self.lambda_init = lambda_init(ctx.layer)
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (nn.Parameter(torch.empty(d)) for _ in range(4))
+        self.head_norm = nn.RMSNorm(value_dim, eps=params.norm_eps)  # per head ("GroupNorm"), shared gain
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        if hasattr(self, "lambda_q1"):
+            for lam in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
+                nn.init.normal_(lam, mean=0.0, std=0.1)
+            self.head_norm.reset_parameters()
+
+    def lam(self) -> Tensor:
+        """lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init (sec. 2.1), a scalar per layer."""
+        q1k1 = torch.dot(self.lambda_q1, self.lambda_k1)
+        q2k2 = torch.dot(self.lambda_q2, self.lambda_k2)
+        return torch.exp(q1k1) - torch.exp(q2k2) + self.lambda_init
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, offset: int) -> Tensor:
+        """Queries (b, 2h, i, d), keys (b, 2h_kv, j, d) and values (b, 2h_kv, j, v/2) -> (b, h, i, v):
+        the two maps of each head attend over its group's whole values; their outputs are subtracted,
+        normalised per head and scaled by (1 - lambda_init)."""
+        attn_mask, is_causal = self._scores_mask(q, k.shape[2], mask, offset=offset)
+        q, k, scale = self._scaled_qk(q, k)
+        group = self.diff_heads // self.diff_kv_heads
+        k = rearrange(k, "b (g two) j d -> b g two j d", two=2).repeat_interleave(group, dim=1)
+        k = rearrange(k, "b h two j d -> b (h two) j d")
+        v = rearrange(v, "b (g two) j v -> b g j (two v)", two=2).repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(2, dim=1)  # both maps of a head read its whole values
+        if self.keep_weights or self.softcap is not None:
+            out = self._explicit(q, k, v, attn_mask, scale)
+        else:
+            dropout = self.dropout if self.training else 0.0
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, scale=scale)
+        first, second = rearrange(out, "b (h two) i v -> two b h i v", two=2)
+        return self.head_norm(first - self.lam().to(out.dtype) * second) * (1 - self.lambda_init)

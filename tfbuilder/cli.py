@@ -361,6 +361,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(format_tree(tree(model, max_depth=args.depth)))
     print()
     print(f"total parameters: {count_parameters(model):,}")
+    if recipe.optim.optimizer == "muon":
+        from .optimizers import describe_split
+
+        print()
+        print("# optimizers (optim.optimizer: muon)")
+        print("\n".join(describe_split(model)))
     return 0
 
 

@@ -41,20 +41,24 @@ class _Builder:
             problem = self.recipe.problem(loc, str(exc)) if self.recipe is not None else Problem(str(exc), dotted_path(loc))
             raise RecipeError([problem]) from exc
 
-    def norm(self, stack: StackSection | None, where: str) -> nn.Module:
-        params = (stack.norm if stack else None) or self.spec.norm
+    def norm(self, stack: StackSection | None, where: str, params: ComponentParams | None = None) -> nn.Module:
+        """A norm: ``params``, else the stack's, else the model's."""
+        params = params or (stack.norm if stack else None) or self.spec.norm
         return self.component("norm", params, BuildContext(d_model=self.spec.d_model), (where, "norm"))
 
-    def residual(self, inner: nn.Module, stack: StackSection, where: str, *, norm: bool = True) -> Residual:
-        """``inner`` wrapped with its norm(s), dropout and residual; ``norm=False``: an identity for its
-        input norm (the feed-forward of a parallel layer that shares the attention's norm)."""
+    def residual(
+        self, inner: nn.Module, stack: StackSection, where: str, *, norm: bool = True, norm_params: ComponentParams | None = None
+    ) -> Residual:
+        """``inner`` wrapped with its norm(s) (``norm_params``: a layer's own), dropout and residual;
+        ``norm=False``: an identity for its input norm (the feed-forward of a parallel layer that
+        shares the attention's norm)."""
         sandwich = self.spec.placement == "sandwich"
         return Residual(
             inner,
-            self.norm(stack, where) if norm else nn.Identity(),
+            self.norm(stack, where, norm_params) if norm else nn.Identity(),
             placement=self.spec.placement,
             dropout=self.spec.dropout,
-            norm_out=self.norm(stack, where) if sandwich else None,
+            norm_out=self.norm(stack, where, norm_params) if sandwich else None,
         )
 
     def attention_shape(self, part: Literal["encoder", "decoder"]) -> tuple[int, int]:
@@ -71,9 +75,7 @@ class _Builder:
         in_attention = position if isinstance(position, AttentionPosition) else None
         section = spec.stack(part)
         decoder = isinstance(section, DecoderSection)
-        attention = spec.self_attention(part)
-        cross_params = (section.cross_attention if decoder else None) or attention
-        ffn = section.ffn or spec.ffn
+        cross_params = (section.cross_attention if decoder else None) or spec.self_attention(part)
         heads, head_dim = self.attention_shape(part)
         stack_ctx = BuildContext(
             d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention,
@@ -84,9 +86,11 @@ class _Builder:
         for index in range(section.layers):
             ctx = replace(stack_ctx, layer=index)
             cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, layers=section.layers)
-            self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
+            own = spec.layer_components(part, index)  # the stack's, changed by pattern and overrides
+            attention, ffn, norm = own["attention"], own["ffn"], own["norm"]
+            self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part, norm_params=norm)
             own_norm = not (parallel and spec.parallel_norms == "shared")
-            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm)
+            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm, norm_params=norm)
             if parallel:  # one-stack kinds only (validated): no cross-attention
                 layers.append(ParallelLayer(self_attn=self_attn, ffn=ff, shared_norm=not own_norm))
                 continue
@@ -96,7 +100,7 @@ class _Builder:
             cross = None
             if spec.kind == "encoder_decoder":
                 where = (part, "cross_attention" if section.cross_attention else "attention")
-                cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part)
+                cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part, norm_params=norm)
             layers.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
         final = self.norm(section, part) if spec.uses_final_norm else None
         return Stack(layers, final)

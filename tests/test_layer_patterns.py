@@ -53,9 +53,15 @@ def test_a_patterned_model_decodes_with_a_cache_as_without():
 
 
 def test_a_patterned_model_compiles_as_one_graph():
+    """Layers that differ, and value residual learning handing the first layer's values on (a side
+    effect on the stack's scratch), in one graph."""
     import torch._dynamo
 
-    model = patterned(layers=3, overrides={})
+    torch.manual_seed(0)
+    spec = tiny_model(kind="decoder", encoder=None, placement="pre", position={"type": "rotary"})
+    spec["attention"] = {"type": "multihead", "heads": 4, "kv_heads": 2, "value_residual": "learnable"}
+    spec["decoder"] = {**GEMMA_LIKE, "layers": 3, "overrides": {}}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec))
     tokens = torch.randint(5, 53, (2, 6))
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="eager", fullgraph=True)

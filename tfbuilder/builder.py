@@ -79,13 +79,13 @@ class _Builder:
         heads, head_dim = self.attention_shape(part)
         stack_ctx = BuildContext(
             d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention,
-            layers=section.layers, shared=StackShared(),
+            num_layers=section.layers, shared=StackShared(),
         )
         layers = []
         parallel = spec.block == "parallel"
         for index in range(section.layers):
             ctx = replace(stack_ctx, layer=index)
-            cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, layers=section.layers)
+            cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, num_layers=section.layers)
             own = spec.layer_components(part, index)  # the stack's, changed by pattern and overrides
             attention, ffn, norm = own["attention"], own["ffn"], own["norm"]
             self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part, norm_params=norm)

@@ -64,7 +64,7 @@ class BuildContext:
     # the interface between the two is documented on AttentionPosition (components/position.py).
     position: AttentionPosition | None = None
     layer: int = 0  # this layer's index in its stack, from 0 (differential attention's lambda_init reads it)
-    layers: int = 1  # the layers of the stack
+    num_layers: int = 1  # the layers of the stack
     # What the self-attention layers of one stack share within a forward (the first layer's values,
     # for value residual learning): one per stack, created by the builder; None outside a stack.
     shared: StackShared | None = None

@@ -129,7 +129,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         # through the stack's shared scratch (held in a tuple: not a module); layers after it mix them in.
         residual = params.value_residual != "none" and not ctx.cross and ctx.shared is not None
         self._shared = (ctx.shared,) if residual else ()
-        self.layer, self.last_layer = ctx.layer, ctx.layer == ctx.layers - 1
+        self.layer, self.last_layer = ctx.layer, ctx.layer == ctx.num_layers - 1
         self.value_lambdas: nn.Parameter | tuple[float, float] | None = None
         if residual and ctx.layer > 0:
             lambdas = tuple(float(lam) for lam in params.value_lambdas)

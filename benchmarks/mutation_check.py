@@ -178,6 +178,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("pattern: negative overrides not found", "tfbuilder/recipe.py", "for key in (index, index - stack.layers):", "for key in (index, index + stack.layers):", PATTERNS),
     Mutation("pattern: the stack's params win over the change", "tfbuilder/recipe.py", "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
     Mutation("pattern: the last index + 1 accepted", "tfbuilder/recipe.py", "if not -stack.layers <= index < stack.layers:", "if not -stack.layers <= index <= stack.layers:", PATTERNS),
+    Mutation("pattern: value residual switched off in some layers", "tfbuilder/recipe.py", 'if family == "attention" and residual[0] != residual[1]:', 'if family == "attention" and residual[0] == residual[1] == "x":', PATTERNS),
+    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/preflight.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
     # --- decoding (tfbuilder/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
     Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
     Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),

@@ -82,7 +82,7 @@ model:
       global: {attention: {heads: 2}}
       spare: {}
     pattern: [local, local, local, globl]
-    overrides: {4: {ffn: {hidden: 8}}, -1: {norm: {type: layernrom}}}
+    overrides: {4: {ffn: {hidden: 8}}, -1: {norm: {type: layernrom}}, 1: {attention: {value_residual: fixed}}}
 """
 
 
@@ -98,6 +98,7 @@ def test_bad_patterns_are_named_where_they_were_written(tmp_path, capsys):
         "bad.yaml:13:36: model.decoder.pattern[3]: unknown layer kind 'globl' (kinds: global, local, spare); did you mean 'global'?",
         "bad.yaml:14:16: model.decoder.overrides[4]: no layer 4 in a stack of 4 layers (0 to 3, or -1 to -4)",
         "model.decoder.overrides[-1].norm.type: unknown norm type 'layernrom'; did you mean 'layernorm'?",
+        "model.decoder.overrides[1].attention.value_residual: value_residual must be the stack's (none) in every layer",
     ]
     for line in expected:
         assert line in err, f"{line}\n--- got:\n{err}"
@@ -114,3 +115,16 @@ def test_show_prints_the_layers_compactly(tmp_path, capsys):
     out = capsys.readouterr().out.split("# layers (pattern and overrides)\n")[1]
     assert out.startswith("decoder: 0 local+override, 1 local, 2 global, 3-4 local, 5 global+override\n")
     assert "  kind local: attention.window=2\n" in out and "  layer -1: attention.softcap=5.0, norm.eps=0.001\n" in out
+
+
+def test_the_preflight_counts_layers_that_differ_exactly():
+    """Alike layers are extrapolated from one and two; a pattern's are counted all (a checkpoint's
+    parameter count is checked against it before loading)."""
+    from tfbuilder.preflight import count_parameters
+    from tfbuilder.recipe import Recipe
+
+    spec = tiny_model(kind="decoder", encoder=None, placement="pre")
+    kinds = {"small": {}, "wide": {"ffn": {"hidden": 200}}}
+    spec["decoder"] = {"layers": 6, "kinds": kinds, "pattern": ["small", "wide", "wide"], "overrides": {2: {"ffn": {"hidden": 8}}}}
+    recipe = Recipe.model_validate({"model": spec})
+    assert count_parameters(recipe) == sum(p.numel() for p in tfbuilder.build_model(recipe).parameters())

@@ -301,6 +301,14 @@ class ModelSection(Section):
                         continue
                     if family == "attention" and merged.shape(self.d_model) != base[family].shape(self.d_model):
                         problems.append((loc + (family,), "a layer's heads and key width must be the stack's (positions inside attention are built for them)", None))
+                    residual = [getattr(p, "value_residual", "none") for p in (merged, base[family])]
+                    if family == "attention" and residual[0] != residual[1]:
+                        problems.append((
+                            loc + (family, "value_residual"),
+                            f"value_residual must be the stack's ({residual[1]}) in every layer (the first layer hands its values on); "
+                            "to leave some layers out (Sparse-ResFormer), give them value_lambdas: [0, 1]",
+                            residual[0],
+                        ))
         return problems
 
     def layer_components(self, part: Literal["encoder", "decoder"], index: int) -> dict[str, ComponentParams]:

@@ -114,7 +114,7 @@ class ParallelLayer(nn.Module):
 
 
 class Stack(nn.Module):
-    """``layers`` identical-in-kind layers, then an optional final norm (pre-norm needs one)."""
+    """``layers`` (alike, or differing per layer by a pattern), then an optional final norm (pre-norm needs one)."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None):
         super().__init__()

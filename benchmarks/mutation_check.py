@@ -59,6 +59,8 @@ HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/decoding.py", ("tests/test_decoding_search.py",)
+VARIANTS, BLOCKS = ("tests/test_attention_variants.py",), ("tests/test_blocks.py",)
+OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_patterns.py",)
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -149,6 +151,35 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf: rms_norm_eps ignored", "tfbuilder/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
     Mutation("hf: n_inner ignored", "tfbuilder/hf/configs.py", "_get(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
     Mutation("hf: T5 max_distance ignored", "tfbuilder/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
+    # --- recent ablations (Gemma 2; PaLM; GPT-J; Qiu et al. 2025; Zhou et al. 2024; Ye et al. 2025; Muon; patterns)
+    Mutation("softcap: logits divided instead of scaled", "tfbuilder/objectives.py", "logits = softcap * tanh", "logits = softcap / tanh", OBJ + ("-k", "softcap")),
+    Mutation("softcap: gradient through the cap with the wrong sign", "tfbuilder/objectives.py", "g.mul_(1 - tanh.square())", "g.mul_(1 + tanh.square())", OBJ + ("-k", "softcap")),
+    Mutation("softcap: decoding's logits capped at 1/cap", "tfbuilder/model.py", "self.softcap * torch.tanh(logits / self.softcap)", "self.softcap * torch.tanh(logits * self.softcap)", OBJ + ("-k", "softcap")),
+    Mutation("softcap: attention scores capped at 1/cap", A, "scores = self.softcap * torch.tanh(scores / self.softcap)", "scores = self.softcap * torch.tanh(scores * self.softcap)", VARIANTS + ("-k", "softcap")),
+    Mutation("softcap: attention takes the uncapped kernel", A, "if self.keep_weights or self.softcap is not None:  # the fused", "if self.keep_weights:  # the fused", VARIANTS + ("-k", "softcap")),
+    Mutation("z-loss: |log Z| instead of log(Z)^2", "tfbuilder/objectives.py", "z_loss * log_z.square()", "z_loss * log_z.abs()", OBJ + ("-k", "z_loss")),
+    Mutation("z-loss: gradient factor 3 instead of 2", "tfbuilder/objectives.py", "g.mul_(1 + 2 * z_loss", "g.mul_(1 + 3 * z_loss", OBJ + ("-k", "z_loss")),
+    Mutation("parallel: feed-forward normalises the attention output", "tfbuilder/blocks.py", "else self.ffn.norm(x))", "else self.ffn.norm(attn))", BLOCKS),
+    Mutation("parallel: attention branch subtracted", "tfbuilder/blocks.py", "return x + attn + self.ffn.branch(", "return x - attn + self.ffn.branch(", BLOCKS),
+    Mutation("parallel: shared and separate norms swapped", "tfbuilder/builder.py", 'own_norm = not (parallel and spec.parallel_norms == "shared")', 'own_norm = not (parallel and spec.parallel_norms != "shared")', BLOCKS),
+    Mutation("gate: tanh instead of sigmoid", A, 'return out * rearrange(scores, "b i h -> b h i 1").sigmoid()', 'return out * rearrange(scores, "b i h -> b h i 1").tanh()', VARIANTS + ("-k", "gated")),
+    Mutation("gate: channels split across heads the wrong way", A, '"b i (h v) -> b h i v", h=out.shape[1]).sigmoid()', '"b i (v h) -> b h i v", h=out.shape[1]).sigmoid()', VARIANTS + ("-k", "gated")),
+    Mutation("value residual: lambdas swapped", A, "return self.value_lambdas[0] * first + self.value_lambdas[1] * v", "return self.value_lambdas[1] * first + self.value_lambdas[0] * v", VARIANTS + ("-k", "value_residual")),
+    Mutation("value residual: the second layer's values taken as V_1", A, "        if self.layer == 0:\n            shared.first_values = v", "        if self.layer <= 1:\n            shared.first_values = v", VARIANTS + ("-k", "value_residual")),
+    Mutation("differential: lambda_init from l instead of l - 1", A, "return 0.8 - 0.6 * math.exp(-0.3 * layer)", "return 0.8 - 0.6 * math.exp(-0.3 * (layer + 1))", VARIANTS + ("-k", "differential")),
+    Mutation("differential: exp terms added", A, "return torch.exp(q1k1) - torch.exp(q2k2) + self.lambda_init", "return torch.exp(q1k1) + torch.exp(q2k2) + self.lambda_init", VARIANTS + ("-k", "differential")),
+    Mutation("differential: scaled by 1 + lambda_init", A, "* second) * (1 - self.lambda_init)", "* second) * (1 + self.lambda_init)", VARIANTS + ("-k", "differential")),
+    Mutation("differential: no per-head norm", A, "return self.head_norm(first - self.lam().to(out.dtype) * second) *", "return (first - self.lam().to(out.dtype) * second) *", VARIANTS + ("-k", "differential")),
+    Mutation("differential: key halves of different groups paired", A, 'k = rearrange(k, "b (g two) j d -> b g two j d", two=2)', 'k = rearrange(k, "b (two g) j d -> b g two j d", two=2)', VARIANTS + ("-k", "differential")),
+    Mutation("muon: biases and gains to Muon", "tfbuilder/optimizers.py", "for p in stack.parameters() if p.ndim == 2}", "for p in stack.parameters() if p.ndim >= 1}", OPTIMIZERS),
+    Mutation("muon: its rate not relative to the schedule's", "tfbuilder/optimizers.py", "lr=(settings.lr or optim.lr) / optim.lr,", "lr=(settings.lr or optim.lr),", OPTIMIZERS),
+    Mutation("muon: AdamW's state not restored", "tfbuilder/optimizers.py", '        self.adamw.load_state_dict(state_dict["adamw"])\n', "", OPTIMIZERS),
+    Mutation("pattern: kinds shifted by one layer", "tfbuilder/recipe.py", "stack.pattern[index % len(stack.pattern)]]", "stack.pattern[(index + 1) % len(stack.pattern)]]", PATTERNS),
+    Mutation("pattern: negative overrides not found", "tfbuilder/recipe.py", "for key in (index, index - stack.layers):", "for key in (index, index + stack.layers):", PATTERNS),
+    Mutation("pattern: the stack's params win over the change", "tfbuilder/recipe.py", "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
+    Mutation("pattern: the last index + 1 accepted", "tfbuilder/recipe.py", "if not -stack.layers <= index < stack.layers:", "if not -stack.layers <= index <= stack.layers:", PATTERNS),
+    Mutation("pattern: value residual switched off in some layers", "tfbuilder/recipe.py", 'if family == "attention" and residual[0] != residual[1]:', 'if family == "attention" and residual[0] == residual[1] == "x":', PATTERNS),
+    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/preflight.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
     # --- decoding (tfbuilder/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
     Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
     Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),

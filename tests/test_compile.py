@@ -23,13 +23,21 @@ from tfbuilder.recipe import Recipe
 VOCAB = tiny_model()["vocab_size"]
 
 
-ATTENTION_VARIANTS = [{}, {"kv_heads": 2}, {"window": 3}, {"qk_norm": True}, {"dropout": 0.1}]
+ATTENTION_VARIANTS = [
+    {},
+    {"kv_heads": 2, "gate": "elementwise"},
+    {"window": 3},
+    {"qk_norm": True},
+    {"dropout": 0.1, "gate": "headwise"},
+    {"softcap": 50.0},
+]
 PLACEMENTS = ["post", "pre", "sandwich"]
 
 
 def _cases() -> list:
     """Every registered type of every family, every model kind, placement and attention variant
-    (grouped-query, sliding window, qk-norm, attention dropout), with and without the model's dropout:
+    (grouped-query, sliding window, qk-norm, attention dropout, soft-capped scores, output gates), with and without the
+    model's dropout, soft-capped logits and the z-loss:
     combined into as few models as cover them all, case i taking the i-th of each (cycling). Tracing
     is what costs here; a graph break anywhere in a model fails its case, named by all it combines."""
     types = {family: registry.types(family) for family in registry.FAMILIES}
@@ -37,14 +45,18 @@ def _cases() -> list:
     cases = []
     for i in range(count):
         changes: dict = {family: {"type": names[i % len(names)]} for family, names in types.items()}
-        if changes["attention"]["type"] == "multihead":
+        if changes["attention"]["type"] in ("multihead", "differential"):  # the variants are options of both
             changes["attention"].update(heads=4, **ATTENTION_VARIANTS[i % len(ATTENTION_VARIANTS)])
         if changes["ffn"]["type"] == "moe":
             changes["ffn"]["capacity_factor"] = 1.5  # (compiled, the dispatch is the static one either way)
         changes["placement"] = PLACEMENTS[i % len(PLACEMENTS)]
         changes["dropout"] = 0.1 * (i % 2)
+        if i % 3 == 1:
+            changes["logit_softcap"] = 30.0  # with the recipe's z-loss (see _setup)
+        if i in (4, 5):  # a decoder with pre-norm, an encoder with sandwich norms (the kinds and placements it allows)
+            changes.update(block="parallel", parallel_norms=("shared", "separate")[i % 2])
         kind = list(KINDS)[i % len(KINDS)]
-        name = "-".join([kind, changes["placement"], *(c["type"] for c in (changes[f] for f in registry.FAMILIES))])
+        name = "-".join([kind, changes["placement"], *(["parallel"] if "block" in changes else []), *(c["type"] for c in (changes[f] for f in registry.FAMILIES))])
         variant = "-".join(f"{k}={v}" for k, v in changes["attention"].items() if k not in ("type", "heads"))
         cases.append(pytest.param(changes, kind, id=name + (f"-{variant}" if variant else "") + ("-dropout" if i % 2 else "")))
     return cases
@@ -56,7 +68,8 @@ def _setup(changes: dict, kind: str):
         if spec.get(part):
             spec[part] = {"layers": 1}
     spec.update(changes)
-    recipe = Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1}})
+    z_loss = 1e-4 if spec.get("logit_softcap") else 0.0
+    recipe = Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1, "z_loss": z_loss}})
     model = tfbuilder.build_model(recipe).train()
     return model, objective(recipe, epsilon=0.1)
 

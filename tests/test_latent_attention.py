@@ -12,6 +12,7 @@ import tfbuilder
 from conftest import tiny_model
 from tfbuilder.components.latent_attention import LatentAttention
 from tfbuilder.components.position import RotaryPosition
+from tfbuilder import registry
 from tfbuilder.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
@@ -120,3 +121,21 @@ def test_show_reports_the_cache_per_token_of_every_decoder_layer():
     assert cached({"type": "multihead", "heads": 2}) == layers * 2 * d
     assert cached({"type": "multihead", "heads": 2, "kv_heads": 1}) == layers * d
     assert cached({"type": "multihead", "heads": 2}, kind="encoder", decoder=None) is None
+
+
+@pytest.mark.parametrize("name", registry.types("attention"))
+def test_the_reported_cache_per_token_is_what_the_cache_holds(name):
+    """Whatever the attention type, ``show``'s figure is the numbers its decoding cache holds per token."""
+    from tfbuilder.module_tree import kv_cache_per_token
+
+    spec = tiny_model(kind="decoder", encoder=None)
+    spec["attention"] = {"type": name, "heads": 2}
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    reported = kv_cache_per_token(model)
+    if reported is None:
+        pytest.skip(f"attention '{name}' does not say what its cache holds")
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(5, 53, (1, 5)), cache=cache)
+    held = sum(t.numel() for layer in cache for part in layer.values() for t in part.values())
+    assert held == 5 * reported

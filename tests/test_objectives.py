@@ -27,7 +27,7 @@ def _inputs(rows: int = 13, d: int = 6, vocab: int = 11, *, bias: bool = True):
 @pytest.mark.parametrize("pieces", [1, 4, 13, 16])
 def test_chunked_loss_and_gradients_equal_the_plain_loss(epsilon, bias, pieces):
     x, linear, target = _inputs(bias=bias)
-    loss, nll, correct = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, epsilon, IGNORE, pieces, True)
+    loss, nll, correct = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, epsilon, IGNORE, pieces, True, None, 0.0)
     grads = torch.autograd.grad(loss * 0.37, [x, linear.weight] + ([linear.bias] if bias else []))
 
     ref = smoothed_cross_entropy(linear(x), target, epsilon, ignore=IGNORE)
@@ -61,8 +61,8 @@ def test_chunked_loss_in_bfloat16_is_close_to_float32():
     x = torch.randn(64, 32)
     linear = nn.Linear(32, 50)
     target = torch.randint(1, 50, (64,))
-    full = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, 0.1, IGNORE, 4, False)[0]
-    half = LinearCrossEntropy.apply(x.bfloat16(), linear.weight, linear.bias, target, 0.1, IGNORE, 4, False)[0]
+    full = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, 0.1, IGNORE, 4, False, None, 0.0)[0]
+    half = LinearCrossEntropy.apply(x.bfloat16(), linear.weight, linear.bias, target, 0.1, IGNORE, 4, False, None, 0.0)[0]
     assert half.dtype == torch.float32  # the softmax is taken in float32 whatever the input
     torch.testing.assert_close(half, full, rtol=2e-2, atol=0)
 
@@ -171,3 +171,38 @@ def test_masked_lm_chooses_15_percent_of_real_tokens_and_shows_80_10_10(monkeypa
     assert near(masked, n, 0.8), masked
     assert near(unchanged, n, 0.1 + 0.1 / 48), unchanged  # a random token is the same one time in 48
     assert (shown[chosen] >= 5).sum() == n - masked  # random replacements are real tokens
+
+
+@pytest.mark.parametrize("pieces", [1, 4])
+def test_logit_softcap_and_z_loss_are_the_papers_formulas(pieces):
+    """Gemma 2's capped logits c * tanh(l / c) (arXiv:2408.00118) and PaLM's z-loss w * log(Z)^2 per
+    token (arXiv:2204.02311, sec. 5), written out with autograd: the fused loss and its gradients."""
+    x, linear, target = _inputs()
+    loss, nll, _ = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, 0.1, IGNORE, pieces, True, 0.9, 0.3)
+    grads = torch.autograd.grad(loss, [x, linear.weight, linear.bias])
+    capped = 0.9 * torch.tanh(linear(x) / 0.9)
+    valid = target != IGNORE
+    log_z = torch.logsumexp(capped, dim=-1)
+    ce = F.cross_entropy(capped[valid], target[valid], reduction="sum", label_smoothing=0.1)
+    ref = ce + 0.3 * (log_z[valid] ** 2).sum()
+    ref_grads = torch.autograd.grad(ref, [x, linear.weight, linear.bias])
+    torch.testing.assert_close(loss, ref.detach().float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, F.cross_entropy(capped[valid], target[valid], reduction="sum").detach().float())
+    for ours, theirs in zip(grads, ref_grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_recipes_z_loss_and_logit_softcap_reach_the_objective_and_decoding():
+    spec = tiny_model(kind="decoder", encoder=None, logit_softcap=2.0)
+    plain = tfbuilder.Recipe.model_validate({"model": spec})
+    with_z = tfbuilder.Recipe.model_validate({"model": spec, "optim": {"z_loss": 0.5}})
+    torch.manual_seed(0)
+    model = tfbuilder.build_model(plain)
+    tokens = torch.randint(5, 53, (2, 6))
+    logits = model(tokens)
+    assert logits.abs().max() < 2.0  # decoding sees the capped logits
+    a = tfbuilder.objectives.objective(plain, epsilon=0.0)(model, {"tokens": tokens})
+    b = tfbuilder.objectives.objective(with_z, epsilon=0.0)(model, {"tokens": tokens})
+    log_z = torch.logsumexp(logits[:, :-1], dim=-1)
+    torch.testing.assert_close(b.loss - a.loss, 0.5 * log_z.square().mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(a.nll, b.nll)  # perplexity is of the model, without the z-loss

@@ -132,11 +132,18 @@ def analytic_parameters(spec) -> int:
             inputs += [d, dc, h * dv]
             norms = ((p.q_rank or 0) + dc) if p.latent_norm else 0
             return sum(i * w for i, w in zip(inputs, widths)) + norms + (sum(widths) if p.bias else 0)
+        if p.type == "differential":  # h heads: queries and keys 2d wide (two halves), values 2d; lambdas, head norm
+            h, kv = p.heads, p.kv_heads or p.heads
+            half, dv = p.key_dim or d // (2 * h), p.value_dim or d // h
+            widths = h * 2 * half + kv * 2 * half + kv * dv
+            total = d * widths + h * dv * d + (widths + d if p.bias else 0) + 4 * half + dv
+            return total + (1 if p.qk_norm else 0) + d * {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]
         h, kv = p.heads, p.kv_heads or p.heads
         dk, dv = p.key_dim or d // h, p.value_dim or d // h
         widths = h * dk + kv * dk + kv * dv
         total = d * widths + h * dv * d + (widths + d if p.bias else 0)
-        return total + (1 if p.qk_norm else 0)
+        gates = {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]  # gated attention's W_theta, no bias
+        return total + (1 if p.qk_norm else 0) + d * gates
 
     def mlp(hidden, bias) -> int:
         return 2 * d * hidden + (hidden + d if bias else 0)
@@ -173,11 +180,15 @@ def analytic_parameters(spec) -> int:
         cross = getattr(stack, "cross_attention", None) or attn
         stack_norm = norm(stack.norm or spec.norm)
         per_layer = attention(attn) + ffn(stack.ffn or spec.ffn) + sublayers * norms_per_sublayer * stack_norm
+        if spec.block == "parallel" and spec.parallel_norms == "shared":  # the branches share one input norm
+            per_layer -= stack_norm
         if sublayers == 3:
             per_layer += attention(cross, cross=True)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
         if part == "decoder" and spec.mtp is not None:  # per depth: two norms, W_k (2d x d), one layer (and its final norm)
             total += spec.mtp.depth * (2 * stack_norm + 2 * d * d + per_layer + (stack_norm if spec.uses_final_norm else 0))
+        if getattr(attn, "value_residual", "none") == "learnable":  # two lambdas in every self-attention but the first
+            total += 2 * (stack.layers - 1)
     if spec.kind == "encoder" and spec.head is None:
         total += d * d + d + norm(spec.norm)  # the MLM head's dense layer and norm
     total += spec.token_types * d + (norm(spec.norm) * sides if spec.embed_norm else 0)

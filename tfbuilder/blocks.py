@@ -3,6 +3,10 @@
 ``post``     (Vaswani et al. 2017, sec. 5.4):         x = Norm(x + Dropout(Sublayer(x)))
 ``pre``      (Xiong et al. 2020, arXiv:2002.04745):   x = x + Dropout(Sublayer(Norm(x)))
 ``sandwich`` (Ding et al. 2021, CogView, arXiv:2105.13290): x = x + Dropout(Norm'(Sublayer(Norm(x))))
+
+A parallel layer (GPT-J, Wang & Komatsuzaki 2021; PaLM, Chowdhery et al. 2022, arXiv:2204.02311,
+sec. 2) adds both branches to the same input: x = x + Dropout(Attn(Norm(x))) + Dropout(FFN(Norm(x))),
+with one norm shared by the branches (both papers) or one each (GPT-NeoX's ``use_parallel_residual``).
 """
 
 from __future__ import annotations
@@ -35,10 +39,15 @@ class Residual(nn.Module):
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` go to the inner sub-layer."""
         if self.placement == "post":
             return self.norm(x + self.drop(self.inner(x, **kwargs)))
-        out = self.inner(self.norm(x), **kwargs)
+        return x + self.branch(self.norm(x), **kwargs)
+
+    def branch(self, normed: Tensor, **kwargs) -> Tensor:
+        """The residual branch of a pre-norm or sandwich sub-layer on its already normalised input:
+        Dropout(Sublayer(h)), or Dropout(Norm'(Sublayer(h)))."""
+        out = self.inner(normed, **kwargs)
         if self.norm_out is not None:
             out = self.norm_out(out)
-        return x + self.drop(out)
+        return self.drop(out)
 
 
 class EncoderLayer(nn.Module):
@@ -82,8 +91,30 @@ class DecoderLayer(nn.Module):
         return self.ffn(x)
 
 
+class ParallelLayer(nn.Module):
+    """Self-attention and feed-forward side by side on the same input (GPT-J; PaLM, Chowdhery et al.
+    2022, arXiv:2204.02311, sec. 2): x + Attn(Norm(x)) + FFN(Norm(x)). With ``shared_norm`` the
+    feed-forward reads the attention's normalised input (its own norm is then an identity); else it
+    normalises ``x`` with its own. Pre-norm or sandwich residuals only (the norm comes first)."""
+
+    def __init__(self, *, self_attn: Residual, ffn: Residual, shared_norm: bool):
+        super().__init__()
+        if "post" in (self_attn.placement, ffn.placement):
+            raise ValueError("a parallel layer normalises before its branches: placement pre or sandwich")
+        self.self_attn = self_attn
+        self.ffn = ffn
+        self.shared_norm = shared_norm
+
+    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache: dict | None = None) -> Tensor:
+        """``x`` (b, n, d), ``mask`` to (b, h, n, n) -> (b, n, d); ``cache`` holds this layer's keys
+        and values while decoding (decoder-only models)."""
+        normed = self.self_attn.norm(x)
+        attn = self.self_attn.branch(normed, mask=mask, cache=None if cache is None else cache.setdefault("self", {}))
+        return x + attn + self.ffn.branch(normed if self.shared_norm else self.ffn.norm(x))
+
+
 class Stack(nn.Module):
-    """``layers`` identical-in-kind layers, then an optional final norm (pre-norm needs one)."""
+    """``layers`` (alike, or differing per layer by a pattern), then an optional final norm (pre-norm needs one)."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None):
         super().__init__()

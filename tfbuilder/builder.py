@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from torch import nn
 
 from . import registry
-from .blocks import DecoderLayer, EncoderLayer, Residual, Stack
+from .blocks import DecoderLayer, EncoderLayer, ParallelLayer, Residual, Stack
 from .components.position import AttentionPosition
 from .errors import Problem, RecipeError
 from .heads.module import SequenceHead
 from .multi_token import MultiTokenPrediction, PredictionModule
 from .model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
 from .recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
-from .registry import BuildContext, ComponentParams
+from .registry import BuildContext, ComponentParams, StackShared
 from .sources import dotted_path
 
 
@@ -42,18 +43,24 @@ class _Builder:
             problem = self.recipe.problem(loc, str(exc)) if self.recipe is not None else Problem(str(exc), dotted_path(loc))
             raise RecipeError([problem]) from exc
 
-    def norm(self, stack: StackSection | None, where: str) -> nn.Module:
-        params = (stack.norm if stack else None) or self.spec.norm
+    def norm(self, stack: StackSection | None, where: str, params: ComponentParams | None = None) -> nn.Module:
+        """A norm: ``params``, else the stack's, else the model's."""
+        params = params or (stack.norm if stack else None) or self.spec.norm
         return self.component("norm", params, BuildContext(d_model=self.spec.d_model), (where, "norm"))
 
-    def residual(self, inner: nn.Module, stack: StackSection, where: str) -> Residual:
+    def residual(
+        self, inner: nn.Module, stack: StackSection, where: str, *, norm: bool = True, norm_params: ComponentParams | None = None
+    ) -> Residual:
+        """``inner`` wrapped with its norm(s) (``norm_params``: a layer's own), dropout and residual;
+        ``norm=False``: an identity for its input norm (the feed-forward of a parallel layer that
+        shares the attention's norm)."""
         sandwich = self.spec.placement == "sandwich"
         return Residual(
             inner,
-            self.norm(stack, where),
+            self.norm(stack, where, norm_params) if norm else nn.Identity(),
             placement=self.spec.placement,
             dropout=self.spec.dropout,
-            norm_out=self.norm(stack, where) if sandwich else None,
+            norm_out=self.norm(stack, where, norm_params) if sandwich else None,
         )
 
     def attention_shape(self, part: Literal["encoder", "decoder"]) -> tuple[int, int]:
@@ -70,23 +77,33 @@ class _Builder:
         in_attention = position if isinstance(position, AttentionPosition) else None
         section = spec.stack(part)
         decoder = isinstance(section, DecoderSection)
-        attention = spec.self_attention(part)
-        cross_params = (section.cross_attention if decoder else None) or attention
-        ffn = section.ffn or spec.ffn
+        cross_params = (section.cross_attention if decoder else None) or spec.self_attention(part)
         heads, head_dim = self.attention_shape(part)
-        ctx = BuildContext(d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention)
-        cross_ctx = BuildContext(d_model=spec.d_model, cross=True)
+        count = section.layers if layers is None else layers
+        stack_ctx = BuildContext(
+            d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention,
+            num_layers=count, shared=StackShared(),
+        )
         built = []
-        for _ in range(section.layers if layers is None else layers):
-            self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part)
-            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part)
+        parallel = spec.block == "parallel"
+        for index in range(count):
+            ctx = replace(stack_ctx, layer=index)
+            cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, num_layers=count)
+            own = spec.layer_components(part, index)  # the stack's, changed by pattern and overrides
+            attention, ffn, norm = own["attention"], own["ffn"], own["norm"]
+            self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part, norm_params=norm)
+            own_norm = not (parallel and spec.parallel_norms == "shared")
+            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm, norm_params=norm)
+            if parallel:  # one-stack kinds only (validated): no cross-attention
+                built.append(ParallelLayer(self_attn=self_attn, ffn=ff, shared_norm=not own_norm))
+                continue
             if not decoder:
                 built.append(EncoderLayer(self_attn=self_attn, ffn=ff))
                 continue
             cross = None
             if spec.kind == "encoder_decoder":
                 where = (part, "cross_attention" if section.cross_attention else "attention")
-                cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part)
+                cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part, norm_params=norm)
             built.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
         final = self.norm(section, part) if spec.uses_final_norm else None
         return Stack(built, final)
@@ -126,7 +143,7 @@ class _Builder:
     def output(self, tokens: nn.Embedding) -> OutputProjection:
         spec = self.spec
         scale = spec.d_model**-0.5 if spec.output_scale == "rsqrt_d_model" else spec.output_scale
-        out = OutputProjection(spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale)
+        out = OutputProjection(spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale, softcap=spec.logit_softcap)
         if spec.tie_output:
             out.weight = tokens.weight
         else:

@@ -11,12 +11,16 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import yaml
 
 from . import registry
 from .errors import RecipeError, TfbuilderError, printable
+
+if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the commands that need them
+    from .recipe import Recipe
 
 EXIT_USAGE = 2
 
@@ -383,7 +387,41 @@ def cmd_show(args: argparse.Namespace) -> int:
     cached = kv_cache_per_token(model)
     if cached is not None:
         print(f"KV cache per generated token (every decoder layer): {cached:,} numbers, {cached * 2 / 1024:,.1f} KiB in bfloat16")
+    layers = _layer_lines(recipe)
+    if layers:
+        print()
+        print("# layers (pattern and overrides)")
+        print("\n".join(layers))
+    if recipe.optim.optimizer == "muon":
+        from .optimizers import describe_split
+
+        print()
+        print("# optimizers (optim.optimizer: muon)")
+        print("\n".join(describe_split(model)))
     return 0
+
+
+def _layer_lines(recipe: Recipe) -> list[str]:
+    """Each stack with a pattern or overrides: runs of alike layers, and what each kind changes."""
+    lines = []
+    for part in ("encoder", "decoder"):
+        stack = recipe.model.stack(part)
+        if stack is None or not (stack.pattern or stack.overrides):
+            continue
+        labels = recipe.model.layer_kinds(part)
+        runs, start = [], 0
+        for i in range(1, len(labels) + 1):
+            if i == len(labels) or labels[i] != labels[start]:
+                span = str(start) if i - 1 == start else f"{start}-{i - 1}"
+                runs.append(f"{span} {labels[start]}")
+                start = i
+        lines.append(f"{part}: " + ", ".join(runs))
+        named = [(f"kind {name}", changes) for name, changes in stack.kinds.items()]
+        named += [(f"layer {index}", changes) for index, changes in stack.overrides.items()]
+        for label, changes in named:
+            changed = [f"{family}.{key}={value}" for family in ("attention", "ffn", "norm") for key, value in (getattr(changes, family) or {}).items()]
+            lines.append(f"  {label}: " + (", ".join(changed) or "(the stack's components)"))
+    return lines
 
 
 def cmd_fit(args: argparse.Namespace) -> int:

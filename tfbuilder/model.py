@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import torch
 from torch import Tensor, nn
 
 from .dropout import Dropout
@@ -63,11 +64,14 @@ class Embedding(nn.Module):
 
 class OutputProjection(nn.Linear):
     """The pre-softmax projection; hidden states are multiplied by ``scale`` first (T5 scales by
-    d_model^-0.5 before its tied head, Raffel et al. 2020). State keys are nn.Linear's."""
+    d_model^-0.5 before its tied head, Raffel et al. 2020), and the logits soft-capped to
+    ``softcap * tanh(logits / softcap)`` when ``softcap`` is set (Gemma 2, Gemma Team 2024,
+    arXiv:2408.00118, sec. 2). State keys are nn.Linear's."""
 
-    def __init__(self, d_model: int, vocab_size: int, *, bias: bool, scale: float = 1.0):
+    def __init__(self, d_model: int, vocab_size: int, *, bias: bool, scale: float = 1.0, softcap: float | None = None):
         super().__init__(d_model, vocab_size, bias=bias)
         self.scale = float(scale)
+        self.softcap = softcap  # the training loss applies it inside its fused projection (objectives.py)
 
     def transform(self, x: Tensor) -> Tensor:
         """What comes before the projection itself: the scale."""
@@ -75,7 +79,8 @@ class OutputProjection(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` (..., d) -> logits (..., vocab)."""
-        return super().forward(self.transform(x))
+        logits = super().forward(self.transform(x))
+        return logits if self.softcap is None else self.softcap * torch.tanh(logits / self.softcap)
 
 
 def token_embedding(vocab_size: int, d_model: int) -> nn.Embedding:

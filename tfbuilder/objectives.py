@@ -42,12 +42,20 @@ class LinearCrossEntropy(torch.autograd.Function):
     """Sum over rows of label-smoothed cross-entropy of ``x @ weight.T + bias``, computed in ``pieces``
     chunks of rows (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4: (1-eps) NLL + eps * uniform CE).
 
+    ``softcap`` (Gemma 2, Gemma Team 2024, arXiv:2408.00118) takes the logits through
+    ``softcap * tanh(logits / softcap)`` first; ``z_loss`` adds ``z_loss * log(Z)^2`` per row, Z the
+    softmax's normaliser (PaLM, Chowdhery et al. 2022, arXiv:2204.02311, sec. 5), which keeps log Z
+    near 0. The negative log-likelihood (``nll``) is of the capped logits, without the z-loss.
+
     Each chunk's logits live only while its loss and its gradients are computed (in the forward
     pass: softmax minus the smoothed target is the gradient of the logits), so memory holds one
     chunk of logits instead of the batch's, in float32 for the softmax whatever the input dtype."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float, ignore: int, pieces: int, grad: bool):
+    def forward(
+        ctx, x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float, ignore: int, pieces: int, grad: bool,
+        softcap: float | None = None, z_loss: float = 0.0,
+    ):
         vocab = weight.shape[0]
         chunk = -(-x.shape[0] // pieces)  # a fixed number of pieces: compiled graphs stay shape-generic
         loss = x.new_zeros((), dtype=torch.float32)
@@ -62,19 +70,30 @@ class LinearCrossEntropy(torch.autograd.Function):
             logits = rows @ weight.t().to(rows.dtype)
             if bias is not None:
                 logits = logits + bias.to(logits.dtype)
+            logits = logits.float()
+            if softcap is not None:
+                tanh = torch.tanh(logits / softcap)
+                logits = softcap * tanh
             valid = t != ignore
             safe = t.masked_fill(~valid, 0)
-            logp = logits.float().log_softmax(dim=-1)
+            log_z = logits.logsumexp(dim=-1)
+            logp = logits - log_z[:, None]
             row_nll = -logp.gather(1, safe[:, None]).squeeze(1)
             row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)
+            if z_loss:
+                row_loss = row_loss + z_loss * log_z.square()
             loss = loss + row_loss.masked_fill(~valid, 0.0).sum()
             nll = nll + row_nll.masked_fill(~valid, 0.0).sum()
             correct = correct + ((logp.argmax(dim=-1) == t) & valid).sum()
             if grad:
                 g = logp.exp_()  # softmax, in place: the log-probabilities are not needed any more
+                if z_loss:  # d(w log(Z)^2)/d logits = 2 w log(Z) softmax
+                    g.mul_(1 + 2 * z_loss * log_z[:, None])
                 g.scatter_add_(1, safe[:, None], torch.full_like(g[:, :1], -(1.0 - epsilon)))
                 if epsilon:
                     g.sub_(epsilon / vocab)
+                if softcap is not None:  # through the cap: d(c tanh(l / c))/dl = 1 - tanh^2
+                    g.mul_(1 - tanh.square())
                 g.mul_(valid[:, None])
                 g = g.to(rows.dtype)
                 grad_x[start : start + chunk] = (g @ weight.to(g.dtype)).to(x.dtype)
@@ -97,7 +116,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         gx = grad_x * grad_loss.to(grad_x.dtype)
         gw = (grad_w * grad_loss).to(w_dtype)
         gb = None if grad_b is None else (grad_b * grad_loss).to(b_dtype)
-        return gx, gw, gb, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None, None
 
 
 def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear]:
@@ -115,17 +134,21 @@ def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear
     return transform, linear
 
 
-def head_loss(head: nn.Module, hidden: Tensor, target: Tensor, *, epsilon: float, ignore: int) -> Result:
+def head_loss(head: nn.Module, hidden: Tensor, target: Tensor, *, epsilon: float, ignore: int, z_loss: float = 0.0) -> Result:
     """Label-smoothed cross-entropy of ``head(hidden)`` (..., d) against ``target`` (...), where
-    targets equal to ``ignore`` do not count."""
+    targets equal to ``ignore`` do not count, plus ``z_loss * log(Z)^2`` per target (PaLM); logits are
+    soft-capped where the output projection says so (Gemma 2)."""
     transform, linear = output_layer(head)
+    softcap = linear.softcap if isinstance(linear, OutputProjection) else None
     x = transform(hidden).reshape(-1, hidden.shape[-1])
     target = target.reshape(-1)
     pieces = 1  # a power of two: batches of varying size cross few thresholds (few recompilations)
     while pieces * CHUNK_ELEMENTS < x.shape[0] * linear.out_features and pieces < 1024:
         pieces *= 2
     grad = torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad)
-    loss, nll, correct = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, epsilon, ignore, pieces, grad)
+    loss, nll, correct = LinearCrossEntropy.apply(
+        x, linear.weight, linear.bias, target, epsilon, ignore, pieces, grad, softcap, z_loss
+    )
     tokens = (target != ignore).sum()
     return Result(loss / tokens.clamp(min=1), nll.detach(), correct, tokens)
 
@@ -148,19 +171,21 @@ def _ignored(model: nn.Module) -> int:
     return -100 if model.pad_id is None else model.pad_id
 
 
-def seq2seq(model: nn.Module, batch: dict[str, Tensor], epsilon: float) -> Result:
+def seq2seq(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, z_loss: float = 0.0) -> Result:
     """Teacher-forced translation: predict ``tgt_out`` from ``src`` and ``tgt_in``."""
     hidden = model.features(batch["src"], batch["tgt_in"])
-    return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=_ignored(model))
+    return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=_ignored(model), z_loss=z_loss)
 
 
-def causal_lm(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, documents: bool = False) -> Result:
+def causal_lm(
+    model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, documents: bool = False, z_loss: float = 0.0
+) -> Result:
     """Next-token prediction on ``tokens`` (<s> x </s>, or a packed block); with ``documents``, a
     packed block's documents do not see each other."""
     tokens = batch["tokens"]
     inputs = tokens[:, :-1]
     hidden = model.features(inputs, segments=segments(inputs, model.specials.end)) if documents else model.features(inputs)
-    result = head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model))
+    result = head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model), z_loss=z_loss)
     if model.mtp is None or not model.training:  # the modules' loss trains; validation scores the main head
         return result
     mask = masks.document_mask(segments(inputs, model.specials.end)) if documents else None
@@ -183,7 +208,14 @@ def multi_token_loss(model: nn.Module, hidden: Tensor, tokens: Tensor, *, epsilo
 
 
 def masked_lm(
-    model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, probability: float, vocab_size: int, documents: bool = False
+    model: nn.Module,
+    batch: dict[str, Tensor],
+    epsilon: float,
+    *,
+    probability: float,
+    vocab_size: int,
+    documents: bool = False,
+    z_loss: float = 0.0,
 ) -> Result:
     """BERT's masked LM (Devlin et al. 2019): predict a random ``probability`` share of the real tokens,
     shown as <mask> 80% of the time, a random token 10%, unchanged 10%; with ``documents``, a packed
@@ -207,7 +239,7 @@ def masked_lm(
     random_ids = torch.randint(len(reserved) if contiguous else 0, vocab_size, tokens.shape, device=tokens.device)
     inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), random_ids, inputs)
     hidden = model.features(inputs, segments=segments(tokens, ids.end)) if documents else model.features(inputs)
-    return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100)
+    return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100, z_loss=z_loss)
 
 
 def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> int:
@@ -219,8 +251,10 @@ def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> in
 
 
 def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tensor]], Result]:
-    """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``."""
+    """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``, with
+    the recipe's z-loss (``optim.z_loss``) in ``Result.loss``."""
     kind = recipe.model.kind
+    z_loss = recipe.optim.z_loss
     data = recipe.data
     if recipe.model.head is not None:  # one prediction per text (tfbuilder.heads)
         from .heads.objective import sequence_loss
@@ -228,8 +262,8 @@ def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tenso
         return partial(sequence_loss, epsilon=epsilon, regress=recipe.model.head.type == "regress")
     documents = data is not None and data.packing and data.document_mask
     if kind == "encoder_decoder":
-        return partial(seq2seq, epsilon=epsilon)
+        return partial(seq2seq, epsilon=epsilon, z_loss=z_loss)
     if kind == "decoder":
-        return partial(causal_lm, epsilon=epsilon, documents=documents)
+        return partial(causal_lm, epsilon=epsilon, documents=documents, z_loss=z_loss)
     probability = data.mlm_probability if data is not None else MLM_PROBABILITY
-    return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size, documents=documents)
+    return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size, documents=documents, z_loss=z_loss)

@@ -122,9 +122,12 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
 
 
 def count_parameters(recipe: Recipe) -> int:
-    """Parameters of the recipe's model, counted on the meta device from one- and two-layer stacks."""
+    """Parameters of the recipe's model, counted on the meta device from one- and two-layer stacks
+    (layers alike), or from the whole model where a stack's layers differ (``pattern``, ``overrides``)."""
     model = recipe.model
     parts = [p for p in ("encoder", "decoder") if model.stack(p) is not None]
+    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):
+        return _meta_parameters(recipe, model)
     base = _meta_parameters(recipe, _with_layers(model, {p: 1 for p in parts}))
     total = base
     for part in parts:

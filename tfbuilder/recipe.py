@@ -91,13 +91,39 @@ Norm = slot("norm")
 Ffn = slot("ffn")
 
 
-class StackSection(Section):
-    """An encoder or decoder stack; components left out come from the model section."""
+LAYER_FAMILIES = ("attention", "ffn", "norm")
 
-    layers: int = Field(6, ge=1, le=1000, description="number of identical layers N")
+
+class LayerChanges(Section):
+    """Changes to some layers' components: each a partial mapping merged over the stack's component
+    (``{window: null}`` changes one param; naming another ``type`` starts that type from its defaults).
+    The merged params are validated as the type's own."""
+
+    attention: dict[str, Any] | None = Field(None, description="changes to the self-attention's params")
+    ffn: dict[str, Any] | None = Field(None, description="changes to the feed-forward's params")
+    norm: dict[str, Any] | None = Field(None, description="changes to the norms' params")
+
+
+class StackSection(Section):
+    """An encoder or decoder stack; components left out come from the model section. Layers are alike
+    unless ``pattern`` (named ``kinds`` repeated over the depth) or ``overrides`` (single layers)
+    change their components."""
+
+    layers: int = Field(6, ge=1, le=1000, description="number of layers N")
     attention: Attention | None = Field(None, description="self-attention; default model.attention")
     ffn: Ffn | None = Field(None, description="feed-forward sub-layer; default model.ffn")
     norm: Norm | None = Field(None, description="normalisation; default model.norm")
+    kinds: dict[Annotated[str, Field(min_length=1, max_length=64)], LayerChanges] = Field(
+        default_factory=dict, max_length=64, description="named kinds of layer, each its changes to the stack's components (used by pattern)"
+    )
+    pattern: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        None, min_length=1, max_length=1000,
+        description="the kinds of consecutive layers, repeated over the depth: layer i is pattern[i % len(pattern)] (Gemma 2: [local, global]); default all alike",
+    )
+    overrides: dict[Annotated[int, Field(strict=False)], LayerChanges] = Field(
+        default_factory=dict, max_length=1000,
+        description="changes to single layers by index (from 0; negative from the end: -1 is the last), applied over the pattern's",
+    )
 
 
 class DecoderSection(StackSection):
@@ -162,6 +188,13 @@ class ModelSection(Section):
         description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + Norm(f(Norm(x))))",
     )
     final_norm: bool | None = Field(None, description="norm after each stack; default false for post, true otherwise")
+    block: Literal["sequential", "parallel"] = Field(
+        "sequential",
+        description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
+    )
+    parallel_norms: Literal["shared", "separate"] = Field(
+        "shared", description="parallel blocks: one norm shared by both branches (GPT-J, PaLM) or one norm per branch (GPT-NeoX)"
+    )
     share_embeddings: bool = Field(True, description="source and target share one embedding matrix (sec. 3.4)")
     tie_output: bool = Field(True, description="the pre-softmax projection reuses the target embedding (sec. 3.4)")
     position: Position = Field(default_factory=_default("position", "sinusoidal"), description="positional encoding")
@@ -179,6 +212,10 @@ class ModelSection(Section):
     )
     embed_norm: bool = Field(False, description="a norm (model.norm) after embeddings, positions and token types (BERT)")
     head_bias: bool = Field(False, description="learn a bias on the output projection (BERT's masked-LM head)")
+    logit_softcap: float | None = Field(
+        None, gt=0.0, le=1e4,
+        description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, arXiv:2408.00118: 30); default none",
+    )
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
     decoder: DecoderSection | None = Field(None, description="the decoder stack (kinds encoder_decoder and decoder)")
@@ -201,6 +238,9 @@ class ModelSection(Section):
                 problems.append(
                     ((part,), f"kind '{self.kind}' has no {part}; remove this section (or set {part}: null where inherited)", None)
                 )
+        problems += self._layer_problems()
+        if problems:
+            fail("ModelSection", problems)
         dims = ModelDims(d_model=self.d_model)
         for loc, params in self.components():
             for field, message in params.check(dims):
@@ -217,6 +257,12 @@ class ModelSection(Section):
             )
         if self.mtp is not None and self.kind != "decoder":
             problems.append((("mtp",), f"multi-token prediction is for decoder-only language models (kind decoder), not kind '{self.kind}'", None))
+        if self.block == "parallel" and self.kind == "encoder_decoder":
+            problems.append((("block",), "parallel blocks are for one-stack models (kinds decoder and encoder): a decoder with cross-attention has no parallel form", self.block))
+        if self.block == "parallel" and self.placement == "post":
+            problems.append((("placement",), "parallel blocks normalise before their branches: use placement pre or sandwich", self.placement))
+        if self.parallel_norms == "separate" and self.block != "parallel":
+            problems.append((("parallel_norms",), "parallel_norms is for block: parallel", self.parallel_norms))
         if self.token_types and self.kind == "encoder_decoder":
             problems.append((("token_types",), "token_types are for one-stack models (kinds decoder and encoder)", self.token_types))
         if self.pad_id is None and self.kind == "encoder_decoder":
@@ -232,6 +278,93 @@ class ModelSection(Section):
         fail("ModelSection", problems)
         return self
 
+    def _stack_components(self, part: Literal["encoder", "decoder"]) -> dict[str, ComponentParams]:
+        """The ``part`` stack's own components (its section's, else the model's), by family."""
+        stack = self.stack(part)
+        return {"attention": self.self_attention(part), "ffn": stack.ffn or self.ffn, "norm": stack.norm or self.norm}
+
+    def _changes(self, part: Literal["encoder", "decoder"]) -> list[tuple[tuple, LayerChanges]]:
+        """Every set of layer changes of the ``part`` stack, with its location (kinds, then overrides)."""
+        stack = self.stack(part)
+        found = [((part, "kinds", name), changes) for name, changes in stack.kinds.items()]
+        return found + [((part, "overrides", index), changes) for index, changes in stack.overrides.items()]
+
+    def _layer_problems(self) -> list[tuple[tuple, str, Any]]:
+        """Patterns naming unknown kinds, kinds never used, layer indices out of range, and merged
+        params that their type refuses (each at the kind or override that wrote it)."""
+        problems: list[tuple[tuple, str, Any]] = []
+        for part in ("encoder", "decoder"):
+            stack = self.stack(part)
+            if stack is None:
+                continue
+            kinds = sorted(stack.kinds)
+            for i, name in enumerate(stack.pattern or []):
+                if name not in stack.kinds:
+                    known = ", ".join(kinds) if kinds else "none; define them under kinds"
+                    problems.append(((part, "pattern", i), f"unknown layer kind '{name}' (kinds: {known}){did_you_mean(name, kinds)}", name))
+            for name in kinds:
+                if name not in (stack.pattern or []):
+                    problems.append(((part, "kinds", name), f"kind '{name}' is not in {part}.pattern", None))
+            for index in stack.overrides:
+                if not -stack.layers <= index < stack.layers:
+                    problems.append(((part, "overrides", index), f"no layer {index} in a stack of {stack.layers} layers (0 to {stack.layers - 1}, or -1 to -{stack.layers})", index))
+            base = self._stack_components(part)
+            for loc, changes in self._changes(part):
+                for family in LAYER_FAMILIES:
+                    change = getattr(changes, family)
+                    if change is None:
+                        continue
+                    try:
+                        merged = _merged(base[family], change)
+                    except ValidationError as exc:
+                        for err in exc.errors():
+                            problems.append((loc + (family, *err["loc"]), err["msg"], err.get("input")))
+                        continue
+                    except PydanticCustomError as exc:
+                        problems.append((loc + (family, "type"), exc.message(), change.get("type")))
+                        continue
+                    if family == "attention" and merged.shape(self.d_model) != base[family].shape(self.d_model):
+                        problems.append((loc + (family,), "a layer's heads and key width must be the stack's (positions inside attention are built for them)", None))
+                    residual = [getattr(p, "value_residual", "none") for p in (merged, base[family])]
+                    if family == "attention" and residual[0] != residual[1]:
+                        problems.append((
+                            loc + (family, "value_residual"),
+                            f"value_residual must be the stack's ({residual[1]}) in every layer (the first layer hands its values on); "
+                            "to leave some layers out (Sparse-ResFormer), give them value_lambdas: [0, 1]",
+                            residual[0],
+                        ))
+        return problems
+
+    def layer_components(self, part: Literal["encoder", "decoder"], index: int) -> dict[str, ComponentParams]:
+        """Layer ``index``'s attention, ffn and norm params in the ``part`` stack: the stack's, changed
+        by its kind in the pattern, then by an override of that layer (validated recipes only)."""
+        stack = self.stack(part)
+        components = self._stack_components(part)
+        steps = []
+        if stack.pattern:
+            steps.append(stack.kinds[stack.pattern[index % len(stack.pattern)]])
+        for key in (index, index - stack.layers):
+            if key in stack.overrides:
+                steps.append(stack.overrides[key])
+        for changes in steps:
+            for family in LAYER_FAMILIES:
+                change = getattr(changes, family)
+                if change is not None:
+                    components[family] = _merged(components[family], change)
+        return components
+
+    def layer_kinds(self, part: Literal["encoder", "decoder"]) -> list[str]:
+        """A label for each layer of the ``part`` stack: its kind in the pattern (else ``layer``), with
+        ``+override`` where an override changes it (what ``tfbuilder show`` prints)."""
+        stack = self.stack(part)
+        labels = []
+        for index in range(stack.layers):
+            label = stack.pattern[index % len(stack.pattern)] if stack.pattern else "layer"
+            if index in stack.overrides or index - stack.layers in stack.overrides:
+                label += "+override"
+            labels.append(label)
+        return labels
+
     def components(self) -> list[tuple[tuple, ComponentParams]]:
         """Every component the model uses, with its location in the recipe (defaults resolved)."""
         found: list[tuple[tuple, ComponentParams]] = [(("position",), self.position), (("norm",), self.norm)]
@@ -244,6 +377,9 @@ class ModelSection(Section):
             for field, params in (("attention", stack.attention), ("cross_attention", cross), ("ffn", stack.ffn), ("norm", stack.norm)):
                 if params is not None:
                     found.append(((part, field), params))
+            base = self._stack_components(part)
+            for loc, changes in self._changes(part):  # (merged: checked already by _layer_problems)
+                found += [(loc + (f,), _merged(base[f], getattr(changes, f))) for f in LAYER_FAMILIES if getattr(changes, f) is not None]
         return found
 
     def stack(self, part: Literal["encoder", "decoder"]) -> "StackSection | DecoderSection | None":
@@ -263,6 +399,20 @@ class ModelSection(Section):
     @property
     def uses_final_norm(self) -> bool:
         return self.placement != "post" if self.final_norm is None else self.final_norm
+
+
+def _merged(base: ComponentParams, change: dict[str, Any]) -> ComponentParams:
+    """``base`` changed by the partial mapping ``change``: merged over its params, or, when ``change``
+    names another type, that type from its defaults; validated by the type's params model."""
+    name = change.get("type", base.type)
+    if not isinstance(name, str) or name not in registry.types(base.family):
+        names = registry.types(base.family)
+        raise PydanticCustomError(
+            "component_type_unknown", "unknown {family} type '{name}'{hint}",
+            {"family": base.family, "name": str(name), "hint": did_you_mean(str(name), names)},
+        )
+    data = {**base.model_dump(), **change} if name == base.type else dict(change)
+    return registry.get(base.family, name).params.model_validate(data)
 
 
 class Recipe(Section):

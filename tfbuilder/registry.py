@@ -64,6 +64,20 @@ class BuildContext:
     # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
     # the interface between the two is documented on AttentionPosition (components/position.py).
     position: AttentionPosition | None = None
+    layer: int = 0  # this layer's index in its stack, from 0 (differential attention's lambda_init reads it)
+    num_layers: int = 1  # the layers of the stack
+    # What the self-attention layers of one stack share within a forward (the first layer's values,
+    # for value residual learning): one per stack, created by the builder; None outside a stack.
+    shared: StackShared | None = None
+
+
+class StackShared:
+    """A per-stack scratch space that the self-attention layers of one stack share within a forward:
+    the first layer writes, later layers read (value residual learning, Zhou et al. 2024,
+    arXiv:2410.17897). Not a module: it holds no parameters and is never saved."""
+
+    def __init__(self) -> None:
+        self.first_values: Tensor | None = None
 
 
 class AuxiliaryLoss:

@@ -359,10 +359,33 @@ class ScheduleSection(Section):
     min_lr: float = Field(0.0, ge=0.0, description="cosine: learning rate at the last step")
 
 
+class MuonSection(Section):
+    """Muon's settings (Jordan et al. 2024; torch.optim.Muon), for optim.optimizer: muon."""
+
+    lr: float | None = Field(
+        None, gt=0.0, le=10.0,
+        description="Muon's peak learning rate (the reference: 0.02 with adjust_lr original); its schedule is optim.schedule's times lr / optim.lr; default optim.lr",
+    )
+    momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of the update before orthogonalisation")
+    nesterov: bool = Field(True, description="Nesterov momentum")
+    ns_steps: int = Field(5, ge=1, le=20, description="Newton-Schulz iterations that orthogonalise each update")
+    weight_decay: float | None = Field(
+        None, ge=0.0, le=1.0, description="decoupled weight decay of the Muon matrices; default optim.weight_decay"
+    )
+    adjust_lr: Literal["original", "match_rms_adamw"] = Field(
+        "original",
+        description="per-matrix rate: original (Keller Jordan's, lr * sqrt(max(1, rows / cols))) or match_rms_adamw (Moonshot's 0.2 * lr * sqrt(max(rows, cols)), so AdamW's lr and decay carry over)",
+    )
+
+
 class OptimSection(Section):
     """Optimisation: the paper's Adam and warm-up by default (sec. 5.3), label smoothing (sec. 5.4)."""
 
-    optimizer: Literal["adam", "adamw"] = Field("adam", description="adam or adamw")
+    optimizer: Literal["adam", "adamw", "muon"] = Field(
+        "adam",
+        description="adam, adamw, or muon: Muon for the 2-D weights of the stacks, AdamW (lr, betas, eps, weight_decay) for embeddings, the head, norms, biases and scalars",
+    )
+    muon: MuonSection = Field(default_factory=MuonSection, description="Muon's settings (optimizer: muon)")
     lr: float = Field(1e-3, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
     betas: tuple[StrictFloat, StrictFloat] = Field((0.9, 0.98), strict=False, description="Adam beta1, beta2")
     eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
@@ -372,6 +395,10 @@ class OptimSection(Section):
     )
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
+    z_loss: float = Field(
+        0.0, ge=0.0, le=1.0,
+        description="weight w of the auxiliary z-loss w * log(Z)^2 per target token, Z the softmax normaliser (PaLM, Chowdhery et al. 2022: 1e-4); 0: off",
+    )
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
     accumulate: int = Field(
         1, ge=1, le=65_536,
@@ -383,6 +410,8 @@ class OptimSection(Section):
         problems = [
             (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b) for i, b in enumerate(self.betas) if not 0 <= b < 1
         ]
+        if self.optimizer != "muon" and self.muon != MuonSection():
+            problems.append((("muon",), f"muon settings apply to optimizer: muon (this recipe's is {self.optimizer})", None))
         fail("OptimSection", problems)
         return self
 

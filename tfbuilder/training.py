@@ -56,6 +56,7 @@ from .runs import (
     run_dir_of,
     write_recipe,
 )
+from .optimizers import build_optimizer
 from .schedules import learning_rate
 
 log = logging.getLogger("tfbuilder")
@@ -223,15 +224,7 @@ class Task(L.LightningModule):
     # --- optimisation ---------------------------------------------------------------------------
     def configure_optimizers(self):
         optim, trainer = self.recipe.optim, self.recipe.trainer
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        groups = [
-            {"params": decay, "weight_decay": optim.weight_decay if optim.optimizer == "adamw" else 0.0},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
-        # The fused kernel is one pass over all parameters: several times faster than the default on CPU.
-        optimizer = cls(groups, lr=1.0, betas=optim.betas, eps=optim.eps, fused=True)
+        optimizer = build_optimizer(self.model, optim)
         rate = learning_rate(optim.schedule, d_model=self.recipe.model.d_model, lr=optim.lr, max_steps=trainer.max_steps)
         # LambdaLR multiplies the base lr (1.0) by rate(step); the paper counts steps from 1.
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step + 1))

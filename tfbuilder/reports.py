@@ -46,6 +46,7 @@ class RunResult:
     tokens_per_s: float
     seconds: float
     exact_match: float | None = None  # percent of validation outputs equal to their reference
+    peak_memory_mb: float | None = None  # the run's peak memory (summary.json; absent in older runs)
     head_scores: dict[str, float] = field(default_factory=dict)  # a sequence head's last validation (val_acc, val_f1, val_mse, val_pearson)
     val_curve: list[tuple[int, float]] = field(default_factory=list)
     train_curve: list[tuple[int, float]] = field(default_factory=list)
@@ -142,6 +143,7 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     seconds = number(summary, "seconds", summary_path, what="run summary")
     best = number(summary, "best_val_loss", summary_path, what="run summary", optional=True)
     speed = number(summary, "tokens_per_s", summary_path, what="run summary", optional=True)
+    peak = number(summary, "peak_memory_mb", summary_path, what="run summary", optional=True)
     saved_head = summary.get("head_scores") if isinstance(summary.get("head_scores"), dict) else {}
     head_scores = {k: number(saved_head, k, summary_path, what="run summary") for k in HEAD_KEYS if saved_head.get(k) is not None}
     with torch.device("meta"):
@@ -173,6 +175,7 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
         exact_match=exact,
         tokens_per_s=speed or 0.0,
         seconds=seconds,
+        peak_memory_mb=peak,
         val_curve=val_curve,
         train_curve=train_curve,
         head_scores=head_scores,
@@ -240,6 +243,7 @@ COLUMNS = (  # (header, CSV name, how to get the values, digits)
     ("BLEU", "bleu", lambda row: row.values("bleu"), 2),
     ("exact %", "exact_match", lambda row: row.values("exact_match"), 1),
     ("tokens/s", "tokens_per_s", lambda row: row.values("tokens_per_s"), 0),
+    ("peak MiB", "peak_memory_mb", lambda row: row.values("peak_memory_mb"), 0),
     ("wall s", "wall_s", lambda row: row.values("seconds"), 1),
 )
 

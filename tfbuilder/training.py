@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
 from torch import nn
 
-from . import __version__, atomic, devices, diskspace, loggers, objectives, preflight, registry, stopping, torch_state
+from . import __version__, atomic, devices, diskspace, loggers, memory, objectives, preflight, registry, stopping, torch_state
 from .builder import build_model
 from .callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
 from .data import labels as label_files
@@ -288,6 +288,7 @@ class Summary:
     stopped: str = "max_steps"
     history: list[dict] = field(default_factory=list)  # every invocation: new, resumes, with what changed
     head_scores: dict[str, float] | None = None  # a sequence head's last validation: val_acc, val_f1 or val_mse, val_pearson
+    peak_memory_mb: float | None = None  # this invocation's peak: GPU memory allocated, or the process's resident memory on a CPU
 
     def lines(self) -> list[str]:
         best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f}" + ("" if self.head_scores is not None else f" (perplexity {self.best_val_ppl:.2f})")
@@ -304,6 +305,8 @@ class Summary:
         if self.last_val_bleu is not None:
             rows.append(("last validation BLEU", f"{self.last_val_bleu:.2f} (greedy, subset)"))
         rows += [("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)")]
+        if self.peak_memory_mb is not None:
+            rows.append(("peak memory", f"{self.peak_memory_mb:,.0f} MiB"))
         if self.best_checkpoint:
             rows.append(("best checkpoint", f"{display_path(self.best_checkpoint)} (step {self.best_step}, {self.monitor} {self.best_score:.4f})"))
         else:
@@ -803,6 +806,8 @@ def _train(start: _Start) -> Summary:
         loggers.start(metrics_to, recipe, run_dir)  # before the first step: a tracker that cannot start stops the run here
     ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
+    gpu = accelerated and torch.cuda.is_available()
+    memory.reset_peak(gpu)
     try:
         trainer.fit(task, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
     except SystemExit:
@@ -851,6 +856,7 @@ def _train(start: _Start) -> Summary:
         last_val_step=guard.last_step,
         stopped=stopped,
         history=task.history + [{**invocation, "to_step": trainer.global_step}],
+        peak_memory_mb=memory.peak_mb(gpu),
         head_scores=None if recipe.model.head is None else {
             k: v for k, v in guard.last_metrics.items() if k in SCORE_NAMES and math.isfinite(v)  # Pearson's r of a constant: none
         },

@@ -20,6 +20,15 @@ from .position import AttentionPosition
 Lambda = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
+def init_projections(module: nn.Module) -> None:
+    """Xavier-uniform on every projection of an attention, zero biases: what nn.MultiheadAttention does."""
+    for linear in module.modules():
+        if isinstance(linear, nn.Linear):
+            nn.init.xavier_uniform_(linear.weight)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+
+
 @register("attention", "multihead")
 class MultiHeadAttention(AttentionBase, nn.Module):
     """Scaled dot-product multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.2), with
@@ -157,12 +166,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         return self._position[0] if self._position else None
 
     def reset_parameters(self) -> None:
-        # Xavier-uniform on each projection, zero biases: what nn.MultiheadAttention does.
-        for linear in self.modules():
-            if isinstance(linear, nn.Linear):
-                nn.init.xavier_uniform_(linear.weight)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+        init_projections(self)
 
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: KVCache | None = None

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .. import masks
 from ..contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
 from ..registry import BuildContext, ModelDims, register
+from .attention import init_projections
 from .position import AttentionPosition
 
 
@@ -135,11 +136,7 @@ class LatentAttention(AttentionBase, nn.Module):
         return self._position[0] if self._position else None
 
     def reset_parameters(self) -> None:
-        for linear in self.modules():
-            if isinstance(linear, nn.Linear):
-                nn.init.xavier_uniform_(linear.weight)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+        init_projections(self)  # the norms' gains stay 1
 
     def forward(
         self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: KVCache | None = None

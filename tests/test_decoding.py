@@ -315,9 +315,9 @@ def test_translate_answers_each_line_of_a_slow_pipe_before_the_next(copy_checkpo
     """Through a real pipe: lines written at once come back in order (an empty line included); then a
     program that writes one line and waits for its answer gets it (no batching wait). One process
     for both, as `python -m tfbuilder` starting is most of the time."""
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # unbuffered: a readline takes one line, and select sees what is left
         [sys.executable, "-m", "tfbuilder", "translate", copy_checkpoint, "--beam", "2"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
     )
     try:
         burst = ["abc", "jihgfedcba", "a", "", "cafe"]

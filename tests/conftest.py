@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
 from tfbuilder import devices
-from trained import TRAIN_ORDER, Trained
+from trained import TRAIN_ORDER, Trained, close_shared
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
@@ -48,6 +50,22 @@ def short_run(tmp_path, *overrides: str, train: int = 2000, val: int = 200, long
     ]
 
 
+# What would make a DDP run join another job: a fixed port or rank from the environment (torchrun, SLURM).
+_DISTRIBUTED_ENV = ("MASTER_ADDR", "MASTER_PORT", "STANDALONE_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
+                    "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def ddp_env(**extra: str) -> dict[str, str]:
+    """The environment for a DDP run started by a test: this process's, less anything that would join
+    another job, with a port of its own (one the kernel gave out just now, so two DDP tests running
+    at once under pytest-xdist, or anything else listening, never share it)."""
+    env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_ENV and not k.startswith("SLURM_")}
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **extra}
+
+
 def tiny_model(**changes) -> dict:
     """A copy of TINY_MODEL with ``changes`` applied (None removes a key)."""
     spec = copy.deepcopy(TINY_MODEL)
@@ -80,6 +98,38 @@ def _one_training_thread():
 
 
 _trained: list[Trained] = []
+# Under pytest-xdist: the folder the workers share the trained runs in (made by the controller).
+_shared: Path | None = None
+
+
+def pytest_configure(config):
+    """An xdist worker takes the shared folder from the controller, and its share of the cores for torch."""
+    global _shared
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    if "tfbuilder_trained" in workerinput:
+        _shared = Path(workerinput["tfbuilder_trained"])
+    # N workers on N cores: one torch thread each, not N each fighting for the same cores.
+    torch.set_num_threads(max(1, devices.usable_cores() // int(workerinput["workercount"])))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core this process may run on (as ``trainer.threads: auto`` counts
+    them), hyper-threads included, with or without psutil; PYTEST_XDIST_AUTO_NUM_WORKERS still wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return devices.usable_cores()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """The xdist controller gives every worker the same folder for the trained runs (trained.py)."""
+    config = node.config
+    if not hasattr(config, "_tfbuilder_trained"):
+        config._tfbuilder_trained = Path(tempfile.mkdtemp(prefix="tfbuilder-trained-"))
+    node.workerinput["tfbuilder_trained"] = str(config._tfbuilder_trained)
 
 
 def _needs(item: pytest.Item) -> list[str]:
@@ -96,7 +146,7 @@ def quickstart_run() -> Path:
 def _wait_for(name: str) -> Path:
     trainer = next((t for t in _trained if name in t.names), None)
     if trainer is None:  # e.g. requested through getfixturevalue, unseen at collection
-        trainer = Trained([name])
+        trainer = Trained([name], _shared)
         _trained.append(trainer)
     return trainer.run_dir(name)
 
@@ -104,6 +154,8 @@ def _wait_for(name: str) -> Path:
 def pytest_sessionfinish(session, exitstatus):
     while _trained:
         _trained.pop().close()
+    if hasattr(session.config, "_tfbuilder_trained"):  # the xdist controller, once every worker is done
+        close_shared(session.config._tfbuilder_trained)
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what will not run
@@ -124,4 +176,4 @@ def pytest_collection_modifyitems(config, items):
         for name in _needs(item):
             rank[item.module] = max(rank.get(item.module, 0), 1 + TRAIN_ORDER.index(name))
     items.sort(key=lambda item: rank.get(getattr(item, "module", None), 0))
-    _trained.append(Trained([name for name in TRAIN_ORDER if name in needed]))
+    _trained.append(Trained([name for name in TRAIN_ORDER if name in needed], _shared))

@@ -301,16 +301,8 @@ def test_an_ensemble_translates_and_is_scored(copy_checkpoint, tmp_path, capsys)
 
 
 def test_translate_command_streams_lines_in_order(copy_checkpoint, tmp_path):
+    """From a file to a file (standard input and output: the pipe test below)."""
     lines = ["abc", "jihgfedcba", "a", "", "cafe"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfbuilder", "translate", copy_checkpoint, "--beam", "2"],
-        input="\n".join(lines) + "\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == lines
     out = tmp_path / "out.txt"
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
@@ -320,12 +312,21 @@ def test_translate_command_streams_lines_in_order(copy_checkpoint, tmp_path):
 
 
 def test_translate_answers_each_line_of_a_slow_pipe_before_the_next(copy_checkpoint):
-    """A program that writes one line and waits for its answer gets it (no batching wait)."""
-    proc = subprocess.Popen(
+    """Through a real pipe: lines written at once come back in order (an empty line included); then a
+    program that writes one line and waits for its answer gets it (no batching wait). One process
+    for both, as `python -m tfbuilder` starting is most of the time."""
+    proc = subprocess.Popen(  # unbuffered: a readline takes one line, and select sees what is left
         [sys.executable, "-m", "tfbuilder", "translate", copy_checkpoint, "--beam", "2"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0,
     )
     try:
+        burst = ["abc", "jihgfedcba", "a", "", "cafe"]
+        proc.stdin.write(("\n".join(burst) + "\n").encode())
+        proc.stdin.flush()
+        for line in burst:
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, f"no answer to {line!r} while the pipe stays open"
+            assert proc.stdout.readline().decode().rstrip("\n") == line
         for line in ["abc", "hgf", "a"]:
             proc.stdin.write(line.encode() + b"\n")
             proc.stdin.flush()

@@ -5,6 +5,7 @@ definition)."""
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import json
 import re
@@ -28,9 +29,16 @@ def sources(*, skip_data: bool = True) -> list[tuple[Path, str]]:
     ]
 
 
-def code_lines(text: str) -> list[tuple[int, str]]:
+@functools.cache
+def parsed(text: str) -> ast.Module:
+    """A module's syntax tree, parsed once for all the scans below (which only read it)."""
+    return ast.parse(text)
+
+
+@functools.cache
+def code_lines(text: str) -> tuple[tuple[int, str], ...]:
     """Lines without their comments and docstrings' prose (a formula quoted in a docstring is fine)."""
-    tree = ast.parse(text)
+    tree = parsed(text)
     prose = {
         n
         for node in ast.walk(tree)
@@ -38,7 +46,7 @@ def code_lines(text: str) -> list[tuple[int, str]]:
         for n in range(node.lineno, node.end_lineno + 1)
     }
     # Prose in strings (a params description saying "default 4 * d_model") is not a definition.
-    return [(i, PROSE.sub('""', line.split("#", 1)[0])) for i, line in enumerate(text.splitlines(), start=1) if i not in prose]
+    return tuple((i, PROSE.sub('""', line.split("#", 1)[0])) for i, line in enumerate(text.splitlines(), start=1) if i not in prose)
 
 
 PROSE = re.compile(r'f?"[^"]*\s[^"]*"|f?'"'[^']*\\s[^']*'")
@@ -59,7 +67,7 @@ def where(pattern: str, *, allowed: set[str]) -> list[str]:
 def test_the_special_tokens_are_defined_once():
     assigned = []
     for rel, text in sources(skip_data=False):
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(parsed(text)):
             if isinstance(node, ast.Assign):
                 names = [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
                 if {"SPECIAL_TOKENS", "PAD", "BOS", "EOS", "UNK", "MASK"} & set(names):
@@ -107,7 +115,7 @@ def test_best_else_last_is_chosen_in_one_place(tmp_path):
     fallback = [
         f"{rel}:{node.lineno}"
         for rel, text in sources()
-        for node in ast.walk(ast.parse(text))
+        for node in ast.walk(parsed(text))
         if isinstance(node, ast.IfExp) and "best" in ast.unparse(node.test) and "last" in ast.unparse(node.orelse)
     ]
     assert [f.split(":")[0] for f in fallback] == ["runs.py"], fallback
@@ -175,7 +183,7 @@ def test_each_named_fact_is_assigned_in_one_module(fact):
     assigned = [
         str(rel)
         for rel, text in sources(skip_data=False)
-        for node in ast.walk(ast.parse(text))
+        for node in ast.walk(parsed(text))
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == fact for t in node.targets)
     ]
     assert len(assigned) == 1, assigned

@@ -17,6 +17,9 @@ from tfbuilder.recipe import load_recipe  # noqa: E402
 from tfbuilder.runs import load_checkpoint  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
+# Under pytest-xdist (`--dist loadgroup`) one worker runs this module, so its module-scoped fixtures are made once.
+pytestmark = pytest.mark.xdist_group("hf")
+
 V = 96  # vocabulary of the small reference models
 TOL = 1e-4
 

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import tfbuilder
+from conftest import ONE_LAYER
 from test_training import QUICKSTART, small
 from tfbuilder.runs import display_path
 from tfbuilder.progress import clock, forecast, scientific
@@ -105,9 +106,11 @@ def test_a_time_limit_is_the_total_when_it_comes_first(capsys, monkeypatch):
 
 
 def test_in_a_terminal_one_line_is_redrawn(tmp_path):
-    """A real pseudo-terminal: the line is redrawn in place with carriage returns, then the summary."""
+    """A real pseudo-terminal: the line is redrawn in place with carriage returns, then the summary.
+    (The smallest model and two validations: what is drawn does not depend on the model's size.)"""
     primary, secondary = os.openpty()
-    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in small(tmp_path, "trainer.progress=true", "trainer.max_steps=30", "trainer.val_every=15")), [])]
+    sets = small(tmp_path, *ONE_LAYER, "data.train_size=200", "data.val_size=20", "trainer.progress=true", "trainer.max_steps=6", "trainer.val_every=3")
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in sets), [])]
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.Popen([sys.executable, "-m", "tfbuilder", *args], stdout=secondary, stderr=secondary, cwd=tmp_path, env=env)
     os.close(secondary)
@@ -118,8 +121,8 @@ def test_in_a_terminal_one_line_is_redrawn(tmp_path):
     redraws = [part for part in text.split("\r") if part.startswith("step ")]
     assert len(redraws) >= 2, text
     last = redraws[-1].split("\n")[0].rstrip()
-    assert last.startswith("step 30/30  loss "), text
-    assert "validation at step 15: val_loss" in text and "validation at step 30: val_loss" in text
+    assert last.startswith("step 6/6  loss "), text
+    assert "validation at step 3: val_loss" in text and "validation at step 6: val_loss" in text
     assert "best validation loss" in text
     assert "Epoch" not in text and "it/s" not in text
 

@@ -15,6 +15,10 @@ import tfbuilder.training
 from conftest import ROOT
 from tfbuilder.cli import main
 
+# Under pytest-xdist (`--dist loadgroup`) one worker runs this module, so its module-scoped fixtures are made once.
+pytestmark = pytest.mark.xdist_group("sweeps")
+
+
 TINY = [
     "--set", "trainer.max_steps=12", "--set", "trainer.val_every=6", "--set", "trainer.log_every=3",
     "--set", "data.train_size=300", "--set", "data.val_size=40", "--set", "data.lengths=[1, 6]",

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import QUICKSTART, ROOT, short_run
+from conftest import QUICKSTART, ROOT, ddp_env, short_run
 from tfbuilder.cli import main
 from tfbuilder.recipe import recipe_from_dict
 from tfbuilder.runs import CheckpointError, load_checkpoint, model_state, read_checkpoint
@@ -187,7 +187,7 @@ def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
     driver = tmp_path / "ddp_driver.py"
     driver.write_text(DDP_DRIVER)
     cmd = [sys.executable, str(driver), "fit", str(QUICKSTART), *sum((["--set", o] for o in sets), [])]
-    env = {**os.environ, "WEIGHTS_DIR": str(tmp_path)}
+    env = ddp_env(WEIGHTS_DIR=str(tmp_path))
     env.pop("TFBUILDER_CACHE", None)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

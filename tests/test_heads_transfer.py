@@ -19,7 +19,7 @@ from tfbuilder.recipe import load_recipe  # noqa: E402
 from tfbuilder.runs import CheckpointError, load_checkpoint  # noqa: E402
 from tfbuilder.training import _initial_model, _origin  # noqa: E402
 
-WORDS = [f"w{i}" for i in range(94)]  # with [PAD] and [UNK]: the model's 96 ids
+WORDS = [f"w{i}" for i in range(91)]  # with [PAD], [UNK], [CLS], [SEP] and [MASK]: the model's 96 ids
 POSITIVE, NEGATIVE = WORDS[:30], WORDS[30:]
 V = 96
 
@@ -31,7 +31,7 @@ def tiny_bert(folder):
     torch.manual_seed(0)
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, vocab_size=V, max_position_embeddings=32)
     transformers.BertForMaskedLM(cfg).save_pretrained(folder)
-    vocab = {"[PAD]": 0, "[UNK]": 1} | {w: i + 2 for i, w in enumerate(WORDS)}
+    vocab = {"[PAD]": 0, "[UNK]": 1} | {w: i + 2 for i, w in enumerate(WORDS)} | {"[CLS]": 93, "[SEP]": 94, "[MASK]": 95}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.save(str(folder / "tokenizer.json"))
@@ -80,6 +80,19 @@ def test_the_body_loads_and_only_the_head_is_new(imported):
     assert sorted(k for k in ours if k.startswith("head.")) == ["head.out.bias", "head.out.weight"]
     assert float(ours["head.out.bias"].abs().sum()) == 0.0 and 0 < float(ours["head.out.weight"].std()) < 0.05
     assert origin.invocation["new_head"] is True
+
+
+def test_the_imported_tokenizer_frames_texts_with_the_models_own_tokens(imported):
+    """BERT's config names only its pad id; [CLS] and [SEP] come from its tokenizer, and a fine-tune's
+    batches are made with them (not tfbuilder's ids 1 and 2)."""
+    from tfbuilder.data.collate import labelled
+
+    root, _ = imported
+    vocab = load_checkpoint(root / "imported", device="cpu").vocab
+    ids = vocab.specials
+    assert (ids.start, ids.end, ids.pad, ids.mask) == (93, 94, 0, 95)
+    batch = labelled([vocab.src.encode("w3 w4")], ids=ids)
+    assert batch["tokens"].tolist() == [[93, 5, 6, 94]]
 
 
 def test_a_body_that_differs_is_still_refused_naming_the_weights(imported):

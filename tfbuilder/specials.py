@@ -93,5 +93,15 @@ class SpecialIds:
         return cls(start=start, end=end, pad=pad, unk=unk, never=tuple(sorted(banned)), mask=mask)
 
 
+def filled(ids: SpecialIds, named: SpecialIds) -> SpecialIds:
+    """``ids`` with the roles it leaves unset taken from ``named`` (an imported model's config says
+    some roles, its tokenizer names the rest: BERT's [CLS] and [SEP] are in no config id)."""
+    pick = lambda ours, theirs: theirs if ours is None else ours  # noqa: E731
+    return SpecialIds.of(
+        start=pick(ids.start, named.start), end=pick(ids.end, named.end), pad=pick(ids.pad, named.pad),
+        unk=pick(ids.unk, named.unk), extra=ids.never, mask=pick(ids.mask, named.mask),
+    )
+
+
 OWN = SpecialIds.of(start=BOS, end=EOS, pad=PAD, unk=UNK, mask=MASK)
 """The ids of every model trained by tfbuilder."""

@@ -131,24 +131,32 @@ class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` used as it is (imported models): its own ids and special tokens,
     which decoding skips. tfbuilder's start and end ids (1, 2) are not remapped onto it."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, specials: "SpecialIds | None" = None):
         self._tok = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
+        self.specials = specials  # the imported model's ids (batches are made with them); None: tfbuilder's
 
     @classmethod
-    def from_str(cls, text: str) -> "HFTokenizer":
+    def from_str(cls, text: str, specials: "SpecialIds | None" = None) -> "HFTokenizer":
         from tokenizers import Tokenizer
 
-        return cls(Tokenizer.from_str(text))
+        return cls(Tokenizer.from_str(text), specials)
 
     @classmethod
-    def ids(cls, vocab_size: int) -> "HFTokenizer":
+    def ids(cls, vocab_size: int, specials: "SpecialIds | None" = None) -> "HFTokenizer":
         """Text is ids written out ("15 7 0"): for a model imported without its tokenizer."""
         from tokenizers import Tokenizer, models, pre_tokenizers
 
         tok = Tokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token="0"))
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        return cls(tok)
+        return cls(tok, specials)
+
+    def named_specials(self) -> "SpecialIds":
+        """The ids of the tokens this tokenizer names <pad>/[PAD], <s>/[CLS], </s>/[SEP], ... (see
+        :mod:`tfbuilder.data.pretrained`)."""
+        from .pretrained import find_specials, special_ids
+
+        return special_ids(find_specials(self._tok.token_to_id))
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -160,7 +168,8 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=True).strip()
 
     def to_json(self) -> str:
-        return json.dumps({"type": "hf", "tokenizer": self._tok.to_str()})
+        saved = {"type": "hf", "tokenizer": self._tok.to_str()}
+        return json.dumps(saved if self.specials is None else {**saved, "specials": self.specials.to_dict()})
 
     def hf_json(self) -> str:
         return self._tok.to_str()
@@ -176,7 +185,15 @@ def from_json(text: str) -> Tokenizer:
     if data.get("type") == "bpe" and isinstance(data.get("tokenizer"), str):
         return BPETokenizer.from_json(data["tokenizer"])
     if data.get("type") == "hf":
-        return HFTokenizer.from_str(data["tokenizer"])
+        tok = HFTokenizer.from_str(data["tokenizer"])
+        if data.get("specials") is not None:  # (runs imported before the ids travelled with it have none)
+            from ..specials import SpecialIds
+
+            try:
+                tok.specials = SpecialIds.from_dict(data["specials"], vocab_size=tok.vocab_size)
+            except ValueError as exc:
+                raise DataError(f"damaged tokenizer: {exc}") from None
+        return tok
     if data.get("type") in ("pretrained", "sentencepiece"):
         from .pretrained import PretrainedTokenizer, SentencePieceTokenizer
 
@@ -199,7 +216,8 @@ def specials(tokenizer: Tokenizer) -> "SpecialIds":
     """The ids with a role in ``tokenizer``: its own (a given tokenizer), else tfbuilder's 0-4."""
     from ..specials import OWN
 
-    return getattr(tokenizer, "specials", OWN)
+    own = getattr(tokenizer, "specials", None)
+    return OWN if own is None else own
 
 
 def unknown(tokenizer: Tokenizer, text: str) -> list[str]:

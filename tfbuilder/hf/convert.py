@@ -19,6 +19,7 @@ from ..errors import TfbuilderError
 from . import weights
 from .configs import UnsupportedConfig, from_config, to_config
 from .specials import config_ids, special_ids
+from ..specials import filled
 
 if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
     from ..data.prepare import Vocab
@@ -136,6 +137,11 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
             raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
         if tok.vocab_size > recipe.model.vocab_size:
             raise TfbuilderError(f"{tok_file} has {tok.vocab_size} tokens; the model has only {recipe.model.vocab_size}")
+        # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's
+        # named tokens for the roles the config leaves out (BERT's [CLS] and [SEP]); a model without
+        # a pad token (GPT-2, Llama) keeps batching as before.
+        own = filled(specials, tok.named_specials())
+        tok.specials = own if None not in (own.start, own.end, own.pad) else None
     else:
         tok = HFTokenizer.ids(recipe.model.vocab_size)
     return family, recipe, model.eval(), Vocab(tok, tok)

@@ -68,3 +68,26 @@ def test_multi_token_prediction_is_for_decoder_only_models(tmp_path, capsys):
     assert main(["validate", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert f"{recipe}:4:8: model.mtp: multi-token prediction is for decoder-only language models (kind decoder)" in err
+
+
+def test_packed_documents_stay_apart_in_the_modules():
+    """With the document mask, a module's states after a </s> do not depend on the document before it."""
+    from tfbuilder import masks
+    from tfbuilder.data.packing import segments
+
+    model = mtp_model(depth=2)
+    end = model.specials.end
+    a = torch.randint(5, 53, (1, 10))
+    a[0, 3] = end  # the first document ends at position 3
+    b = a.clone()
+    b[0, :3] = torch.randint(5, 53, (3,))  # another first document, the same second one
+    states = []
+    with torch.no_grad():
+        for tokens in (a, b):
+            inputs = tokens[:, :-1]
+            segs = segments(inputs, end)
+            hidden = model.features(inputs, segments=segs)
+            states.append(model.mtp(hidden, tokens, embed=model.embed, fill=PAD, mask=masks.document_mask(segs)))
+    for depth_a, depth_b in zip(*states):
+        torch.testing.assert_close(depth_a[:, 4:], depth_b[:, 4:])
+        assert not torch.allclose(depth_a[:, :3], depth_b[:, :3])

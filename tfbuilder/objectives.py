@@ -184,11 +184,12 @@ def causal_lm(
     packed block's documents do not see each other."""
     tokens = batch["tokens"]
     inputs = tokens[:, :-1]
-    hidden = model.features(inputs, segments=segments(inputs, model.specials.end)) if documents else model.features(inputs)
+    segs = segments(inputs, model.specials.end) if documents else None
+    hidden = model.features(inputs, segments=segs) if documents else model.features(inputs)
     result = head_loss(model.head, hidden, tokens[:, 1:], epsilon=epsilon, ignore=_ignored(model), z_loss=z_loss)
     if model.mtp is None or not model.training:  # the modules' loss trains; validation scores the main head
         return result
-    mask = masks.document_mask(segments(inputs, model.specials.end)) if documents else None
+    mask = masks.document_mask(segs) if segs is not None else None
     extra = multi_token_loss(model, hidden, tokens, epsilon=epsilon, mask=mask)
     return Result(result.loss + extra, result.nll, result.correct, result.tokens)
 

@@ -8,9 +8,11 @@ import socket
 import tempfile
 from pathlib import Path
 
+import lightning.pytorch  # noqa: F401  (its import sets up its loggers: the baseline, not a test's doing)
 import pytest
 import torch
 
+import state_guard
 from tfbuilder import devices
 from trained import TRAIN_ORDER, Trained, close_shared
 
@@ -75,6 +77,30 @@ def tiny_model(**changes) -> dict:
         else:
             spec[key] = value
     return spec
+
+
+def _guarded(where: str, before: state_guard.Snapshot) -> None:
+    message = state_guard.report(where, before, state_guard.Snapshot.now())
+    if message is not None:
+        before.restore()  # the next test starts from the state this one found
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_state_guard(request):
+    """A test module's own module-scoped fixtures give back what they changed (state_guard.py)."""
+    before = state_guard.Snapshot.now()
+    yield
+    _guarded(f"{request.node.nodeid} (its module-scoped fixtures)", before)
+
+
+@pytest.fixture(autouse=True)
+def _state_guard(request):
+    """Each test gives back the process-global state it changed (state_guard.py); the first
+    function-scoped fixture, so its check runs after every other fixture's teardown."""
+    before = state_guard.Snapshot.now()
+    yield
+    _guarded(request.node.nodeid, before)
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from tfbuilder.cli import main  # noqa: E402
 from tfbuilder.hf import import_hf  # noqa: E402
 from tfbuilder.recipe import load_recipe  # noqa: E402
 from tfbuilder.runs import CheckpointError, load_checkpoint  # noqa: E402
+from tfbuilder import torch_state  # noqa: E402
 from tfbuilder.training import _initial_model, _origin  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(91)]  # with [PAD], [UNK], [CLS], [SEP] and [MASK]: the model's 96 ids
@@ -72,7 +73,8 @@ def test_the_body_loads_and_only_the_head_is_new(imported):
     root, overrides = imported
     recipe = load_recipe(ROOT / "recipes" / "tasks" / "bert-classify.yaml", overrides)
     origin = _origin(recipe, resume=None, init_from=root / "imported", run_dir=None, force=False)
-    model = _initial_model(recipe, origin)
+    with torch_state.kept():  # _initial_model seeds as fit does (PL_GLOBAL_SEED); fit gives that back, and so must we
+        model = _initial_model(recipe, origin)
     source = load_checkpoint(root / "imported", device="cpu").model.state_dict()
     ours = model.state_dict()
     body = [k for k in ours if not k.startswith("head.")]
@@ -99,7 +101,7 @@ def test_a_body_that_differs_is_still_refused_naming_the_weights(imported):
     root, overrides = imported
     recipe = load_recipe(ROOT / "recipes" / "tasks" / "bert-classify.yaml", overrides + ["model.ffn.hidden=40"])
     origin = _origin(recipe, resume=None, init_from=root / "imported", run_dir=None, force=False)
-    with pytest.raises(CheckpointError, match=r"encoder\.layers\.0\.ffn\..*checkpoint \(48, 32\), recipe \(40, 32\)"):
+    with torch_state.kept(), pytest.raises(CheckpointError, match=r"encoder\.layers\.0\.ffn\..*checkpoint \(48, 32\), recipe \(40, 32\)"):
         _initial_model(recipe, origin)
 
 

@@ -757,8 +757,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweeps.write_plan(sweep)
     from .training import quiet_lightning
 
-    quiet_lightning()
-    failed = _run_with_progress(todo, sweep)
+    with quiet_lightning():
+        failed = _run_with_progress(todo, sweep)
     finished, _ = reports.find_runs([sweep.dir])
     rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
     note = f"Made by `{command}`." if command else ""

@@ -13,7 +13,8 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -60,9 +61,6 @@ from .optimizers import build_optimizer
 from .schedules import learning_rate
 
 log = logging.getLogger("tfbuilder")
-# The Task's own hook is the one meant (it counts target tokens on the host); Lightning warns that a
-# DataModule is also given.
-warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer`", category=UserWarning)
 
 
 def batch_seed(seed: int, position: int, rank: int) -> int:
@@ -434,13 +432,27 @@ def _changes(before: dict, after: dict) -> dict[str, list]:
     return changed
 
 
-def quiet_lightning() -> None:
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
     """Keep Lightning's start-up chatter (device lists, tips and adverts, a deprecation in its own
-    code) off the terminal, from the CLI and the Python API alike: the progress display and the
-    summary say what happens. Warnings about the user's setup still show."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    code) off the terminal while the body runs, from the CLI and the Python API alike: the progress
+    display and the summary say what happens. Warnings about the user's setup still show. The
+    loggers' levels and the warnings filters are given back afterwards, so a notebook that calls
+    ``fit`` keeps its own logging."""
+    names = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", "lightning.pytorch.accelerators.cuda")
+    levels = {name: logging.getLogger(name).level for name in names}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+        # The Task's own hook is the one meant (it counts target tokens on the host); Lightning warns
+        # that a DataModule is also given.
+        warnings.filterwarnings("ignore", message=r".*overridden `on_before_batch_transfer`", category=UserWarning)
+        try:
+            for name in names:
+                logging.getLogger(name).setLevel(logging.WARNING)
+            yield
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
 
 
 @dataclass
@@ -502,7 +514,7 @@ def fit(
     thread count, random generators and deterministic settings are given back as they were when
     ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
     extra = _extras(callbacks, loggers)
-    with torch_state.kept():
+    with torch_state.kept(), quiet_lightning():
         return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step, extra=extra)
 
 
@@ -529,7 +541,6 @@ def _fit(
     extra: tuple[list[Callback], list[Logger]] = ([], []),
 ) -> Summary:
     _refuse_untrainable(recipe, resume=resume, init_from=init_from)
-    quiet_lightning()
     at = _Claim()
     try:
         with stopping.raising():  # a signal before training starts unwinds start-up (RunGuard handles those during it)

@@ -76,8 +76,9 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], *, numbers: tuple[str, ...] 
 
 def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterator[tuple[str, ...]]:
     """The ``fields`` (header names) of each row of a CSV or TSV file with a header row; quoted cells
-    may span lines."""
-    csv.field_size_limit(MAX_FIELD)
+    may span lines. The csv module's field limit is process-wide: raised while any table is being
+    read, then given back."""
+    _raise_field_limit()
     reader = csv.reader((line + "\n" for line in text.lines(path)), delimiter=delimiter, strict=True)
     try:
         header = next(reader, None)
@@ -95,3 +96,24 @@ def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterat
             yield tuple(row[c] for c in columns)
     except csv.Error as exc:
         raise DataError(f"{path}:{reader.line_num}: not a well-formed {'TSV' if delimiter == chr(9) else 'CSV'} row ({exc})") from None
+    finally:
+        _give_back_field_limit()
+
+
+# The caller's csv field limit, kept while tables are read (several may be read at once, interleaved).
+_field_limit: list[int] = []
+_readers = 0
+
+
+def _raise_field_limit() -> None:
+    global _readers
+    if _readers == 0:
+        _field_limit[:] = [csv.field_size_limit(MAX_FIELD)]
+    _readers += 1
+
+
+def _give_back_field_limit() -> None:
+    global _readers
+    _readers -= 1
+    if _readers == 0:
+        csv.field_size_limit(_field_limit.pop())

@@ -105,3 +105,23 @@ def test_prepare_on_the_command_line_names_the_bad_record(tmp_path, capsys):
     assert main(["prepare", str(QUICKSTART), *sets]) == 2
     err = capsys.readouterr().err
     assert "train.jsonl:401: no field 'translation.en'" in err and "Traceback" not in err
+
+
+def test_reading_tables_raises_the_csv_field_limit_only_while_any_is_read(tmp_path):
+    """A cell longer than the csv module's default limit reads; the process-wide limit is the caller's
+    again once every table being read (two at once, interleaved) is done."""
+    import csv
+
+    from tfbuilder.data.formats import MAX_FIELD, table_rows
+
+    long = "x" * 200_000  # over csv's default limit of 131,072
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_text(f"src,tgt\n{long},y\nz,w\n")
+    caller = csv.field_size_limit()
+    a = table_rows(tmp_path / "a.csv", ("src", "tgt"), delimiter=",")
+    b = table_rows(tmp_path / "b.csv", ("src", "tgt"), delimiter=",")
+    assert next(a) == (long, "y") and next(b) == (long, "y")
+    assert list(a) == [("z", "w")]
+    assert csv.field_size_limit() == MAX_FIELD  # b is still being read
+    assert list(b) == [("z", "w")]
+    assert csv.field_size_limit() == caller

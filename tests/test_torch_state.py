@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -60,3 +62,24 @@ def test_fit_gives_them_back_when_it_raises(tmp_path, caller_threads, monkeypatc
         tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, short_run(tmp_path, "trainer.max_steps=2", "trainer.threads=1")))
     assert seen["threads"] == 1
     assert_same(before, TorchState.now())
+
+
+def test_fit_gives_back_the_whole_environment_logger_levels_and_warnings_filters(tmp_path, monkeypatch):
+    """What a logger or callback sets during a fit (W&B sets its service's address) is gone after it,
+    and what the caller had is back, changed or removed during the fit or not; the Lightning loggers
+    fit quietens keep the caller's levels, and fit's warnings filters are not left behind."""
+    quietened = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    monkeypatch.setattr(quietened, "level", logging.DEBUG)
+    filters = list(warnings.filters)
+    monkeypatch.setenv("CALLERS_OWN", "kept")
+    monkeypatch.setenv("CALLERS_OTHER", "kept too")
+
+    def on_step(step: int, max_steps: int) -> None:
+        os.environ["SET_DURING_FIT"] = str(step)
+        os.environ["CALLERS_OWN"] = "changed"
+        os.environ.pop("CALLERS_OTHER", None)
+
+    before = dict(os.environ)
+    tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, short_run(tmp_path, "trainer.max_steps=2", "trainer.val_every=2")), on_step=on_step)
+    assert dict(os.environ) == before
+    assert quietened.level == logging.DEBUG and warnings.filters == filters

@@ -17,9 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# Set by Lightning's seeding and deterministic mode; a fit's own settings, not the caller's.
-ENVIRONMENT = ("PL_GLOBAL_SEED", "PL_SEED_WORKERS", "CUBLAS_WORKSPACE_CONFIG")
-
 
 @dataclass(frozen=True)
 class TorchState:
@@ -35,7 +32,8 @@ class TorchState:
     cuda_rng: tuple[torch.Tensor, ...] | None  # None: CUDA not initialised (restoring would initialise it)
     python_rng: object
     numpy_rng: dict
-    environment: tuple[tuple[str, str | None], ...]
+    # All of os.environ: Lightning's seeding sets PL_GLOBAL_SEED, loggers set theirs (W&B its service's address).
+    environment: tuple[tuple[str, str], ...]
 
     @classmethod
     def now(cls) -> "TorchState":
@@ -51,7 +49,7 @@ class TorchState:
             cuda_rng=cuda,
             python_rng=random.getstate(),
             numpy_rng=np.random.get_state(legacy=False),
-            environment=tuple((name, os.environ.get(name)) for name in ENVIRONMENT),
+            environment=tuple(sorted(os.environ.items())),
         )
 
     def restore(self) -> None:
@@ -66,10 +64,11 @@ class TorchState:
             torch.cuda.set_rng_state_all(list(self.cuda_rng))
         random.setstate(self.python_rng)
         np.random.set_state(self.numpy_rng)
-        for name, value in self.environment:
-            if value is None:
-                os.environ.pop(name, None)
-            else:
+        environment = dict(self.environment)
+        for name in [n for n in os.environ if n not in environment]:
+            del os.environ[name]
+        for name, value in environment.items():
+            if os.environ.get(name) != value:
                 os.environ[name] = value
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import tfbuilder
 from conftest import ROOT
-from tfbuilder import preflight, training
+from tfbuilder.train import preflight, training
 from tfbuilder.data.prepare import Split
 from tfbuilder.data.tokenizers import DataError
 from tfbuilder.errors import RecipeError, TfbuilderError

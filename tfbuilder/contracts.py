@@ -17,7 +17,7 @@ attention  ``Params.shape(d_model) -> AttentionShape`` (heads and query/key widt
            ``forward(x, *, context=None, mask=None, cache=None)``, where ``cache`` is a :data:`KVCache`
 position   ``Params.max_positions() -> int | None`` (the longest sequence it covers, None: any);
            ``forward(x, *, offset=0)``; one acting inside attention subclasses
-           :class:`~tfbuilder.components.position.AttentionPosition`
+           :class:`~tfbuilder.model.components.position.AttentionPosition`
 norm       ``forward(x)``
 ffn        ``output_projections()`` (a mixture of experts: every expert's); ``fused_widths()``; ``forward(x)``
 =========  ==============================================================================================
@@ -34,7 +34,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from .registry import ComponentParams
+from tfbuilder.registry import ComponentParams
 
 KVCache = dict[str, Tensor]
 """One attention layer's key/value cache for incremental decoding: an empty dict the first time;

@@ -20,16 +20,16 @@ if TYPE_CHECKING:  # only named in annotations: this module imports no component
     from torch import Tensor
     from torch.nn import Module
 
-    from .components.position import AttentionPosition
+    from tfbuilder.model.components.position import AttentionPosition
 
 FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
 ENTRY_POINT_GROUP = "tfbuilder.components"
 _BUILTIN_MODULES = (
-    "tfbuilder.components.attention",
-    "tfbuilder.components.latent_attention",
-    "tfbuilder.components.position",
-    "tfbuilder.components.norm",
-    "tfbuilder.components.ffn",
+    "tfbuilder.model.components.attention",
+    "tfbuilder.model.components.latent_attention",
+    "tfbuilder.model.components.position",
+    "tfbuilder.model.components.norm",
+    "tfbuilder.model.components.ffn",
 )
 
 
@@ -156,7 +156,7 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
         raise RegistryError(
             f"{family} type '{name}' is already registered by {existing.source} ({existing.cls.__name__})"
         )
-    from .contracts import missing as lacking  # imports torch: only once a component registers
+    from tfbuilder.contracts import missing as lacking  # imports torch: only once a component registers
 
     absent = lacking(family, cls)
     if absent:
@@ -210,7 +210,7 @@ def load_plugins() -> list[str]:
 
 
 def _own_version() -> str:
-    from . import __version__
+    from tfbuilder.version import __version__
 
     return __version__
 

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..specials import LANGUAGE_MODEL_ADDED
-from .tokenizers import DataError
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED
+from tfbuilder.data.tokenizers import DataError
 
 if TYPE_CHECKING:  # annotations only
-    from ..recipe import Recipe
-    from .prepare import Prepared
+    from tfbuilder.spec.recipe import Recipe
+    from tfbuilder.data.prepare import Prepared
 
 SUFFIX = ".labels.json"
 INTEGER = re.compile(r"^[+-]?\d{1,18}$")
@@ -137,7 +137,7 @@ def settle(recipe: Recipe, prepared: Prepared) -> Recipe:
     _check_positions(recipe, prepared)
     if names is None or head.labels == names:
         return recipe
-    from ..recipe import recipe_from_dict
+    from tfbuilder.spec.recipe import recipe_from_dict
 
     data = recipe.to_dict()
     data["model"]["head"]["labels"] = names
@@ -155,7 +155,7 @@ def positions(split) -> np.ndarray:
 
 
 def _check_positions(recipe: Recipe, prepared: Prepared) -> None:
-    from ..preflight import max_positions
+    from tfbuilder.train.preflight import max_positions
 
     limit = max_positions(recipe.model)
     if limit is None:

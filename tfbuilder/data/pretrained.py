@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..specials import COUNT, OWN, SPECIAL_TOKENS, SpecialIds
-from .tokenizers import DataError
+from tfbuilder.specials import COUNT, OWN, SPECIAL_TOKENS, SpecialIds
+from tfbuilder.data.tokenizers import DataError
 
 ROLES = ("pad", "bos", "eos", "unk", "mask")
 # The names each role's token goes by in common tokenizers (fairseq/T5/RoBERTa, BERT, GPT-2, Llama 3).

@@ -37,10 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sections import DataSection
-from .readers import SplitSource
-from .tokenizers import DataError
-from .tokens import Split, StoredTokens
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.data.readers import SplitSource
+from tfbuilder.data.tokenizers import DataError
+from tfbuilder.data.tokens import Split, StoredTokens
 
 STORE_VERSION = 1
 CACHE_ENV = "TFBUILDER_CACHE"
@@ -72,7 +72,7 @@ def key_material(data: DataSection, sources: dict[str, SplitSource], tokenizer: 
     if fingerprints:  # Hugging Face datasets: their own content hash, beside the Arrow files
         material["fingerprints"] = fingerprints
     if data.tokenizer.path is not None:  # a given tokenizer: its content, wherever it lies
-        from .pretrained import read_bytes
+        from tfbuilder.data.pretrained import read_bytes
 
         try:
             material["tokenizer_file"] = hashlib.sha256(read_bytes(data.tokenizer.path)).hexdigest()

@@ -223,7 +223,7 @@ def copy_checkpoint(quickstart_run, tmp_path_factory):
 
 def test_trained_model_reproduces_held_out_sequences_and_beam_is_never_below_greedy(copy_checkpoint):
     from tfbuilder.data import synthetic
-    from tfbuilder.use.evaluation import translate_lines
+    from tfbuilder.inference.translate import translate_lines
 
     loaded = tfbuilder.load_checkpoint(copy_checkpoint)
     held_out, _ = synthetic.generate("copy", n=200, symbols=10, lengths=(1, 10), seed=999)

@@ -120,7 +120,7 @@ def test_show_prints_the_layers_compactly(tmp_path, capsys):
 def test_the_preflight_counts_layers_that_differ_exactly():
     """Alike layers are extrapolated from one and two; a pattern's are counted all (a checkpoint's
     parameter count is checked against it before loading)."""
-    from tfbuilder.train.preflight import count_parameters
+    from tfbuilder.model.sizing import count_parameters
     from tfbuilder.spec.recipe import Recipe
 
     spec = tiny_model(kind="decoder", encoder=None, placement="pre")

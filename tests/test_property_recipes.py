@@ -20,7 +20,7 @@ from tfbuilder.inference import decoding
 from tfbuilder import registry
 from tfbuilder.model.builder import build_model
 from tfbuilder.cli.commands import main
-from tfbuilder.train.preflight import max_positions
+from tfbuilder.model.sizing import max_positions
 
 PROBLEM_LINE = re.compile(r"^.+?:\d+:\d+: \S")
 SMALL_INTS = st.one_of(st.integers(1, 12), st.integers(-1, 40))

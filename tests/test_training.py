@@ -294,7 +294,7 @@ def test_language_model_recipes_train_on_monolingual_text(tmp_path, recipe_name,
 def test_validation_bleu_is_logged_and_is_the_checkpoints_score(tmp_path):
     import sacrebleu
 
-    from tfbuilder.use.evaluation import translate
+    from tfbuilder.inference.translate import translate
 
     words = ["haus", "baum", "hund", "katze", "auto", "buch"]
     en = {"haus": "house", "baum": "tree", "hund": "dog", "katze": "cat", "auto": "car", "buch": "book"}

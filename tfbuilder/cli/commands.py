@@ -477,7 +477,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     import torch
 
     from tfbuilder.devices import model_device
-    from tfbuilder.use.evaluation import Search, decoding_model, ensemble_of, translate_batch
+    from tfbuilder.inference.translate import Search, decoding_model, ensemble_of, translate_batch
     from tfbuilder.streams import NotText, batches
 
     # Arguments first: a bad path or option is reported before a checkpoint is loaded.
@@ -583,7 +583,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
     from tfbuilder.inference.decoding import Rules
-    from tfbuilder.use.evaluation import generate
+    from tfbuilder.inference.translate import generate
 
     loaded = _load(args)
     if loaded.recipe.model.kind != "decoder":
@@ -602,7 +602,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from tfbuilder.use.evaluation import Search, evaluate_outputs, write_outputs
+    from tfbuilder.inference.translate import Search
+    from tfbuilder.use.evaluation import evaluate_outputs, write_outputs
     from tfbuilder.runs.checkpoints import display_path
 
     if args.output is not None:

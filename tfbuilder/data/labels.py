@@ -155,7 +155,7 @@ def positions(split) -> np.ndarray:
 
 
 def _check_positions(recipe: Recipe, prepared: Prepared) -> None:
-    from tfbuilder.train.preflight import max_positions
+    from tfbuilder.model.sizing import max_positions
 
     limit = max_positions(recipe.model)
     if limit is None:

@@ -33,6 +33,17 @@ import yaml
 from torch import nn
 
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.runs.archive import ArchiveError, check_archive
+from tfbuilder.registry import missing
+from tfbuilder.devices import resolve
+from tfbuilder.model.builder import build_model
+from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import RecipeError
+from tfbuilder.spec.recipe import recipe_from_dict
+from tfbuilder.specials import OWN, SpecialIds
+from tfbuilder.model.sizing import check_size, count_parameters
+from tfbuilder.atomic import write_text
 
 RUN_DIR_ENV = "TFBUILDER_RUN_DIR"  # set by rank 0 so that the other ranks of a job share its run directory
 
@@ -119,7 +130,6 @@ def find_checkpoint(path: str | Path) -> Path:
 
 def read_checkpoint(path: str | Path) -> dict:
     """Load a checkpoint's raw dict with ``weights_only=True``; clear errors for anything else."""
-    from tfbuilder.runs.archive import ArchiveError, check_archive
 
     path = find_checkpoint(path)
     try:
@@ -144,7 +154,6 @@ def read_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path}: damaged checkpoint: its recipe or vocabulary is missing")
     if not isinstance(data["state_dict"], dict) or not all(isinstance(v, torch.Tensor) for v in data["state_dict"].values()):
         raise CheckpointError(f"{path}: damaged checkpoint: its weights are not a mapping of tensors")
-    from tfbuilder.registry import missing
 
     records = meta.get("components") or []
     if not isinstance(records, list) or not all(isinstance(r, dict) and all(isinstance(v, (str, type(None))) for v in r.values()) for r in records):
@@ -181,13 +190,6 @@ def load_checkpoint(
     uses (:func:`choose_checkpoint`): ``best.ckpt`` (``last.ckpt`` when the run never kept a best),
     or ``checkpoint`` = ``"last"``, ``"best"``, ``"averaged"`` or a file. Which one was loaded is
     logged (logger ``tfbuilder``) and kept as :attr:`Loaded.path`."""
-    from tfbuilder.devices import resolve
-    from tfbuilder.model.builder import build_model
-    from tfbuilder.data.prepare import Vocab
-    from tfbuilder.data.tokenizers import DataError
-    from tfbuilder.errors import RecipeError
-    from tfbuilder.spec.recipe import recipe_from_dict
-    from tfbuilder.specials import OWN, SpecialIds
 
     ckpt_path = choose_checkpoint(path, checkpoint)
     data = read_checkpoint(ckpt_path)
@@ -229,7 +231,6 @@ def load_checkpoint(
 def _check_stored_size(recipe: "object", data: dict, ckpt_path: Path) -> None:
     """Before a stored recipe is built: its model has no more parameters than the checkpoint holds
     weights for, and fits this machine (both counted on the meta device, nothing allocated)."""
-    from tfbuilder.train.preflight import check_size, count_parameters
 
     parameters = count_parameters(recipe)
     stored = sum(v.numel() for k, v in data["state_dict"].items() if k.startswith("model."))
@@ -244,8 +245,6 @@ def _check_stored_size(recipe: "object", data: dict, ckpt_path: Path) -> None:
 
 
 def write_recipe(run_dir: Path, recipe_dict: dict) -> None:
-    from tfbuilder.atomic import write_text
-
     write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe_dict, sort_keys=False), what="recipe")
 
 

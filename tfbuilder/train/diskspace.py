@@ -25,7 +25,7 @@ class DiskFull(TfbuilderError):
 
 def checkpoint_bytes(recipe: "object") -> int:
     """About how many bytes one checkpoint of ``recipe`` takes (counted on the meta device)."""
-    from tfbuilder.train.preflight import count_parameters
+    from tfbuilder.model.sizing import count_parameters
 
     return BYTES_PER_PARAMETER * count_parameters(recipe) + OVERHEAD
 

@@ -4,7 +4,7 @@ model builds, runs forward and backward, fits this machine, and the run can star
 Three checks, all before anything big is allocated:
 
 1. lengths: a learned position table must cover the longest sequence the data can hold;
-2. size: parameters are counted on the ``meta`` device (no memory) from models of one and two layers
+2. size (:mod:`tfbuilder.model.sizing`): parameters are counted on the ``meta`` device (no memory) from models of one and two layers
    per stack, extrapolated to the recipe's depth; training needs about 16 bytes per parameter
    (weights, gradients and Adam's two moments in float32), refused when that exceeds the memory of
    the devices the run would use;
@@ -24,14 +24,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfbuilder import devices
+from tfbuilder.model.sizing import build_located, check_size, count_parameters, max_positions, specials, with_layers
 from tfbuilder.train import loggers
-from tfbuilder.specials import positions_beyond_tokens
+from tfbuilder.data.tokenizers import DataError
 from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.spec.recipe import ModelSection, Recipe
 from tfbuilder.spec.sources import dotted_path
 
-BYTES_PER_PARAMETER = {"32": 16, "64": 32, "bf16-mixed": 16, "16-mixed": 16}  # weights, grads, Adam m and v
 TRIAL_VOCAB = 64  # the trial model's vocabulary (the real one only widens the embedding and the head)
 TRIAL_LENGTH = 8
 LAUNCHER_VARIABLES = ("SLURM_NTASKS", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -58,16 +57,6 @@ def check_run(recipe: Recipe) -> None:
 # --- lengths ---------------------------------------------------------------------------------
 
 
-def max_positions(model: ModelSection) -> int | None:
-    """The longest sequence the model's positions cover, or None when unbounded."""
-    return model.position.max_positions()  # the position's contract (tfbuilder.contracts.PositionParams)
-
-
-def specials(kind: str) -> int:
-    """Positions a sequence takes beyond its tokens (:func:`tfbuilder.specials.positions_beyond_tokens`)."""
-    return positions_beyond_tokens(kind)
-
-
 def check_lengths(recipe: Recipe) -> list[Problem]:
     limit = max_positions(recipe.model)
     data = recipe.data
@@ -90,8 +79,6 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
     """Every example of every prepared split fits the model's positions (validation and test lines
     are not filtered by data.max_len; packed blocks are block_size tokens); a :class:`DataError`
     naming the split and the example if not. Reads the length arrays only (vectorised)."""
-    from tfbuilder.data.tokenizers import DataError
-
     limit = max_positions(recipe.model)
     if limit is None:
         return
@@ -120,68 +107,6 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
 
 
 # --- size ------------------------------------------------------------------------------------
-
-
-def count_parameters(recipe: Recipe) -> int:
-    """Parameters of the recipe's model, counted on the meta device from one- and two-layer stacks
-    (layers alike), or from the whole model where a stack's layers differ (``pattern``, ``overrides``)."""
-    model = recipe.model
-    parts = [p for p in ("encoder", "decoder") if model.stack(p) is not None]
-    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):
-        return _meta_parameters(recipe, model)
-    base = _meta_parameters(recipe, _with_layers(model, {p: 1 for p in parts}))
-    total = base
-    for part in parts:
-        layers = model.stack(part).layers
-        if layers > 1:
-            two = _meta_parameters(recipe, _with_layers(model, {p: 2 if p == part else 1 for p in parts}))
-            total += (two - base) * (layers - 1)
-    return total
-
-
-def machine_memory(recipe: Recipe) -> tuple[int, str]:
-    """Bytes the run's devices have together, and what they are (for the message)."""
-    trainer = recipe.trainer
-    wants_gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
-    nodes = trainer.num_nodes
-    if wants_gpu and torch.cuda.is_available():
-        count = devices.count(trainer.devices, gpu=True)
-        per = torch.cuda.get_device_properties(0).total_memory
-        return per * count * nodes, f"{count * nodes} GPU(s) of {_gib(per)} each"
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0, "unknown memory"
-    return ram * nodes, "this machine's memory" if nodes == 1 else f"{nodes} machines of {_gib(ram)} each"
-
-
-def count_buffers(recipe: Recipe) -> int:
-    """Elements of the buffers (position tables, masks) of the recipe's model with one layer per
-    stack, counted on the meta device: a table of 10^6 positions is memory the parameters do not show."""
-    from tfbuilder.model.builder import build_model
-
-    model = recipe.model
-    spec = _with_layers(model, {p: 1 for p in ("encoder", "decoder") if getattr(model, p) is not None})
-    with torch.device("meta"):
-        built = _build(recipe, spec, build_model)
-    return sum(b.numel() for b in built.buffers())
-
-
-def check_size(recipe: Recipe, parameters: int, *, training: bool = True) -> list[Problem]:
-    """The model (parameters, plus Adam's state when ``training``, plus its buffers) fits the devices."""
-    per = BYTES_PER_PARAMETER[recipe.trainer.precision] if training else 4
-    need = parameters * per + count_buffers(recipe) * 4
-    have, what = machine_memory(recipe)
-    if have and need > have:
-        purpose = "training needs about {} for weights, gradients, Adam's state and buffers" if training else "loading it needs about {}"
-        return [
-            recipe.problem(
-                ("model",),
-                f"the model has {parameters:,} parameters ({parameters:.2g}); {purpose.format(_gib(need))}, "
-                f"more than the {_gib(have)} of {what}",
-            )
-        ]
-    return []
 
 
 def check_tokenizer(recipe: Recipe) -> list[Problem]:
@@ -213,14 +138,12 @@ def trial_model(model: ModelSection) -> ModelSection:
     update: dict[str, Any] = {"vocab_size": min(model.vocab_size, small)}
     if model.src_vocab_size is not None:
         update["src_vocab_size"] = min(model.src_vocab_size, small)
-    return _with_layers(model, {p: 1 for p in ("encoder", "decoder") if model.stack(p) is not None}, **update)
+    return with_layers(model, {p: 1 for p in ("encoder", "decoder") if model.stack(p) is not None}, **update)
 
 
 def trial_step(recipe: Recipe) -> None:
     """One forward and backward pass of :func:`trial_model` on a batch of 2 x 8 ids; a failure is a
     recipe problem at ``model``."""
-    from tfbuilder.model.builder import build_model
-
     spec = trial_model(recipe.model)
     limit = max_positions(spec)
     n = max(1, min(TRIAL_LENGTH, (limit or TRIAL_LENGTH) - specials(spec.kind) + 1))
@@ -231,7 +154,7 @@ def trial_step(recipe: Recipe) -> None:
     # (No torch.set_num_threads here: changing it and back slowed later training in the same process.)
     try:
         with torch.device(device):
-            model = _build(recipe, spec, build_model)
+            model = build_located(recipe, spec)
         generator = torch.Generator().manual_seed(0)
         ids = torch.randint(5, max(6, spec.vocab_size), (2, n), generator=generator).to(device)
         src = torch.randint(5, max(6, spec.src_vocab_size or spec.vocab_size), (2, n), generator=generator).to(device)
@@ -250,44 +173,6 @@ def trial_step(recipe: Recipe) -> None:
         raise RecipeError([recipe.problem(("model",), f"the model fails a forward/backward pass: {text}")]) from None
     finally:
         torch.random.set_rng_state(state)
-
-
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def _with_layers(model: ModelSection, layers: dict[str, int], **update: Any) -> ModelSection:
-    for part, n in layers.items():
-        update[part] = model.stack(part).model_copy(update={"layers": n})
-    return model.model_copy(update=update)
-
-
-def _build(recipe: Recipe, spec: ModelSection, build_model) -> torch.nn.Module:
-    try:
-        return build_model(spec)
-    except RecipeError as exc:  # the builder without a recipe has no positions: put them back
-        raise RecipeError([_locate(recipe, p) for p in exc.problems]) from None
-
-
-def _meta_parameters(recipe: Recipe, spec: ModelSection) -> int:
-    from tfbuilder.model.builder import build_model
-
-    with torch.device("meta"):
-        model = _build(recipe, spec, build_model)
-    return sum(p.numel() for p in model.parameters())
-
-
-def _locate(recipe: Recipe, problem: Problem) -> Problem:
-    if problem.file is not None or recipe.source is None:
-        return problem
-    path = tuple(int(p) if p.isdigit() else p for p in problem.path.split(".")) if problem.path else ()
-    return recipe.problem(path, problem.message)
-
-
-def _gib(n: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n:,.0f} bytes"
 
 
 __all__ = ["check", "check_run", "check_split_lengths", "count_parameters", "max_positions", "trial_step"]

@@ -214,7 +214,7 @@ class Task(L.LightningModule):
         """sacreBLEU of greedy translations of ``bleu_lines`` (every rank computes the same score)."""
         import sacrebleu
 
-        from tfbuilder.use.evaluation import translate
+        from tfbuilder.inference.translate import translate
 
         sources, references = self.bleu_lines
         hypotheses = list(translate(self.model, self.vocab, sources, beam=1))

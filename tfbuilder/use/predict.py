@@ -29,7 +29,7 @@ from tfbuilder.data.tokenizers import DataError
 from tfbuilder.devices import model_device
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.train.heads import metrics
-from tfbuilder.train.preflight import max_positions
+from tfbuilder.model.sizing import max_positions
 from tfbuilder.runs.checkpoints import Loaded
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED
 

@@ -150,7 +150,7 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 def _check_size(recipe: Recipe, config: Path) -> None:
     """The model a config asks for fits this machine: counted on the meta device before anything is allocated."""
-    from tfbuilder.train.preflight import check_size, count_parameters
+    from tfbuilder.model.sizing import check_size, count_parameters
 
     problems = check_size(recipe, count_parameters(recipe), training=False)
     if problems:

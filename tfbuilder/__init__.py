@@ -12,6 +12,11 @@ from tfbuilder.spec.recipe import Recipe, json_schema, load_recipe, recipe_from_
 from tfbuilder.registry import BuildContext, ComponentParams, ModelDims, register
 from tfbuilder.runs.checkpoints import load_checkpoint
 from tfbuilder.version import __version__  # noqa: F401 (tfbuilder.__version__)
+from tfbuilder.data import pretrained as _pretrained
+from tfbuilder.spec import ports as _ports
+
+# The schema reads tokenizer files (data.tokenizer.path) through the data layer, below which it sits.
+_ports.provide_tokenizer_files(_pretrained)
 
 
 def fit(recipe: Recipe, **options):

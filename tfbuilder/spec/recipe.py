@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from tfbuilder import registry
 from tfbuilder.errors import Problem, RecipeError, did_you_mean
+from tfbuilder.specials import lacking
 from tfbuilder.spec.head import HeadSection, head_problems
 from tfbuilder.registry import ComponentParams, ModelDims
 from tfbuilder.spec.sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
@@ -498,8 +499,6 @@ class Recipe(Section):
                 )
             facts = self.data.tokenizer.facts()
             if facts is not None:
-                from tfbuilder.data.pretrained import lacking
-
                 for why in lacking(facts.found, self.model.kind):
                     problems.append(
                         (("data", "tokenizer", "path"), f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials", self.data.tokenizer.path)

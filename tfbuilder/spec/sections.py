@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tfbuilder.errors import did_you_mean
-from tfbuilder.train.loggers import NAMES as LOGGER_NAMES
+from tfbuilder.spec.ports import tokenizer_files
 from tfbuilder.specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
 from tfbuilder.specials import COUNT as SPECIAL_COUNT
 
@@ -20,6 +20,9 @@ MAX_SEED = 2**32 - 1  # numpy and the data order take 32-bit seeds
 MAX_EXAMPLES = 10_000_000  # synthetic examples per split (generated in memory, in Python)
 MAX_SYNTHETIC_LEN = 100_000
 MAX_SYNTHETIC_TOKENS = 1_000_000_000  # examples x longest length
+
+LOGGER_NAMES = ("csv", "tensorboard", "wandb", "mlflow")
+"""What ``trainer.loggers`` may name (the loggers themselves are :mod:`tfbuilder.train.loggers`)."""
 
 
 class Section(BaseModel):
@@ -114,13 +117,12 @@ class TokenizerSection(Section):
         return self.path is not None
 
     def facts(self):
-        """The vocabulary size and special ids of the tokenizer file (:class:`tfbuilder.data.pretrained.Facts`),
+        """The vocabulary size and special ids of the tokenizer file (:class:`tfbuilder.spec.ports.Facts`),
         or None (trained on the data, or the file cannot be read: preparing the data says why)."""
         if self.path is None:
             return None
-        from tfbuilder.data.pretrained import facts  # reads the file: only when a recipe names one
-
-        return facts(self.type, self.path, self.specials.model_dump() if self.specials else None)
+        # reads the file (through the data layer): only when a recipe names one
+        return tokenizer_files().facts(self.type, self.path, self.specials.model_dump() if self.specials else None)
 
 
 # What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
@@ -301,10 +303,8 @@ class DataSection(Section):
             facts = self.tokenizer.facts()
             if facts is None and self.tokenizer.given and self.tokenizer.vocab_size is None:
                 # (A resolved recipe, as checkpoints keep it, carries the size: it loads without the file.)
-                from tfbuilder.data.pretrained import unreadable
-
                 named = self.tokenizer.specials.model_dump() if self.tokenizer.specials else None
-                problems.append((("tokenizer", "path"), unreadable(self.tokenizer.type, self.tokenizer.path, named), self.tokenizer.path))
+                problems.append((("tokenizer", "path"), tokenizer_files().unreadable(self.tokenizer.type, self.tokenizer.path, named), self.tokenizer.path))
             if facts is not None and self.tokenizer.vocab_size not in (None, facts.vocab_size):
                 problems.append(
                     (("tokenizer", "vocab_size"), f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; leave vocab_size out", self.tokenizer.vocab_size)

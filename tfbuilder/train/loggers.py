@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfbuilder.spec.sections import LOGGER_NAMES
+
 if TYPE_CHECKING:  # annotations only: validating a recipe needs no Lightning
     from lightning.pytorch.loggers.logger import Logger
 
@@ -24,8 +26,8 @@ if TYPE_CHECKING:  # annotations only: validating a recipe needs no Lightning
     from tfbuilder.spec.recipe import Recipe
     from tfbuilder.spec.sections import TrainerSection
 
-NAMES = ("csv", "tensorboard", "wandb", "mlflow")
-"""What ``trainer.loggers`` may name."""
+NAMES = LOGGER_NAMES
+"""What ``trainer.loggers`` may name (the schema's list, :data:`tfbuilder.spec.sections.LOGGER_NAMES`)."""
 # name -> (the module it imports, what to install)
 PACKAGES = {
     "tensorboard": ("tensorboard", "pip install 'tfbuilder[tensorboard]'"),

@@ -18,7 +18,7 @@ from test_store import corpus, last, said, section  # noqa: F401 (said: a fixtur
 from tfbuilder.cli.commands import main
 from tfbuilder.data import arrow, readers, store, text
 from tfbuilder.data.prepare import prepare
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
 
 datasets.disable_progress_bars()

@@ -15,7 +15,7 @@ from test_store import corpus, section
 from tfbuilder.cli.commands import main
 from tfbuilder.data import text
 from tfbuilder.data.prepare import prepare
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
 
 

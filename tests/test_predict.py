@@ -101,7 +101,7 @@ def test_an_unknown_label_in_the_test_split_is_named(run, tmp_path, capsys):
     (bad / "test.jsonl").write_text(json.dumps({"text": "apple", "label": "fruit"}) + "\n" + json.dumps({"text": "ship", "label": "boat"}) + "\n")
     checkpoint = load_checkpoint(summary.run_dir, device="cpu")
     checkpoint.recipe.data.path = str(bad)
-    from tfbuilder.data.tokenizers import DataError
+    from tfbuilder.errors import DataError
     from tfbuilder.use.predict import score
 
     with pytest.raises(DataError, match=r"test\.jsonl: record 2: label 'boat' is not one of the model's labels \('fruit', 'vehicle'\)"):

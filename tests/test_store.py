@@ -16,7 +16,7 @@ import tfbuilder
 from conftest import ONE_LAYER
 from tfbuilder.data import store, text
 from tfbuilder.data.prepare import prepare, sample_rows
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
 
 WORDS = "the a cat dog sat on mat ran far away house tree big small red green blue".split()

@@ -17,7 +17,7 @@ import tfbuilder
 from conftest import ROOT
 from tfbuilder.train import preflight, training
 from tfbuilder.data.prepare import Split
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.errors import RecipeError, TfbuilderError
 
 RECIPES = ROOT / "recipes"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tfbuilder.data import text
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 
 BATCH = 8192  # rows per record batch: bounded memory, and the size prepare() encodes at once
 EXTRA = "pip install 'tfbuilder[data]'"

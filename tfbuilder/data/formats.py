@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tfbuilder.data import text
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 
 EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "tsv": "tsv"}
 MAX_FIELD = 16 * 2**20  # a cell is text, at most as long as a line

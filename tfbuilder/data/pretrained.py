@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tfbuilder.spec.ports import Facts
 from tfbuilder.specials import CANDIDATES, COUNT, NEEDED, OWN, ROLES, SPECIAL_TOKENS, SpecialIds, lacking  # noqa: F401 (roles re-exported)
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 
 MAX_TOKENIZER_BYTES = 256 << 20
 

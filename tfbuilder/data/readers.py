@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from tfbuilder.spec.sections import DataSection
 from tfbuilder.data import arrow, formats, synthetic, text
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 
 Row = tuple[str, "str | None"]  # (source or text, target or None); labelled data adds the label: (text, pair or None, label)
 T = TypeVar("T")

@@ -38,7 +38,7 @@ from tfbuilder.registry import missing
 from tfbuilder.devices import resolve
 from tfbuilder.model.builder import build_model
 from tfbuilder.data.prepare import Vocab
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.errors import RecipeError
 from tfbuilder.spec.recipe import recipe_from_dict
 from tfbuilder.specials import OWN, SpecialIds

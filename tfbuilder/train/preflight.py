@@ -26,7 +26,7 @@ import torch
 
 from tfbuilder.model.sizing import build_located, check_size, count_parameters, max_positions, specials, with_layers
 from tfbuilder.train import loggers
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.spec.recipe import ModelSection, Recipe
 from tfbuilder.spec.sources import dotted_path

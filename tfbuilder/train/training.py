@@ -32,7 +32,7 @@ from tfbuilder.version import __version__
 from tfbuilder.train import diskspace, loggers, memory, objectives, preflight, stopping
 from tfbuilder.model.builder import build_model
 from tfbuilder.train.callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
-from tfbuilder.data import labels as label_files
+from tfbuilder.data.settle import settle
 from tfbuilder.data.datamodule import DataModule
 from tfbuilder.data.prepare import Prepared, Vocab, prepare
 from tfbuilder.errors import TfbuilderError
@@ -613,7 +613,7 @@ def _start_and_train(
         _probe(recipe)
         # All data problems surface here, before a run directory exists or anything trains.
         prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=_say)
-        recipe = label_files.settle(recipe, prepared)  # labelled data: label ids, and the mapping recorded in the recipe
+        recipe = settle(recipe, prepared)  # labelled data: label ids, and the mapping recorded in the recipe
         preflight.check_split_lengths(recipe, prepared.splits)
         vocab_json = prepared.vocab.to_json()
         model = _initial_model(recipe, origin)

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from tfbuilder.data import formats, text
-from tfbuilder.data import labels as label_files
+from tfbuilder.data.settle import settle
 from tfbuilder.data.batching import pack
 from tfbuilder.data.collate import Collate, labelled, lengths
 from tfbuilder.data.prepare import prepare
 from tfbuilder.data.readers import chunks
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.devices import model_device
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.train.heads import metrics
@@ -147,7 +147,7 @@ def score(loaded: Loaded, split: str = "test", *, max_tokens: int = 8000) -> Hea
     prepared = prepare(recipe.data, vocab=loaded.vocab, model_vocab=recipe.model.vocab_size)
     if split not in prepared.splits:
         raise DataError(f"no '{split}' split in {recipe.data.path} (have: {', '.join(prepared.splits)})")
-    label_files.settle(recipe, prepared)
+    settle(recipe, prepared)
     examples = prepared.splits[split]
     model = loaded.model.eval()
     device = model_device(model)

@@ -9,7 +9,6 @@ compiles to one graph. The vocabulary projection and the loss are fused and chun
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -21,21 +20,11 @@ from tfbuilder.model.model import OutputProjection
 from tfbuilder.model.multi_token import targets_ahead
 from tfbuilder.spec.sections import MLM_PROBABILITY
 from tfbuilder.specials import MASK
+from tfbuilder.train.heads.objective import sequence_loss
+from tfbuilder.train.result import Result
 
 # Rows of logits computed at once: about 2^26 values (256 MB in float32) per chunk.
 CHUNK_ELEMENTS = 1 << 26
-
-
-@dataclass
-class Result:
-    """Sums over the target tokens of a batch, so that averages are exact across batches and ranks.
-    All are tensors on the model's device: reading them is left to the caller (a host sync)."""
-
-    loss: Tensor  # mean smoothed loss per target token (what is optimised)
-    nll: Tensor  # summed negative log-likelihood (for perplexity)
-    correct: Tensor  # argmax hits
-    tokens: Tensor  # target tokens that count (a sequence head: texts)
-    outputs: Tensor | None = None  # a sequence head's outputs (b, c), for its scores
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -258,8 +247,6 @@ def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tenso
     z_loss = recipe.optim.z_loss
     data = recipe.data
     if recipe.model.head is not None:  # one prediction per text (tfbuilder.train.heads)
-        from tfbuilder.train.heads.objective import sequence_loss
-
         return partial(sequence_loss, epsilon=epsilon, regress=recipe.model.head.type == "regress")
     documents = data is not None and data.packing and data.document_mask
     if kind == "encoder_decoder":

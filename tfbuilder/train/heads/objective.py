@@ -1,5 +1,5 @@
 """The losses of a sequence head: label-smoothed cross-entropy over classes (Szegedy et al. 2016),
-or the squared error of a number. Returned as an :class:`~tfbuilder.train.objectives.Result` whose
+or the squared error of a number. Returned as an :class:`~tfbuilder.train.result.Result` whose
 ``tokens`` are the texts, so that training and validation average per text."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tfbuilder.train.objectives import Result
+from tfbuilder.train.result import Result
 
 
 def sequence_loss(model: nn.Module, batch: dict[str, Tensor], *, epsilon: float, regress: bool) -> Result:

@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import lightning as L
 import torch
@@ -26,8 +26,13 @@ from tfbuilder import atomic
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import STEP_PREFIX, step_checkpoints
 
-if TYPE_CHECKING:  # the callbacks serve training's Task (training.py imports this module)
-    from tfbuilder.train.training import Task
+
+class FiniteWatch(Protocol):
+    """What the callbacks read of training's Task (training.py imports this module, not the reverse):
+    ``bad_step``, a device tensor holding the first step whose loss was not finite (0: none), or None."""
+
+    bad_step: torch.Tensor | None
+
 
 class NonFiniteLoss(TfbuilderError):
     """Training produced a NaN or infinite loss (exit 1: the input was fine, the run diverged)."""
@@ -145,7 +150,7 @@ class RunGuard(Callback):
         self.stopped = self.record["stopped"] = why
         trainer.should_stop = True
 
-    def check_finite(self, trainer: L.Trainer, pl_module: Task) -> None:
+    def check_finite(self, trainer: L.Trainer, pl_module: FiniteWatch) -> None:
         """Read the first non-finite step (a device tensor the task updates without syncing)."""
         bad = pl_module.bad_step
         if bad is None:

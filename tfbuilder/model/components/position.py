@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from tfbuilder.contracts import PositionParams, default_head_dim
+from tfbuilder.contracts import AttentionPosition, PositionParams, default_head_dim  # noqa: F401 (AttentionPosition re-exported)
 from tfbuilder.registry import BuildContext, ModelDims, register
 
 
@@ -93,38 +93,6 @@ class NoPosition(nn.Module):
     def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
         """``x`` (b, n, d) unchanged."""
         return x
-
-
-class AttentionPosition(nn.Module):
-    """The interface of a position that acts inside self-attention (rotary, ALiBi, T5's relative bias).
-
-    The contract, both sides:
-
-    * the builder gives the module to every self-attention layer of the stack its side feeds, as
-      ``BuildContext.position`` (cross-attention and additive positions get None);
-    * the embedding owns it (registered once per side, shared by the layers), and its ``forward``
-      passes the embeddings through unchanged;
-    * a position that ``rotates`` implements :meth:`rotate`, which self-attention applies to its
-      queries and keys (keys are cached rotated); one that ``biases`` implements :meth:`bias`, which
-      self-attention adds to its scores before the softmax. A position may do both.
-
-    A third-party position that acts inside attention subclasses this and sets the flags it needs.
-    """
-
-    rotates: ClassVar[bool] = False
-    biases: ClassVar[bool] = False
-
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        """``x`` (b, n, d) unchanged."""
-        return x
-
-    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Queries or keys ``x`` (b, h, n, k) at positions offset..offset+n-1 -> rotated, same shape."""
-        raise NotImplementedError(f"{type(self).__name__} does not rotate (rotates is False)")
-
-    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
-        """Additive scores (1, h, i, j) for queries at positions offset..offset+i-1 and keys at 0..j-1."""
-        raise NotImplementedError(f"{type(self).__name__} adds no score bias (biases is False)")
 
 
 def rotary_angles(n: int, k: int, *, base: float, offset: int = 0, device=None) -> Tensor:

@@ -18,6 +18,28 @@ import yaml
 
 from tfbuilder import registry
 from tfbuilder.errors import RecipeError, TfbuilderError, printable
+from tfbuilder.runs.checkpoints import load_checkpoint
+from tfbuilder.runs.checkpoints import CHOICES
+from tfbuilder.version import __version__
+from tfbuilder.model.builder import build_model
+from tfbuilder.spec.recipe import load_recipe
+from tfbuilder.model.builder import count_parameters
+from tfbuilder.spec.recipe import recipe_from_dict
+from tfbuilder.runs.checkpoints import read_checkpoint
+from tfbuilder.data.prepare import prepare, summary_lines
+from tfbuilder.devices import model_device
+from tfbuilder.data.tokenizers import unknown
+from tfbuilder.runs.checkpoints import display_path
+from tfbuilder import atomic
+from tfbuilder.atomic import write_new_text
+from tfbuilder.spec.recipe import json_schema
+from tfbuilder.runs.checkpoints import Interrupted
+from tfbuilder.model.module_tree import format_tree, kv_cache_per_token, tree
+from tfbuilder.runs.averaging import write_average
+from tfbuilder.streams import NotText, batches
+from tfbuilder.inference.decoding import Rules
+from tfbuilder.spec.diffing import differences, format_table
+from tfbuilder import plugins
 
 if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the commands that need them
     from tfbuilder.spec.recipe import Recipe
@@ -141,7 +163,6 @@ def _add_checkpoint(p: argparse.ArgumentParser) -> None:
 def _load(args: argparse.Namespace, path: str | None = None):
     """The checkpoint a command uses (of ``path``, default ``args.checkpoint``), named on standard
     error (the output says what it scored)."""
-    from tfbuilder.runs.checkpoints import load_checkpoint
 
     loaded = load_checkpoint(path or args.checkpoint, checkpoint=args.which, device=getattr(args, "device", None))
     print(f"checkpoint: {loaded.describe()}", file=sys.stderr)
@@ -152,7 +173,6 @@ def _load(args: argparse.Namespace, path: str | None = None):
 
 def _load_all(args: argparse.Namespace) -> list:
     """The checkpoints of a command that takes several (an ensemble), each named on standard error."""
-    from tfbuilder.runs.checkpoints import CHOICES
 
     if len(args.checkpoint) > 1 and args.which is not None and args.which not in CHOICES:
         raise TfbuilderError(f"--checkpoint {args.which} names one file, but {len(args.checkpoint)} checkpoints were given")
@@ -169,7 +189,6 @@ def version_line() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    from tfbuilder.version import __version__
 
     return f"tfbuilder {__version__} (torch {installed('torch')}, lightning {installed('lightning')}, Python {sys.version.split()[0]})"
 
@@ -340,8 +359,6 @@ def _check(path: str, overrides: Sequence[str]):
     """Load a recipe and build its model on the meta device (no memory, no time): all problems at once."""
     import torch
 
-    from tfbuilder.model.builder import build_model
-    from tfbuilder.spec.recipe import load_recipe
 
     recipe = load_recipe(path, overrides)
     with torch.device("meta"):
@@ -351,8 +368,7 @@ def _check(path: str, overrides: Sequence[str]):
 
 def _preflight(path: str, overrides: Sequence[str]):
     """Load a recipe and run the pre-flight (the model builds, steps, fits this machine; see preflight.py)."""
-    from tfbuilder.train.preflight import check
-    from tfbuilder.spec.recipe import load_recipe
+    from tfbuilder.train.preflight import check  # deferred: start-up time
 
     recipe = load_recipe(path, overrides)
     check(recipe)
@@ -373,9 +389,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from tfbuilder.model.builder import count_parameters
-    from tfbuilder.model.module_tree import format_tree, kv_cache_per_token, tree
-
     recipe, model = _check(args.recipe, args.overrides)
     print(f"# resolved recipe: {args.recipe}")
     print(yaml.safe_dump(recipe.to_dict(), sort_keys=False, default_flow_style=False).rstrip())
@@ -393,7 +406,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print("# layers (pattern and overrides)")
         print("\n".join(layers))
     if recipe.optim.optimizer == "muon":
-        from tfbuilder.train.optimizers import describe_split
+        from tfbuilder.train.optimizers import describe_split  # deferred: start-up time
 
         print()
         print("# optimizers (optim.optimizer: muon)")
@@ -435,15 +448,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print("fit: --force applies to --resume", file=sys.stderr)
         return EXIT_USAGE
     if args.resume:
-        from tfbuilder.spec.recipe import recipe_from_dict
-        from tfbuilder.runs.checkpoints import read_checkpoint
-
         recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
     else:
-        from tfbuilder.spec.recipe import load_recipe
-
         recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
-    from tfbuilder.train.training import fit
+    from tfbuilder.train.training import fit  # deferred: start-up time
 
     summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
     if summary is not None and _is_rank_zero():
@@ -452,9 +460,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from tfbuilder.data.prepare import prepare, summary_lines
-    from tfbuilder.spec.recipe import load_recipe
-
     recipe = load_recipe(args.recipe, args.overrides)
     if recipe.data is None:
         print("prepare: the recipe has no data section", file=sys.stderr)
@@ -465,8 +470,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from tfbuilder.runs.averaging import write_average
-
     out, paths = write_average(args.run_dir, last=args.last, out=args.out)
     print("averaged " + ", ".join(p.name for p in paths))
     print(f"wrote {out}")
@@ -476,9 +479,7 @@ def cmd_average(args: argparse.Namespace) -> int:
 def cmd_translate(args: argparse.Namespace) -> int:
     import torch
 
-    from tfbuilder.devices import model_device
-    from tfbuilder.inference.translate import Search, decoding_model, ensemble_of, translate_batch
-    from tfbuilder.streams import NotText, batches
+    from tfbuilder.inference.translate import Search, decoding_model, ensemble_of, translate_batch  # deferred: start-up time
 
     # Arguments first: a bad path or option is reported before a checkpoint is loaded.
     if args.input is not None and args.input != "-":
@@ -534,7 +535,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 def _warn_unknown(tokenizer, lines: list[str], *, first: int) -> None:
     """Say which characters the model cannot read (they become <unk>), line by line, on stderr."""
-    from tfbuilder.data.tokenizers import unknown
 
     for number, line in enumerate(lines, start=first):
         missing = unknown(tokenizer, line)
@@ -582,8 +582,7 @@ def _directory_arg(path: str, flag: str) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from tfbuilder.inference.decoding import Rules
-    from tfbuilder.inference.translate import generate
+    from tfbuilder.inference.translate import generate  # deferred: start-up time
 
     loaded = _load(args)
     if loaded.recipe.model.kind != "decoder":
@@ -602,9 +601,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    from tfbuilder.inference.translate import Search
-    from tfbuilder.use.evaluation import evaluate_outputs, write_outputs
-    from tfbuilder.runs.checkpoints import display_path
+    from tfbuilder.inference.translate import Search  # deferred: start-up time
+    from tfbuilder.use.evaluation import evaluate_outputs, write_outputs  # deferred: start-up time
 
     if args.output is not None:
         _new_file(args.output, "--output")
@@ -651,7 +649,7 @@ HEAD_SCORES = {"acc": ("accuracy", "{:.2%}"), "f1": ("macro-F1", "{:.4f}"), "mse
 
 def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
     """``tfbuilder test`` of a checkpoint with a sequence head: loss and its scores on a split."""
-    from tfbuilder.use.predict import score
+    from tfbuilder.use.predict import score  # deferred: start-up time
 
     if others:
         raise TfbuilderError("test: ensembles are for translation; give one checkpoint with a sequence head")
@@ -668,8 +666,7 @@ def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from tfbuilder import atomic
-    from tfbuilder.use.predict import lines, predict, read_inputs
+    from tfbuilder.use.predict import lines, predict, read_inputs  # deferred: start-up time
 
     if args.input != "-":
         _readable_file(args.input, "--input")
@@ -691,7 +688,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def _save_scores_new(loaded, scores) -> "Path":
     """Write the scores JSON (:func:`tfbuilder.use.evaluation.save_scores`: an earlier file is never
     replaced), and say so when the usual name was taken."""
-    from tfbuilder.use.evaluation import save_scores, scores_path
+    from tfbuilder.use.evaluation import save_scores, scores_path  # deferred: start-up time
 
     try:
         written = save_scores(loaded, scores)
@@ -704,9 +701,6 @@ def _save_scores_new(loaded, scores) -> "Path":
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from tfbuilder.spec.diffing import differences, format_table
-    from tfbuilder.spec.recipe import load_recipe
-
     problems = []
     recipes = []
     for path in (args.a, args.b):
@@ -722,7 +716,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tfbuilder.use import reports, sweeps
+    from tfbuilder.use import reports, sweeps  # deferred: start-up time
 
     problems = []
     for path in dict.fromkeys(args.recipes):  # every recipe's problems, before anything runs
@@ -756,7 +750,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{run.status:>9}  {run.dir}")
         return 0
     sweeps.write_plan(sweep)
-    from tfbuilder.train.training import quiet_lightning
+    from tfbuilder.train.training import quiet_lightning  # deferred: start-up time
 
     with quiet_lightning():
         failed = _run_with_progress(todo, sweep)
@@ -781,8 +775,8 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from tfbuilder.use.sweeps import execute
-    from tfbuilder.train.training import NonFiniteLoss
+    from tfbuilder.use.sweeps import execute  # deferred: start-up time
+    from tfbuilder.train.training import NonFiniteLoss  # deferred: start-up time
 
     console = console or Console(stderr=True)
     failed: list[str] = []
@@ -811,7 +805,7 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
 def cmd_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tfbuilder.use import reports
+    from tfbuilder.use import reports  # deferred: start-up time
 
     if args.out:
         _directory_arg(args.out, "--out")
@@ -837,7 +831,7 @@ def _warn(line: str) -> None:
 def cmd_attention(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tfbuilder.use.attention_maps import write_maps
+    from tfbuilder.use.attention_maps import write_maps  # deferred: start-up time
 
     _directory_arg(args.out, "--out")
     loaded = _load(args)
@@ -872,7 +866,7 @@ def cmd_components(args: argparse.Namespace) -> int:
 
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
-    from tfbuilder.interop.hf import import_hf
+    from tfbuilder.interop.hf import import_hf  # deferred: start-up time
 
     ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
     print(f"wrote {ckpt.parent.parent} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
@@ -880,7 +874,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from tfbuilder.interop.hf import export
+    from tfbuilder.interop.hf import export  # deferred: start-up time
 
     for path in export(args.checkpoint, format=args.format, out=args.out):
         print(f"wrote {path}")
@@ -888,9 +882,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from tfbuilder.atomic import write_new_text
-    from tfbuilder.spec.recipe import json_schema
-
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
         _new_file(args.output, "--output")
@@ -908,9 +899,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv  # the command as typed (a sweep's report quotes it)
     try:
         if args.plugins:
-            from tfbuilder.plugins import load
-
-            load(args.plugins)
+            plugins.load(args.plugins)
         code = args.run(args)
         sys.stdout.flush()  # a full or closed standard output is an error here, not at exit
         return code
@@ -918,8 +907,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(str(p) for p in exc.problems), file=sys.stderr)
         return EXIT_USAGE
     except TfbuilderError as exc:
-        from tfbuilder.runs.checkpoints import Interrupted
-
         if isinstance(exc, Interrupted):  # not an error: what was kept, and how to go on
             again = f"Start again with: tfbuilder {shlex.join(argv)}"  # the command as typed
             print(printable(str(exc).replace(Interrupted.AGAIN, again)), file=sys.stderr)

@@ -1,7 +1,6 @@
 """Reference pages of the documentation, generated from the code that defines what they describe.
 
 ``python -m tfbuilder.cli.reference`` writes three Markdown pages into ``docs/reference/``:
-
 ``recipe.md``      every recipe section and key (type, default, bounds, description), from the same
                    pydantic models that validate recipes and that ``tfbuilder schema`` exports;
 ``components.md``  every registered component family and type with its params and the first
@@ -33,6 +32,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tfbuilder import atomic, registry
+from tfbuilder.spec.recipe import _slot_family as recipe_slot_family  # the recipe module owns what a slot looks like
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.cli import commands as cli
 
 COMMAND = "python -m tfbuilder.cli.reference"
 DEFAULT_DIR = Path("docs") / "reference"
@@ -147,9 +149,8 @@ def _is_union(annotation: Any) -> bool:
 
 def _slot_family(annotation: Any, metadata: Sequence[Any]) -> str | None:
     """The component family a field holds, if it is a component slot (see ``recipe.slot``)."""
-    from tfbuilder.spec.recipe import _slot_family as find  # the recipe module owns what a slot looks like
 
-    return find((annotation, *metadata))
+    return recipe_slot_family((annotation, *metadata))
 
 
 def type_name(annotation: Any, links: Links, metadata: Sequence[Any] = ()) -> str:
@@ -276,7 +277,6 @@ def anchor(path: tuple[str, ...]) -> str:
 
 def slots(model: type[BaseModel] | None = None) -> dict[str, list[str]]:
     """Family -> the dotted recipe keys that hold a component of it."""
-    from tfbuilder.spec.recipe import Recipe
 
     found: dict[str, list[str]] = {family: [] for family in registry.FAMILIES}
     for path, section in sections(model or Recipe):
@@ -289,7 +289,6 @@ def slots(model: type[BaseModel] | None = None) -> dict[str, list[str]]:
 
 def recipe_page() -> str:
     """``docs/reference/recipe.md``: every section and key of a recipe."""
-    from tfbuilder.spec.recipe import Recipe
 
     walked = list(sections(Recipe))
     # A section reached by one path links there (StackSection is model.encoder, DecoderSection model.decoder).
@@ -434,8 +433,6 @@ def option_rows(parser: argparse.ArgumentParser) -> list[list[str]]:
 def cli_page(make_parser: Callable[[], argparse.ArgumentParser] | None = None) -> str:
     """``docs/reference/cli.md``: every command and option of ``tfbuilder``."""
     if make_parser is None:
-        from tfbuilder.cli import commands as cli
-
         make_parser = cli.parser
     parser = make_parser()
     commands = _subcommands(parser)

@@ -19,6 +19,8 @@ from tfbuilder.data.pretrained import PretrainedTokenizer, SentencePieceTokenize
 from tfbuilder.errors import DataError  # noqa: F401 (re-exported: the data layer's error)
 from tfbuilder.spec.sections import SPECIAL_TOKENS
 from tfbuilder.specials import BOS, EOS, MASK, PAD, UNK  # noqa: F401 (re-exported: the ids 0-4)
+from tfbuilder.specials import SpecialIds
+from tfbuilder.specials import OWN
 
 
 class Tokenizer(Protocol):
@@ -181,7 +183,6 @@ def from_json(text: str) -> Tokenizer:
     if data.get("type") == "hf":
         tok = HFTokenizer.from_str(data["tokenizer"])
         if data.get("specials") is not None:  # (runs imported before the ids travelled with it have none)
-            from tfbuilder.specials import SpecialIds
 
             try:
                 tok.specials = SpecialIds.from_dict(data["specials"], vocab_size=tok.vocab_size)
@@ -204,7 +205,6 @@ def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
 
 def specials(tokenizer: Tokenizer) -> "SpecialIds":
     """The ids with a role in ``tokenizer``: its own (a given tokenizer), else tfbuilder's 0-4."""
-    from tfbuilder.specials import OWN
 
     own = getattr(tokenizer, "specials", None)
     return OWN if own is None else own

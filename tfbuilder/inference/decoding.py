@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor, nn
+from tfbuilder.model.components.position import LearnedPosition
 
 
 
@@ -50,7 +51,6 @@ def _max_lengths(model: nn.Module, src: Tensor, a: float, b: int) -> Tensor:
 
 def position_limit(model: nn.Module) -> int | None:
     """The most positions the model's learned position tables cover (None: any length)."""
-    from tfbuilder.model.components.position import LearnedPosition
 
     return min((m.table.num_embeddings for m in model.modules() if isinstance(m, LearnedPosition)), default=None)
 

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from tfbuilder.errors import Problem, RecipeError
+from tfbuilder.errors import printable
 
 _PLAIN_TAGS = tuple(
     f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
@@ -203,7 +204,6 @@ def _scalar_at(node: yaml.ScalarNode, file: str, path: Key, problems: list[Probl
 
 def _quote(text: Any) -> str:
     """``text`` quoted for a message, control characters escaped (keys may hold terminal escapes)."""
-    from tfbuilder.errors import printable
 
     return "'" + printable(str(text)) + "'"
 

@@ -13,6 +13,7 @@ from shutil import disk_usage
 
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import display_path
+from tfbuilder.model.sizing import count_parameters
 
 BYTES_PER_PARAMETER = 12  # fp32 weights + Adam's exp_avg and exp_avg_sq
 OVERHEAD = 64 * 1024  # recipe, vocabulary, optimizer and loop state, archive entries
@@ -25,7 +26,6 @@ class DiskFull(TfbuilderError):
 
 def checkpoint_bytes(recipe: "object") -> int:
     """About how many bytes one checkpoint of ``recipe`` takes (counted on the meta device)."""
-    from tfbuilder.model.sizing import count_parameters
 
     return BYTES_PER_PARAMETER * count_parameters(recipe) + OVERHEAD
 

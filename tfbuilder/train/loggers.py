@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfbuilder.spec.sections import LOGGER_NAMES
+from tfbuilder.train.metrics_log import MetricsCSV
+from tfbuilder.errors import TfbuilderError
+from tfbuilder.atomic import write_text
 
 if TYPE_CHECKING:  # annotations only: validating a recipe needs no Lightning
     from lightning.pytorch.loggers.logger import Logger
@@ -75,14 +78,11 @@ def check(recipe: Recipe) -> list[Problem]:
 def build(recipe: Recipe, run_dir: Path) -> list[Logger]:
     """Lightning loggers for a run in ``run_dir``: :class:`~tfbuilder.train.metrics_log.MetricsCSV` first
     (``trainer.log_dir`` is the run directory), then the others ``trainer.loggers`` names."""
-    from tfbuilder.train.metrics_log import MetricsCSV
 
     out: list[Logger] = [MetricsCSV(run_dir)]
     for name in chosen(recipe.trainer)[1:]:
         why = missing(name)
         if why:
-            from tfbuilder.errors import TfbuilderError
-
             raise TfbuilderError(f"trainer.loggers: {why}")
         out.append(_make(name, recipe, run_dir))
     return out
@@ -148,7 +148,6 @@ def where(logger: Logger) -> dict[str, Any] | None:
 def start(loggers: list[Logger], recipe: Recipe, run_dir: Path) -> None:
     """Give every logger but metrics.csv the resolved recipe (which starts its run: a tracker that
     cannot start is an error naming it, before training), then record where each wrote."""
-    from tfbuilder.errors import TfbuilderError
 
     params = hyperparameters(recipe, run_dir)
     for logger in loggers[1:]:
@@ -170,7 +169,6 @@ def finish(loggers: list[Logger]) -> None:
 
 def record(run_dir: Path, loggers: Iterable[Logger]) -> None:
     """Write ``<run_dir>/loggers.json``: where every logger but metrics.csv wrote (nothing when none did)."""
-    from tfbuilder.atomic import write_text
 
     entries = [entry for entry in map(where, loggers) if entry is not None]
     if entries:

@@ -61,6 +61,9 @@ from tfbuilder.runs.checkpoints import (
 )
 from tfbuilder.train.optimizers import build_optimizer
 from tfbuilder.train.schedules import learning_rate
+from tfbuilder.inference.translate import translate
+from tfbuilder.spec.diffing import MISSING, differences
+from tfbuilder.runs import vocab_files
 
 log = logging.getLogger("tfbuilder")
 
@@ -214,7 +217,6 @@ class Task(L.LightningModule):
         """sacreBLEU of greedy translations of ``bleu_lines`` (every rank computes the same score)."""
         import sacrebleu
 
-        from tfbuilder.inference.translate import translate
 
         sources, references = self.bleu_lines
         hypotheses = list(translate(self.model, self.vocab, sources, beam=1))
@@ -424,7 +426,6 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
 def _changes(before: dict, after: dict) -> dict[str, list]:
     """The recipe keys a resume changed: ``{"trainer.max_steps": [before, after]}`` (None where a key
     is absent), from :func:`tfbuilder.spec.diffing.differences`, the one place recipes are compared."""
-    from tfbuilder.spec.diffing import MISSING, differences
 
     changed = {}
     for key, *values in differences(before, after, include_name=True):
@@ -574,8 +575,6 @@ def _stopped_outside_training(signum: int, at: _Claim) -> str:
         held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
         return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
     if run_dir is not None and at.fresh and rank_zero_only.rank == 0:
-        from tfbuilder.runs import vocab_files
-
         for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
             (run_dir / made).unlink(missing_ok=True)
         for folder in (run_dir / "checkpoints", run_dir):
@@ -684,7 +683,6 @@ def _shared_run_dir(invocation: dict, run_dir: Path, *, restart: bool = False) -
         check_foreign(run_dir)
     if rank_zero_only.rank == 0 and holds_run(run_dir, restart=restart):
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-    from tfbuilder.runs import vocab_files
 
     return _Origin(invocation, run_dir=run_dir, vocab=vocab_files.read(run_dir))
 
@@ -738,7 +736,6 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: _Origin, vocab: Vocab
         if moved.folder is not None:
             origin.invocation["set_aside"] = str(moved.folder.relative_to(run_dir))
             _say(moved.line(step))
-    from tfbuilder.runs import vocab_files
 
     if not vocab_files.present(run_dir):
         vocab_files.write(run_dir, vocab)

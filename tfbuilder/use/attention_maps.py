@@ -25,6 +25,9 @@ from tfbuilder.specials import BOS, EOS, SPECIAL_TOKENS
 from tfbuilder.devices import model_device
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import Loaded
+from tfbuilder.data.tokenizers import specials
+from tfbuilder.specials import OWN
+from tfbuilder.inference.decoding import greedy
 
 METADATA_KEY = "tfbuilder:weights"
 _SPECIAL = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", ...
@@ -68,8 +71,6 @@ def attention_weights(model: nn.Module, tokens: Tensor, tgt: Tensor | None = Non
 
 def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """One readable label per token id (special tokens by name; a leading space shown as '_')."""
-    from tfbuilder.data.tokenizers import specials
-    from tfbuilder.specials import OWN
 
     named = _SPECIAL if specials(tokenizer) == OWN else {}  # a given tokenizer's ids 0-4 may be words
     labels = []
@@ -107,7 +108,6 @@ def write_maps(
 ) -> list[Path]:
     """PNG heatmaps of every attention layer (or only ``layers``) for ``src`` (and ``tgt``; for a
     translation model without ``tgt``, its own greedy translation) into ``out_dir``."""
-    from tfbuilder.inference.decoding import greedy
 
     model, vocab, kind = loaded.model.eval(), loaded.vocab, loaded.recipe.model.kind
     device = model_device(model)

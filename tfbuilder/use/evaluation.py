@@ -23,6 +23,8 @@ from tfbuilder.devices import model_device
 from tfbuilder.inference.ensemble import Ensemble
 from tfbuilder.runs.checkpoints import Loaded, run_dir_of, scores_file
 from tfbuilder.inference.translate import Precision, Search, ensemble_of, translate_scored
+from tfbuilder.atomic import write_text
+from tfbuilder.atomic import write_new_text
 
 
 @dataclass
@@ -165,7 +167,6 @@ def write_outputs(outputs: Sequence[Output], path: str | Path, *, layout: Litera
     """Write translations in the split's order, atomically: ``plain``, one hypothesis per line;
     ``fairseq``, fairseq-generate's layout: per example ``S-i`` (source), ``T-i`` (reference) and
     ``H-i`` (score, hypothesis), tab-separated, i from 0."""
-    from tfbuilder.atomic import write_text
 
     if layout == "plain":
         text = "".join(f"{o.hypothesis}\n" for o in outputs)
@@ -183,7 +184,6 @@ def save_scores(loaded: Loaded, scores: Scores) -> Path:
     """Write ``scores`` as JSON beside the checkpoint's run (``tfbuilder test`` and sweeps), atomically
     and never over an earlier file: when :func:`scores_path` is taken, the next free
     ``<name>-<n>.json``. Returns the path written (compare it with :func:`scores_path` to tell)."""
-    from tfbuilder.atomic import write_new_text
 
     path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
     text = json.dumps(asdict(scores), indent=2)

@@ -32,6 +32,7 @@ from tfbuilder.train.heads import metrics
 from tfbuilder.model.sizing import max_positions
 from tfbuilder.runs.checkpoints import Loaded
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED
+from tfbuilder.train.objectives import objective
 
 BATCH = 64  # texts per forward pass
 DIGITS = 6  # probabilities are written rounded to this many decimals
@@ -138,7 +139,6 @@ class HeadScores:
 def score(loaded: Loaded, split: str = "test", *, max_tokens: int = 8000) -> HeadScores:
     """Test a sequence head on ``split`` of its recipe's data (labels mapped as in training: a label
     the model does not know is an error naming the file and the record)."""
-    from tfbuilder.train.objectives import objective
 
     head = _head(loaded)
     recipe = loaded.recipe

@@ -21,6 +21,8 @@ from tfbuilder.errors import RecipeError, TfbuilderError
 from tfbuilder.use.readback import DamagedFile, metric, number, read_json, read_metrics
 from tfbuilder.spec.recipe import Recipe, load_recipe
 from tfbuilder.runs.checkpoints import scores_file
+from tfbuilder.model.builder import build_model, count_parameters
+from tfbuilder.atomic import write_atomic, write_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -134,7 +136,6 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     raises (:class:`RecipeError`, :class:`DamagedFile`); damaged scores or metrics are left out with a warning."""
     import torch
 
-    from tfbuilder.model.builder import build_model, count_parameters
 
     recipe = load_recipe(run_dir / "recipe.yaml")  # bounded like any recipe file
     summary_path = run_dir / "summary.json"
@@ -267,7 +268,6 @@ def markdown(rows: list[Row], *, beam: int = 4) -> str:
 def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: int = 4) -> dict[str, Path]:
     """report.md, report.csv, runs.csv and curves.png in ``out_dir``, each written whole or not at
     all (:mod:`tfbuilder.atomic`); returns their paths. A folder that cannot be made is a :class:`ReportError`."""
-    from tfbuilder.atomic import write_atomic, write_text
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

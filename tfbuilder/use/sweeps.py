@@ -25,6 +25,9 @@ from tfbuilder.errors import TfbuilderError
 from tfbuilder.spec.recipe import Recipe, load_recipe, recipe_from_dict
 from tfbuilder.runs.checkpoints import default_checkpoint, is_empty
 from tfbuilder.runs.checkpoints import scores_file as checkpoint_scores
+from tfbuilder.use.evaluation import evaluate, save_scores
+from tfbuilder.runs.checkpoints import load_checkpoint
+from tfbuilder.train import training
 
 Status = Literal["finished", "evaluate", "resume", "new"]
 # Keys that say where and how a run is shown, not what it trains: they may differ between invocations.
@@ -162,16 +165,13 @@ def execute(
     on_step: Callable[[int, int], None] | None = None,
 ) -> None:
     """Train (or resume) ``run`` and score its best checkpoint on the validation split."""
-    from tfbuilder.use.evaluation import evaluate, save_scores
-    from tfbuilder.runs.checkpoints import load_checkpoint
-    from tfbuilder.train.training import fit
 
     if run.status == "new":
         # A run that started before but stopped ahead of its first checkpoint starts over, holding the
         # run's lock; what each attempt logged is kept (metrics.interrupted-<n>.csv).
-        fit(run.recipe, run_dir=run.dir, restart=True, on_step=on_step)
+        training.fit(run.recipe, run_dir=run.dir, restart=True, on_step=on_step)
     elif run.status == "resume":
-        fit(run.recipe, resume=run.dir, on_step=on_step)
+        training.fit(run.recipe, resume=run.dir, on_step=on_step)
     if bleu_beam is not None and _translates(run.recipe) and not scores_file(run.dir, bleu_beam).exists():
         loaded = load_checkpoint(run.dir)  # the checkpoint every command scores
         save_scores(loaded, evaluate(loaded, "val", beam=bleu_beam))

@@ -21,6 +21,16 @@ from tfbuilder.interop.hf import weights
 from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_config
 from tfbuilder.interop.hf.specials import config_ids, special_ids
 from tfbuilder.specials import filled
+from tfbuilder.model.builder import build_model
+from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.tokenizers import HFTokenizer
+from tfbuilder.model.sizing import check_size, count_parameters
+from tfbuilder.runs import vocab_files
+from tfbuilder.model.components.ffn import glu_hidden
+from tfbuilder.contracts import default_ffn_hidden, default_head_dim
+from tfbuilder.spec.recipe import ModelSection, recipe_from_dict
+from tfbuilder.runs.checkpoints import load_checkpoint, write_recipe
+from tfbuilder.interop.onnx import export_onnx
 
 if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
     from tfbuilder.data.prepare import Vocab
@@ -93,10 +103,6 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     load_file = _safetensors().load_file
     from safetensors import SafetensorError
 
-    from tfbuilder.model.builder import build_model
-    from tfbuilder.data.prepare import Vocab
-    from tfbuilder.data.tokenizers import HFTokenizer
-    from tfbuilder.spec.recipe import recipe_from_dict
 
     hf_dir = Path(hf_dir)
     cfg = _read_json(hf_dir / "config.json", MAX_CONFIG_BYTES)
@@ -150,7 +156,6 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 def _check_size(recipe: Recipe, config: Path) -> None:
     """The model a config asks for fits this machine: counted on the meta device before anything is allocated."""
-    from tfbuilder.model.sizing import check_size, count_parameters
 
     problems = check_size(recipe, count_parameters(recipe), training=False)
     if problems:
@@ -159,8 +164,6 @@ def _check_size(recipe: Recipe, config: Path) -> None:
 
 def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tuple[str, ...] = ()) -> Path:
     """Write a run directory from a Hugging Face model directory; returns its checkpoint's path."""
-    from tfbuilder.runs import vocab_files
-    from tfbuilder.runs.checkpoints import write_recipe
 
     hf_dir, out = Path(hf_dir), Path(out)
     family, recipe, model, vocab = load_hf(hf_dir, overrides)
@@ -195,8 +198,6 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Recipe, vocab: Vocab, *, sou
 
 def _comparable(model_section: ModelSection) -> dict:
     """A model section's data without what does not change the function (dropout, initialisation)."""
-    from tfbuilder.model.components.ffn import glu_hidden
-    from tfbuilder.contracts import default_ffn_hidden, default_head_dim
 
     data = model_section.model_dump(mode="json")
     data.pop("init", None)
@@ -220,7 +221,6 @@ def _comparable(model_section: ModelSection) -> dict:
 
 def hf_family(model_section: ModelSection) -> str:
     """The Hugging Face family a model section is exactly, or an error naming what differs."""
-    from tfbuilder.spec.recipe import ModelSection
 
     candidates = {"decoder": ["gpt2", "llama"], "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
     if model_section.kind == "decoder":
@@ -243,8 +243,6 @@ def hf_family(model_section: ModelSection) -> str:
 def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path]:
     """Write a checkpoint as ``safetensors`` (+ recipe), ``hf`` (a save_pretrained directory) or
     ``onnx`` (checked with onnxruntime against PyTorch); returns the files written."""
-    from tfbuilder.runs import vocab_files
-    from tfbuilder.runs.checkpoints import load_checkpoint, write_recipe
 
     if format not in FORMATS:
         raise TfbuilderError(f"unknown export format {format!r} (one of: {', '.join(FORMATS)})")
@@ -278,7 +276,6 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
             atomic.write_atomic(out / "tokenizer.model", lambda f: f.write(sp_model), what="tokenizer")
             written.append(out / "tokenizer.model")
         return written
-    from tfbuilder.interop.onnx import export_onnx
 
     path = export_onnx(model, loaded.recipe, out / "model.onnx")
     write_recipe(out, loaded.recipe.to_dict())

@@ -32,7 +32,7 @@ from tfbuilder.data import text  # noqa: E402
 
 READ = r"""
 import json, sys, threading, time
-from tfbuilder.sections import DataSection
+from tfbuilder.spec.sections import DataSection
 from tfbuilder.data.readers import split_sources
 
 def status():

@@ -7,7 +7,7 @@
    with sentences/s, exact match, the mean length-normalised score (alpha 0.6) and sacreBLEU
    (text only). Beam search must never score below greedy.
 3. With --before GIT_REF: the same rows decoded by the decoders of that commit too (its
-   tfbuilder/decoding.py, loaded beside today's), and the speed ratio, in the same run.
+   tfbuilder/inference/decoding.py, loaded beside today's), and the speed ratio, in the same run.
 
     python benchmarks/decode_throughput.py [--checkpoint RUN] [--quickstart RUN] [--before REF]
         [--limit 1000] [--repeats 3] [--data ../shared/data/multi30k] [--device cuda]
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tfbuilder  # noqa: E402
-from tfbuilder import decoding  # noqa: E402
+from tfbuilder.inference import decoding  # noqa: E402
 from tfbuilder.data import text  # noqa: E402
 from tfbuilder.data.prepare import prepare  # noqa: E402
 
@@ -86,13 +86,13 @@ def sync(device: torch.device) -> None:
 
 
 def decoders_of(ref: str):
-    """The ``tfbuilder.decoding`` module of git commit ``ref``, loaded beside today's."""
-    source = subprocess.run(["git", "show", f"{ref}:tfbuilder/decoding.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    """The ``tfbuilder.inference.decoding`` module of git commit ``ref``, loaded beside today's."""
+    source = subprocess.run(["git", "show", f"{ref}:tfbuilder/inference/decoding.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     spec = importlib.util.spec_from_loader("tfbuilder._decoding_before", loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "tfbuilder"
     sys.modules[spec.name] = module  # dataclasses look their module up
-    exec(compile(source, f"{ref}:tfbuilder/decoding.py", "exec"), module.__dict__)
+    exec(compile(source, f"{ref}:tfbuilder/inference/decoding.py", "exec"), module.__dict__)
     return module
 
 

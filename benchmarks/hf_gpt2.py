@@ -25,7 +25,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tfbuilder.hf.convert import load_hf  # noqa: E402
+from tfbuilder.interop.hf.convert import load_hf  # noqa: E402
 
 
 def one_step(model, ids: torch.Tensor, logits_of) -> float:

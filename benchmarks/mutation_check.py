@@ -50,7 +50,7 @@ class Mutation:
     tests: tuple[str, ...]  # pytest arguments: files, node ids, -k expressions
 
 
-P, M, A = "tfbuilder/components/position.py", "tfbuilder/masks.py", "tfbuilder/components/attention.py"
+P, M, A = "tfbuilder/model/components/position.py", "tfbuilder/masks.py", "tfbuilder/model/components/attention.py"
 POS = ("tests/test_position.py",)
 MASKS = ("tests/test_masks.py",)
 REFS = ("tests/test_component_references.py",)
@@ -58,7 +58,7 @@ OBJ = ("tests/test_objectives.py",)
 HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
-D, SEARCH = "tfbuilder/decoding.py", ("tests/test_decoding_search.py",)
+D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
 VARIANTS, BLOCKS = ("tests/test_attention_variants.py",), ("tests/test_blocks.py",)
 OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_patterns.py",)
 
@@ -107,38 +107,38 @@ MUTATIONS: list[Mutation] = [
     Mutation("qk_norm: keys normalised over positions", A, "F.normalize(k, dim=-1), 1.0", "F.normalize(k, dim=-2), 1.0", ("tests/test_attention.py",)),
     Mutation("qk_norm: temperature d_k instead of sqrt(d_k)", A, "nn.Parameter(torch.tensor(math.sqrt(self.key_dim)))", "nn.Parameter(torch.tensor(float(self.key_dim)))", ("tests/test_attention.py",)),
     # --- norms and feed-forward (Zhang & Sennrich 2019; Nguyen & Salazar 2019; Shazeer 2020; Fedus et al. 2021)
-    Mutation("rmsnorm: eps ignored", "tfbuilder/components/norm.py", "super().__init__(ctx.d_model, eps=params.eps)\n", "super().__init__(ctx.d_model)\n", REFS + ("-k", "rmsnorm")),
-    Mutation("layernorm: eps ignored", "tfbuilder/components/norm.py", "super().__init__(ctx.d_model, eps=params.eps, bias=params.bias)", "super().__init__(ctx.d_model, bias=params.bias)", HFC + ("-k", "random_config and (gpt2 or bert)")),
-    Mutation("scalenorm: eps bound the wrong way", "tfbuilder/components/norm.py", "clamp(min=self.eps)", "clamp(max=self.eps)", REFS + ("-k", "scalenorm")),
-    Mutation("scalenorm: initial gain 1/sqrt(d)", "tfbuilder/components/norm.py", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** 0.5))", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** -0.5))", REFS + ("-k", "scalenorm")),
-    Mutation("mlp: activation dropped", "tfbuilder/components/ffn.py", "self.ff_out(self.drop(self.act(self.ff_in(x))))", "self.ff_out(self.drop(self.ff_in(x)))", HFC + ("-k", "random_config and gpt2")),
-    Mutation("glu: gate and value swapped", "tfbuilder/components/ffn.py", "self.act(gate) * value", "self.act(value) * gate", HFC + ("-k", "random_config and llama")),
-    Mutation("glu: width rounded down", "tfbuilder/components/ffn.py", "return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8", "return (2 * default_ffn_hidden(d_model)) // 3 // 8 * 8", ("tests/test_ffn.py",)),
-    Mutation("moe: router weights not renormalised", "tfbuilder/components/ffn.py", "weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)", "weights = weights.to(x.dtype)", ("tests/test_ffn.py",)),
-    Mutation("moe: balancing counts the last choice", "tfbuilder/components/ffn.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
-    Mutation("moe: capacity rounded down", "tfbuilder/components/ffn.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
+    Mutation("rmsnorm: eps ignored", "tfbuilder/model/components/norm.py", "super().__init__(ctx.d_model, eps=params.eps)\n", "super().__init__(ctx.d_model)\n", REFS + ("-k", "rmsnorm")),
+    Mutation("layernorm: eps ignored", "tfbuilder/model/components/norm.py", "super().__init__(ctx.d_model, eps=params.eps, bias=params.bias)", "super().__init__(ctx.d_model, bias=params.bias)", HFC + ("-k", "random_config and (gpt2 or bert)")),
+    Mutation("scalenorm: eps bound the wrong way", "tfbuilder/model/components/norm.py", "clamp(min=self.eps)", "clamp(max=self.eps)", REFS + ("-k", "scalenorm")),
+    Mutation("scalenorm: initial gain 1/sqrt(d)", "tfbuilder/model/components/norm.py", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** 0.5))", "self.scale = nn.Parameter(torch.tensor(float(ctx.d_model) ** -0.5))", REFS + ("-k", "scalenorm")),
+    Mutation("mlp: activation dropped", "tfbuilder/model/components/ffn.py", "self.ff_out(self.drop(self.act(self.ff_in(x))))", "self.ff_out(self.drop(self.ff_in(x)))", HFC + ("-k", "random_config and gpt2")),
+    Mutation("glu: gate and value swapped", "tfbuilder/model/components/ffn.py", "self.act(gate) * value", "self.act(value) * gate", HFC + ("-k", "random_config and llama")),
+    Mutation("glu: width rounded down", "tfbuilder/model/components/ffn.py", "return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8", "return (2 * default_ffn_hidden(d_model)) // 3 // 8 * 8", ("tests/test_ffn.py",)),
+    Mutation("moe: router weights not renormalised", "tfbuilder/model/components/ffn.py", "weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)", "weights = weights.to(x.dtype)", ("tests/test_ffn.py",)),
+    Mutation("moe: balancing counts the last choice", "tfbuilder/model/components/ffn.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
+    Mutation("moe: capacity rounded down", "tfbuilder/model/components/ffn.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
     # --- residual placement and embeddings (Vaswani et al. 2017; Xiong et al. 2020)
-    Mutation("post-norm: norm outside the residual", "tfbuilder/blocks.py", "return self.norm(x + self.drop(self.inner(x, **kwargs)))", "return x + self.norm(self.drop(self.inner(x, **kwargs)))", REFS + ("-k", "placement")),
-    Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),
+    Mutation("post-norm: norm outside the residual", "tfbuilder/model/blocks.py", "return self.norm(x + self.drop(self.inner(x, **kwargs)))", "return x + self.norm(self.drop(self.inner(x, **kwargs)))", REFS + ("-k", "placement")),
+    Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),
     # --- objectives (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4; Devlin et al. 2019)
-    Mutation("smoothing: uniform term summed, not averaged", "tfbuilder/objectives.py", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.sum(dim=-1)", OBJ),
-    Mutation("smoothing: gradient of the uniform part not divided by vocab", "tfbuilder/objectives.py", "g.sub_(epsilon / vocab)", "g.sub_(epsilon)", OBJ),
-    Mutation("smoothing: target gradient 1+eps", "tfbuilder/objectives.py", "-(1.0 - epsilon)))", "-(1.0 + epsilon)))", OBJ),
-    Mutation("loss counts ignored targets", "tfbuilder/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),
-    Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
-    Mutation("causal lm predicts the current token", "tfbuilder/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
-    Mutation("masked lm: 70% shown as <mask>", "tfbuilder/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
-    Mutation("masked lm: special tokens may be chosen", "tfbuilder/objectives.py", "candidates = tokens >= SPECIAL_COUNT", "candidates = tokens >= 0", OBJ),
-    Mutation("training metrics over every real token", "tfbuilder/training.py", "predicted = result.tokens.clamp(min=1)", "predicted = max(size, 1)", ("tests/test_training_metrics.py",)),
-    Mutation("residual scaling misses the output projections", "tfbuilder/builder.py", "for linear in residual.inner.output_projections():", "for linear in []:", ("tests/test_contracts.py", "-k", "residual_scaling")),
-    Mutation("positions built for one head", "tfbuilder/builder.py", "return shape.heads, shape.key_dim", "return 1, self.spec.d_model", ("tests/test_contracts.py", "-k", "declared_shape")),
-    Mutation("target count includes the first token", "tfbuilder/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),
+    Mutation("smoothing: uniform term summed, not averaged", "tfbuilder/train/objectives.py", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.sum(dim=-1)", OBJ),
+    Mutation("smoothing: gradient of the uniform part not divided by vocab", "tfbuilder/train/objectives.py", "g.sub_(epsilon / vocab)", "g.sub_(epsilon)", OBJ),
+    Mutation("smoothing: target gradient 1+eps", "tfbuilder/train/objectives.py", "-(1.0 - epsilon)))", "-(1.0 + epsilon)))", OBJ),
+    Mutation("loss counts ignored targets", "tfbuilder/train/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),
+    Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/train/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
+    Mutation("causal lm predicts the current token", "tfbuilder/train/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
+    Mutation("masked lm: 70% shown as <mask>", "tfbuilder/train/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
+    Mutation("masked lm: special tokens may be chosen", "tfbuilder/train/objectives.py", "candidates = tokens >= SPECIAL_COUNT", "candidates = tokens >= 0", OBJ),
+    Mutation("training metrics over every real token", "tfbuilder/train/training.py", "predicted = result.tokens.clamp(min=1)", "predicted = max(size, 1)", ("tests/test_training_metrics.py",)),
+    Mutation("residual scaling misses the output projections", "tfbuilder/model/builder.py", "for linear in residual.inner.output_projections():", "for linear in []:", ("tests/test_contracts.py", "-k", "residual_scaling")),
+    Mutation("positions built for one head", "tfbuilder/model/builder.py", "return shape.heads, shape.key_dim", "return 1, self.spec.d_model", ("tests/test_contracts.py", "-k", "declared_shape")),
+    Mutation("target count includes the first token", "tfbuilder/train/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),
     # --- learning-rate schedules (Vaswani et al. 2017 eq. 3; Loshchilov & Hutter 2017)
-    Mutation("inverse_sqrt: warmup^-0.5", "tfbuilder/schedules.py", "min(step**-0.5, step * warmup**-1.5)", "min(step**-0.5, step * warmup**-0.5)", SCHED),
-    Mutation("inverse_sqrt: d_model^0.5", "tfbuilder/schedules.py", "return schedule.scale * d_model**-0.5 * min(", "return schedule.scale * d_model**0.5 * min(", SCHED),
-    Mutation("cosine: warmup from step 0", "tfbuilder/schedules.py", "return lr * step / max(warmup, 1)", "return lr * (step - 1) / max(warmup, 1)", SCHED),
-    Mutation("cosine: rises instead of decays", "tfbuilder/schedules.py", "0.5 * (1 + math.cos(math.pi * progress))", "0.5 * (1 - math.cos(math.pi * progress))", SCHED),
-    Mutation("constant: warmup from step 0", "tfbuilder/schedules.py", "lr * min(1.0, step / warmup)", "lr * min(1.0, (step - 1) / warmup)", SCHED),
+    Mutation("inverse_sqrt: warmup^-0.5", "tfbuilder/train/schedules.py", "min(step**-0.5, step * warmup**-1.5)", "min(step**-0.5, step * warmup**-0.5)", SCHED),
+    Mutation("inverse_sqrt: d_model^0.5", "tfbuilder/train/schedules.py", "return schedule.scale * d_model**-0.5 * min(", "return schedule.scale * d_model**0.5 * min(", SCHED),
+    Mutation("cosine: warmup from step 0", "tfbuilder/train/schedules.py", "return lr * step / max(warmup, 1)", "return lr * (step - 1) / max(warmup, 1)", SCHED),
+    Mutation("cosine: rises instead of decays", "tfbuilder/train/schedules.py", "0.5 * (1 + math.cos(math.pi * progress))", "0.5 * (1 - math.cos(math.pi * progress))", SCHED),
+    Mutation("constant: warmup from step 0", "tfbuilder/train/schedules.py", "lr * min(1.0, step / warmup)", "lr * min(1.0, (step - 1) / warmup)", SCHED),
     # --- data: batching and collation
     Mutation("token budget: a full batch may not reach the budget", "tfbuilder/data/batching.py", "n * max(longest_src, s) > max_tokens", "n * max(longest_src, s) >= max_tokens", DATA),
     Mutation("sentence batches one too large", "tfbuilder/data/batching.py", "len(current) >= batch_size", "len(current) > batch_size", DATA),
@@ -147,21 +147,21 @@ MUTATIONS: list[Mutation] = [
     Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True)", "\"tgt_out\": pad(tgt, bos=True)", DATA),
     Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "src = [len(s) + 2 for s in split.src]", "src = [len(s) + 1 for s in split.src]", DATA),
     # --- Hugging Face import: a field read but not used
-    Mutation("hf: rope_theta ignored", "tfbuilder/hf/configs.py", "\"base\": _float(rope, \"rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
-    Mutation("hf: rms_norm_eps ignored", "tfbuilder/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
-    Mutation("hf: n_inner ignored", "tfbuilder/hf/configs.py", "_get(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
-    Mutation("hf: T5 max_distance ignored", "tfbuilder/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
+    Mutation("hf: rope_theta ignored", "tfbuilder/interop/hf/configs.py", "\"base\": _float(rope, \"rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: rms_norm_eps ignored", "tfbuilder/interop/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: n_inner ignored", "tfbuilder/interop/hf/configs.py", "_get(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
+    Mutation("hf: T5 max_distance ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
     # --- recent ablations (Gemma 2; PaLM; GPT-J; Qiu et al. 2025; Zhou et al. 2024; Ye et al. 2025; Muon; patterns)
-    Mutation("softcap: logits divided instead of scaled", "tfbuilder/objectives.py", "logits = softcap * tanh", "logits = softcap / tanh", OBJ + ("-k", "softcap")),
-    Mutation("softcap: gradient through the cap with the wrong sign", "tfbuilder/objectives.py", "g.mul_(1 - tanh.square())", "g.mul_(1 + tanh.square())", OBJ + ("-k", "softcap")),
-    Mutation("softcap: decoding's logits capped at 1/cap", "tfbuilder/model.py", "self.softcap * torch.tanh(logits / self.softcap)", "self.softcap * torch.tanh(logits * self.softcap)", OBJ + ("-k", "softcap")),
+    Mutation("softcap: logits divided instead of scaled", "tfbuilder/train/objectives.py", "logits = softcap * tanh", "logits = softcap / tanh", OBJ + ("-k", "softcap")),
+    Mutation("softcap: gradient through the cap with the wrong sign", "tfbuilder/train/objectives.py", "g.mul_(1 - tanh.square())", "g.mul_(1 + tanh.square())", OBJ + ("-k", "softcap")),
+    Mutation("softcap: decoding's logits capped at 1/cap", "tfbuilder/model/model.py", "self.softcap * torch.tanh(logits / self.softcap)", "self.softcap * torch.tanh(logits * self.softcap)", OBJ + ("-k", "softcap")),
     Mutation("softcap: attention scores capped at 1/cap", A, "scores = self.softcap * torch.tanh(scores / self.softcap)", "scores = self.softcap * torch.tanh(scores * self.softcap)", VARIANTS + ("-k", "softcap")),
     Mutation("softcap: attention takes the uncapped kernel", A, "if self.keep_weights or self.softcap is not None:  # the fused", "if self.keep_weights:  # the fused", VARIANTS + ("-k", "softcap")),
-    Mutation("z-loss: |log Z| instead of log(Z)^2", "tfbuilder/objectives.py", "z_loss * log_z.square()", "z_loss * log_z.abs()", OBJ + ("-k", "z_loss")),
-    Mutation("z-loss: gradient factor 3 instead of 2", "tfbuilder/objectives.py", "g.mul_(1 + 2 * z_loss", "g.mul_(1 + 3 * z_loss", OBJ + ("-k", "z_loss")),
-    Mutation("parallel: feed-forward normalises the attention output", "tfbuilder/blocks.py", "else self.ffn.norm(x))", "else self.ffn.norm(attn))", BLOCKS),
-    Mutation("parallel: attention branch subtracted", "tfbuilder/blocks.py", "return x + attn + self.ffn.branch(", "return x - attn + self.ffn.branch(", BLOCKS),
-    Mutation("parallel: shared and separate norms swapped", "tfbuilder/builder.py", 'own_norm = not (parallel and spec.parallel_norms == "shared")', 'own_norm = not (parallel and spec.parallel_norms != "shared")', BLOCKS),
+    Mutation("z-loss: |log Z| instead of log(Z)^2", "tfbuilder/train/objectives.py", "z_loss * log_z.square()", "z_loss * log_z.abs()", OBJ + ("-k", "z_loss")),
+    Mutation("z-loss: gradient factor 3 instead of 2", "tfbuilder/train/objectives.py", "g.mul_(1 + 2 * z_loss", "g.mul_(1 + 3 * z_loss", OBJ + ("-k", "z_loss")),
+    Mutation("parallel: feed-forward normalises the attention output", "tfbuilder/model/blocks.py", "else self.ffn.norm(x))", "else self.ffn.norm(attn))", BLOCKS),
+    Mutation("parallel: attention branch subtracted", "tfbuilder/model/blocks.py", "return x + attn + self.ffn.branch(", "return x - attn + self.ffn.branch(", BLOCKS),
+    Mutation("parallel: shared and separate norms swapped", "tfbuilder/model/builder.py", 'own_norm = not (parallel and spec.parallel_norms == "shared")', 'own_norm = not (parallel and spec.parallel_norms != "shared")', BLOCKS),
     Mutation("gate: tanh instead of sigmoid", A, 'return out * rearrange(scores, "b i h -> b h i 1").sigmoid()', 'return out * rearrange(scores, "b i h -> b h i 1").tanh()', VARIANTS + ("-k", "gated")),
     Mutation("gate: channels split across heads the wrong way", A, '"b i (h v) -> b h i v", h=out.shape[1]).sigmoid()', '"b i (v h) -> b h i v", h=out.shape[1]).sigmoid()', VARIANTS + ("-k", "gated")),
     Mutation("value residual: lambdas swapped", A, "return self.value_lambdas[0] * first + self.value_lambdas[1] * v", "return self.value_lambdas[1] * first + self.value_lambdas[0] * v", VARIANTS + ("-k", "value_residual")),
@@ -171,16 +171,16 @@ MUTATIONS: list[Mutation] = [
     Mutation("differential: scaled by 1 + lambda_init", A, "* second) * (1 - self.lambda_init)", "* second) * (1 + self.lambda_init)", VARIANTS + ("-k", "differential")),
     Mutation("differential: no per-head norm", A, "return self.head_norm(first - self.lam().to(out.dtype) * second) *", "return (first - self.lam().to(out.dtype) * second) *", VARIANTS + ("-k", "differential")),
     Mutation("differential: key halves of different groups paired", A, 'k = rearrange(k, "b (g two) j d -> b g two j d", two=2)', 'k = rearrange(k, "b (two g) j d -> b g two j d", two=2)', VARIANTS + ("-k", "differential")),
-    Mutation("muon: biases and gains to Muon", "tfbuilder/optimizers.py", "for p in stack.parameters() if p.ndim == 2}", "for p in stack.parameters() if p.ndim >= 1}", OPTIMIZERS),
-    Mutation("muon: its rate not relative to the schedule's", "tfbuilder/optimizers.py", "lr=(settings.lr or optim.lr) / optim.lr,", "lr=(settings.lr or optim.lr),", OPTIMIZERS),
-    Mutation("muon: AdamW's state not restored", "tfbuilder/optimizers.py", '        self.adamw.load_state_dict(state_dict["adamw"])\n', "", OPTIMIZERS),
-    Mutation("pattern: kinds shifted by one layer", "tfbuilder/recipe.py", "stack.pattern[index % len(stack.pattern)]]", "stack.pattern[(index + 1) % len(stack.pattern)]]", PATTERNS),
-    Mutation("pattern: negative overrides not found", "tfbuilder/recipe.py", "for key in (index, index - stack.layers):", "for key in (index, index + stack.layers):", PATTERNS),
-    Mutation("pattern: the stack's params win over the change", "tfbuilder/recipe.py", "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
-    Mutation("pattern: the last index + 1 accepted", "tfbuilder/recipe.py", "if not -stack.layers <= index < stack.layers:", "if not -stack.layers <= index <= stack.layers:", PATTERNS),
-    Mutation("pattern: value residual switched off in some layers", "tfbuilder/recipe.py", 'if family == "attention" and residual[0] != residual[1]:', 'if family == "attention" and residual[0] == residual[1] == "x":', PATTERNS),
-    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/preflight.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
-    # --- decoding (tfbuilder/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
+    Mutation("muon: biases and gains to Muon", "tfbuilder/train/optimizers.py", "for p in stack.parameters() if p.ndim == 2}", "for p in stack.parameters() if p.ndim >= 1}", OPTIMIZERS),
+    Mutation("muon: its rate not relative to the schedule's", "tfbuilder/train/optimizers.py", "lr=(settings.lr or optim.lr) / optim.lr,", "lr=(settings.lr or optim.lr),", OPTIMIZERS),
+    Mutation("muon: AdamW's state not restored", "tfbuilder/train/optimizers.py", '        self.adamw.load_state_dict(state_dict["adamw"])\n', "", OPTIMIZERS),
+    Mutation("pattern: kinds shifted by one layer", "tfbuilder/spec/recipe.py", "stack.pattern[index % len(stack.pattern)]]", "stack.pattern[(index + 1) % len(stack.pattern)]]", PATTERNS),
+    Mutation("pattern: negative overrides not found", "tfbuilder/spec/recipe.py", "for key in (index, index - stack.layers):", "for key in (index, index + stack.layers):", PATTERNS),
+    Mutation("pattern: the stack's params win over the change", "tfbuilder/spec/recipe.py", "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
+    Mutation("pattern: the last index + 1 accepted", "tfbuilder/spec/recipe.py", "if not -stack.layers <= index < stack.layers:", "if not -stack.layers <= index <= stack.layers:", PATTERNS),
+    Mutation("pattern: value residual switched off in some layers", "tfbuilder/spec/recipe.py", 'if family == "attention" and residual[0] != residual[1]:', 'if family == "attention" and residual[0] == residual[1] == "x":', PATTERNS),
+    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/train/preflight.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
+    # --- decoding (tfbuilder/inference/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
     Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
     Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),
     Mutation("beam: length penalty base 6 + |y|", D, "    return ((5.0 + length) / 6.0) ** alpha", "    return ((6.0 + length) / 6.0) ** alpha", SEARCH),
@@ -192,7 +192,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("rules: n-gram history one token late", D, "history[:, None, history.shape[1] - n + 1 :]", "history[:, None, history.shape[1] - n : -1]", SEARCH),
     Mutation("sources: </s> placed one too far", D, "out[rows, lengths[rows]] = end", "out[rows, lengths[rows] + 1] = end", SEARCH),
     Mutation("greedy: the limit counts without </s>", D, "last = step + 1 >= limits[alive]  # the limit counts the closing </s>", "last = step >= limits[alive]", ("tests/test_decoding.py", "-k", "length_limit or sampled")),
-    Mutation("ensemble: sum of probabilities, not mean", "tfbuilder/ensemble.py", "return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))", "return torch.logsumexp(torch.stack(logps), dim=0)", ("tests/test_ensemble.py",)),
+    Mutation("ensemble: sum of probabilities, not mean", "tfbuilder/inference/ensemble.py", "return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))", "return torch.logsumexp(torch.stack(logps), dim=0)", ("tests/test_ensemble.py",)),
 ]
 
 

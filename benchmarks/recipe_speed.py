@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tfbuilder  # noqa: E402
-from tfbuilder.objectives import objective  # noqa: E402
-from tfbuilder.optimizers import build_optimizer  # noqa: E402
+from tfbuilder.train.objectives import objective  # noqa: E402
+from tfbuilder.train.optimizers import build_optimizer  # noqa: E402
 
 
 def stepper(path: str, threads: int):

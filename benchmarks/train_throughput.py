@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import tfbuilder  # noqa: E402
-from tfbuilder.components.position import sinusoids  # noqa: E402
-from tfbuilder.objectives import objective  # noqa: E402
-from tfbuilder.recipe import Recipe  # noqa: E402
+from tfbuilder.model.components.position import sinusoids  # noqa: E402
+from tfbuilder.train.objectives import objective  # noqa: E402
+from tfbuilder.spec.recipe import Recipe  # noqa: E402
 
 GPT2 = {
     "kind": "decoder", "vocab_size": 50257, "d_model": 768, "dropout": 0.1, "placement": "pre",

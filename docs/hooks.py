@@ -1,6 +1,6 @@
 """MkDocs hook: the build fails while a generated reference page is stale.
 
-The pages in ``docs/reference/`` are made by ``python -m tfbuilder.reference`` from the recipe schema,
+The pages in ``docs/reference/`` are made by ``python -m tfbuilder.cli.reference`` from the recipe schema,
 the component registry and the argument parser; a build that published them stale would document
 keys, components or options that are not the code's.
 """
@@ -19,7 +19,7 @@ def on_pre_build(config: MkDocsConfig) -> None:
     root = str(Path(config.config_file_path).resolve().parent)
     if root not in sys.path:
         sys.path.insert(0, root)
-    from tfbuilder import reference
+    from tfbuilder.cli import reference
 
     directory = Path(config.docs_dir) / "reference"
     stale = reference.stale(directory)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 
 SECONDS = 10.0
 MEMORY = 1 << 30  # RLIMIT_AS of a subprocess case (importing torch alone takes about half of it)

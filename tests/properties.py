@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tfbuilder.heads.module import SequenceHead
-from tfbuilder.objectives import causal_lm
+from tfbuilder.model.heads import SequenceHead
+from tfbuilder.train.objectives import causal_lm
 
 PAD = 0
 

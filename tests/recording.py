@@ -13,8 +13,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from tfbuilder import training
-from tfbuilder.recipe import Recipe
+from tfbuilder.train import training
+from tfbuilder.spec.recipe import Recipe
 
 
 class StepRecorder(Callback):

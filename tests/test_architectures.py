@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import tfbuilder
-from tfbuilder.builder import count_parameters
-from tfbuilder.cli import main
+from tfbuilder.model.builder import count_parameters
+from tfbuilder.cli.commands import main
 from tfbuilder.errors import RecipeError
-from tfbuilder.recipe import json_schema
+from tfbuilder.spec.recipe import json_schema
 from tfbuilder.registry import BuildContext
 from conftest import ROOT
 
@@ -99,7 +99,7 @@ def test_new_keys_are_described_in_the_schema_and_components(capsys):
 
 def test_half_rotation_is_gpt_neox_and_llamas():
     """x*cos + rotate_half(x)*sin with rotate_half(x) = (-x2, x1), written out (Black et al. 2022)."""
-    from tfbuilder.components.position import RotaryPosition
+    from tfbuilder.model.components.position import RotaryPosition
 
     rope = RotaryPosition(RotaryPosition.Params(pairing="half"), BuildContext(d_model=16))
     x = torch.randn(2, 3, 5, 8)
@@ -115,7 +115,7 @@ def test_half_rotation_is_gpt_neox_and_llamas():
 
 @pytest.mark.parametrize("scale", [1.0, 0.3])
 def test_attention_scale_multiplies_the_scores(scale):
-    from tfbuilder.components.attention import MultiHeadAttention
+    from tfbuilder.model.components.attention import MultiHeadAttention
 
     attn = MultiHeadAttention(MultiHeadAttention.Params(heads=2, scale=scale), BuildContext(d_model=8)).eval()
     x = torch.randn(3, 4, 8)
@@ -157,7 +157,7 @@ def test_t5_scales_before_its_tied_head_and_keeps_its_start_token():
 def test_no_pad_id_makes_id_zero_a_token():
     """GPT-2 has no padding token: id 0 is a target the loss counts (with a pad id it is ignored).
     Decoders never mask by id (causal attention needs no padding mask), so the logits agree."""
-    from tfbuilder.objectives import objective
+    from tfbuilder.train.objectives import objective
 
     small = ("model.decoder.layers=1", "model.dropout=0.0", "model.position.max_len=16")
     recipe = tiny(ARCH / "gpt2-small.yaml", *small)

@@ -15,11 +15,11 @@ import pytest
 
 from conftest import QUICKSTART
 from test_store import corpus, last, said, section  # noqa: F401 (said: a fixture)
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 from tfbuilder.data import arrow, readers, store, text
 from tfbuilder.data.prepare import prepare
-from tfbuilder.data.tokenizers import DataError
-from tfbuilder.sections import DataSection
+from tfbuilder.errors import DataError
+from tfbuilder.spec.sections import DataSection
 
 datasets.disable_progress_bars()
 COLUMNS = {"source": "translation.de", "target": "translation.en"}

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.model.components.attention import MultiHeadAttention
 from tfbuilder.registry import BuildContext
 
 D, HEADS = 16, 2

@@ -12,10 +12,10 @@ from PIL import Image
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder.attention_maps import METADATA_KEY, attention_modules, attention_weights, plot
-from tfbuilder.cli import main
+from tfbuilder.use.attention_maps import METADATA_KEY, attention_modules, attention_weights, plot
+from tfbuilder.cli.commands import main
 from tfbuilder.data.tokenizers import BOS, EOS
-from tfbuilder.recipe import ModelSection
+from tfbuilder.spec.recipe import ModelSection
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from einops import rearrange
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder import decoding
-from tfbuilder.components.attention import MultiHeadAttention
-from tfbuilder.recipe import ModelSection
+from tfbuilder.inference import decoding
+from tfbuilder.model.components.attention import MultiHeadAttention
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
 D, HEADS = 16, 2
@@ -114,7 +114,7 @@ def test_differential_attention_is_the_papers_difference_of_two_softmaxes(kv_hea
     head_i = (softmax(Q1 K1^T / sqrt(d)) - lambda softmax(Q2 K2^T / sqrt(d))) V,
     lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)),
     out = W_O concat_i((1 - lambda_init) RMSNorm(head_i))."""
-    from tfbuilder.components.attention import DifferentialAttention
+    from tfbuilder.model.components.attention import DifferentialAttention
 
     h, d = 2, D // 4  # two heads; each query/key half d = 4, values 2d = 8
     params = DifferentialAttention.Params(heads=h, kv_heads=kv_heads)

@@ -14,7 +14,7 @@ import torch
 from tfbuilder.data.datamodule import DataModule
 from tfbuilder.data.prepare import prepare
 from tfbuilder.data.tokenizers import PAD, DataError
-from tfbuilder.sections import SPECIAL_TOKENS, DataSection
+from tfbuilder.spec.sections import SPECIAL_TOKENS, DataSection
 
 MAX_LEN = 20  # characters (the char tokenizer: one token each)
 VOCAB = len(SPECIAL_TOKENS) + 13  # digits, space, a, b

@@ -8,8 +8,8 @@ import torch
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder import decoding
-from tfbuilder.recipe import ModelSection
+from tfbuilder.inference import decoding
+from tfbuilder.spec.recipe import ModelSection
 
 
 def parallel_model(kind: str = "decoder", **changes) -> torch.nn.Module:

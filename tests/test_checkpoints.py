@@ -16,11 +16,12 @@ import torch
 
 import tfbuilder
 from conftest import ONE_LAYER, QUICKSTART, short_run
-from tfbuilder import atomic, objectives
-from tfbuilder.averaging import average
-from tfbuilder.cli import main
+from tfbuilder import atomic
+from tfbuilder.train import objectives
+from tfbuilder.runs.averaging import average
+from tfbuilder.cli.commands import main
 from tfbuilder.errors import RecipeError
-from tfbuilder.runs import RunLock, load_checkpoint, read_checkpoint
+from tfbuilder.runs.checkpoints import RunLock, load_checkpoint, read_checkpoint
 
 FROZEN = ["optim.schedule.type=constant", "optim.schedule.warmup=0", "optim.lr=1e-30"]  # updates below one ulp
 TINY = ONE_LAYER
@@ -75,7 +76,7 @@ SCRIPTED_VAL_LOSS = {2: 5.0, 4: 4.0, 6: 4.5, 8: 3.0, 10: 3.5, 12: 3.0, 14: 3.7, 
 
 def scripted_validation(monkeypatch) -> None:
     """Make every validation report SCRIPTED_VAL_LOSS at its step (whatever the model does)."""
-    from tfbuilder.training import Task
+    from tfbuilder.train.training import Task
 
     def on_validation_epoch_end(self):
         loss = SCRIPTED_VAL_LOSS[self.global_step]
@@ -249,7 +250,7 @@ def test_scoring_commands_say_which_checkpoint_they_use(tmp_path, capsys):
 def test_init_from_starts_from_the_weights_with_a_fresh_schedule(tmp_path, monkeypatch, capsys):
     learn = ["optim.schedule.type=constant", "optim.schedule.warmup=0", "optim.lr=3e-3"]
     source = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, *learn, "trainer.val_every=4", "trainer.max_steps=4")))
-    from tfbuilder import training
+    from tfbuilder.train import training
 
     seen = {}
     real = training._train

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import RECIPES, ROOT
 from tfbuilder import registry
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 
 
 def test_validate_all_recipes_ok(capsys, monkeypatch):
@@ -68,7 +68,7 @@ def test_components_show_whole_first_paragraphs():
 def test_every_option_of_every_command_is_described():
     import argparse
 
-    from tfbuilder.cli import parser
+    from tfbuilder.cli.commands import parser
 
     root = parser()
     commands = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction)).choices

@@ -17,8 +17,8 @@ import tfbuilder
 from conftest import tiny_model
 from test_components import KINDS
 from tfbuilder import registry
-from tfbuilder.objectives import objective
-from tfbuilder.recipe import Recipe
+from tfbuilder.train.objectives import objective
+from tfbuilder.spec.recipe import Recipe
 
 VOCAB = tiny_model()["vocab_size"]
 

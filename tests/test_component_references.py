@@ -11,11 +11,11 @@ from torch import nn
 import tfbuilder
 from conftest import tiny_model
 from tfbuilder import registry
-from tfbuilder.components.attention import MultiHeadAttention
-from tfbuilder.components.ffn import MLP, MixtureOfExperts, SwiGLU, glu_hidden
-from tfbuilder.components.norm import RMSNorm, ScaleNorm
-from tfbuilder.components.position import ALiBiPosition, AttentionPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
-from tfbuilder.recipe import ModelSection
+from tfbuilder.model.components.attention import MultiHeadAttention
+from tfbuilder.model.components.ffn import MLP, MixtureOfExperts, SwiGLU, glu_hidden
+from tfbuilder.model.components.norm import RMSNorm, ScaleNorm
+from tfbuilder.model.components.position import ALiBiPosition, AttentionPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
 D = 32

@@ -13,7 +13,7 @@ import tfbuilder
 from conftest import tiny_model
 from properties import PROPERTIES
 from tfbuilder import registry
-from tfbuilder.recipe import ModelSection, json_schema
+from tfbuilder.spec.recipe import ModelSection, json_schema
 
 KINDS = {
     "encoder_decoder": {},

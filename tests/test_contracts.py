@@ -16,10 +16,10 @@ from torch import Tensor, nn
 import tfbuilder
 from conftest import tiny_model
 from tfbuilder import contracts, registry
-from tfbuilder.blocks import Residual
+from tfbuilder.model.blocks import Residual
 from tfbuilder.contracts import AttentionParams, AttentionShape, FeedForwardBase, KVCache
-from tfbuilder.hf.weights import split_sizes
-from tfbuilder.recipe import ModelSection
+from tfbuilder.interop.hf.weights import split_sizes
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.registry import BuildContext, ComponentParams, RegistryError
 
 D_MODEL = 64

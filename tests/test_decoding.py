@@ -12,13 +12,14 @@ import torch
 
 import tfbuilder
 from conftest import ROOT, tiny_model
-from tfbuilder import decoding, registry
+from tfbuilder.inference import decoding
+from tfbuilder import registry
 from tfbuilder.data.tokenizers import BOS, EOS, MASK, PAD
-from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.model.components.attention import MultiHeadAttention
 from tfbuilder.registry import BuildContext
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 from tfbuilder.data.collate import pad
-from tfbuilder.recipe import ModelSection
+from tfbuilder.spec.recipe import ModelSection
 
 CACHE_CASES = [
     pytest.param(family, name, kind, id=f"{family}-{name}-{kind}")
@@ -222,7 +223,7 @@ def copy_checkpoint(quickstart_run, tmp_path_factory):
 
 def test_trained_model_reproduces_held_out_sequences_and_beam_is_never_below_greedy(copy_checkpoint):
     from tfbuilder.data import synthetic
-    from tfbuilder.evaluation import translate_lines
+    from tfbuilder.inference.translate import translate_lines
 
     loaded = tfbuilder.load_checkpoint(copy_checkpoint)
     held_out, _ = synthetic.generate("copy", n=200, symbols=10, lengths=(1, 10), seed=999)
@@ -239,7 +240,7 @@ def test_load_checkpoint_picks_what_every_command_picks(copy_checkpoint, caplog)
     import logging
     from pathlib import Path
 
-    from tfbuilder.runs import CheckpointError
+    from tfbuilder.runs.checkpoints import CheckpointError
 
     run = Path(copy_checkpoint)
     with caplog.at_level(logging.INFO, logger="tfbuilder"):
@@ -395,8 +396,8 @@ def test_test_command_scores_and_saves_json(copy_checkpoint, capsys):
 
 
 def test_bleu_fits_the_data():
-    from tfbuilder.evaluation import bleu_tokenize
-    from tfbuilder.sections import DataSection
+    from tfbuilder.use.evaluation import bleu_tokenize
+    from tfbuilder.spec.sections import DataSection
 
     assert bleu_tokenize(DataSection.model_validate({"type": "synthetic", "task": "copy", "tokenizer": {"type": "char"}})) is None
     text = {"type": "parallel", "path": "d", "src_lang": "de", "tgt_lang": "en"}
@@ -420,8 +421,8 @@ def test_generate_past_a_learned_position_table_is_refused_before_it_starts(tmp_
     feeds each new token, so --max-new 4 fits and 5 does not; the refusal names the largest that fits."""
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import CharTokenizer
-    from tfbuilder.hf.convert import checkpoint_dict
-    from tfbuilder.recipe import recipe_from_dict
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.spec.recipe import recipe_from_dict
 
     spec = tiny_model(kind="decoder", encoder=None, vocab_size=15, position={"type": "learned", "max_len": 8})
     recipe = recipe_from_dict({"name": "learned-8", "model": spec})

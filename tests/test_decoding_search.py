@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder import decoding
+from tfbuilder.inference import decoding
 from tfbuilder.data.collate import pad
-from tfbuilder.decoding import Rules
-from tfbuilder.recipe import ModelSection
+from tfbuilder.inference.decoding import Rules
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.specials import BOS, EOS, MASK, OWN, PAD, UNK, SpecialIds
 
 REAL = (5, 6, 7)  # the ordinary tokens of the written-down models; <unk> may be generated too

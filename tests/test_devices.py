@@ -18,10 +18,11 @@ from torch.overrides import TorchFunctionMode
 import tfbuilder
 from conftest import MEASURE_BUSY_CORES, tiny_model
 from test_components import KINDS
-from tfbuilder import decoding, devices
+from tfbuilder.inference import decoding
+from tfbuilder import devices
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.objectives import objective
-from tfbuilder.recipe import Recipe
+from tfbuilder.train.objectives import objective
+from tfbuilder.spec.recipe import Recipe
 
 PACKAGE = Path(tfbuilder.__file__).parent
 FACTORIES = {
@@ -110,7 +111,7 @@ def test_sampling_makes_no_tensor_off_the_models_device():
 def test_gpus_are_chosen_by_index_and_threads_by_idle_cores(monkeypatch):
     from pydantic import ValidationError
 
-    from tfbuilder.sections import TrainerSection
+    from tfbuilder.spec.sections import TrainerSection
 
     assert TrainerSection.model_validate({"devices": [1]}).devices == [1]
     assert devices.count([0, 2], gpu=True) == 2 and devices.count(3, gpu=False) == 3 and devices.count("auto", gpu=False) == 1
@@ -186,7 +187,7 @@ def test_auto_threads_are_the_idle_cores_of_the_readings(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")
 def test_gpu_indices_on_a_cpu_are_a_clear_error(tmp_path):
     from conftest import ROOT
-    from tfbuilder.training import fit
+    from tfbuilder.train.training import fit
 
     recipe = tfbuilder.load_recipe(ROOT / "recipes" / "quickstart.yaml", [f"trainer.output={tmp_path}", "trainer.devices=[1]"])
     with pytest.raises(TfbuilderError, match=r"trainer.devices \[1\] names GPUs by index, but training runs on the CPU"):
@@ -196,7 +197,7 @@ def test_gpu_indices_on_a_cpu_are_a_clear_error(tmp_path):
 
 def test_the_watch_sees_a_factory_without_device():
     """The check above can fail: a factory without device= in tfbuilder code is reported."""
-    from tfbuilder.components import position
+    from tfbuilder.model.components import position
 
     with FactoryWatch() as watch:
         position.alibi_slopes(4)

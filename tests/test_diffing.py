@@ -7,8 +7,8 @@ import pytest
 import tfbuilder
 from conftest import ROOT
 from test_recipes import TABLE3
-from tfbuilder.cli import main
-from tfbuilder.diffing import MISSING, differences
+from tfbuilder.cli.commands import main
+from tfbuilder.spec.diffing import MISSING, differences
 
 
 @pytest.mark.parametrize("row", sorted(TABLE3))

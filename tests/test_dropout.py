@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfbuilder.dropout import Dropout
+from tfbuilder.model.dropout import Dropout
 
 
 def test_keeps_the_right_share_scaled():

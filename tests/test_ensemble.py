@@ -9,10 +9,10 @@ import torch
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder import decoding
+from tfbuilder.inference import decoding
 from tfbuilder.data.collate import pad
-from tfbuilder.ensemble import Ensemble
-from tfbuilder.recipe import ModelSection
+from tfbuilder.inference.ensemble import Ensemble
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.specials import SpecialIds
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 import tfbuilder
-from tfbuilder import contracts, runs, sections, specials
+from tfbuilder import contracts, specials
+from tfbuilder.runs import checkpoints as runs
+from tfbuilder.spec import sections
 
 PACKAGE = Path(tfbuilder.__file__).parent
 ROOT = PACKAGE.parent
@@ -90,7 +92,7 @@ def test_tokenizers_put_the_specials_at_their_ids():
 
 def test_no_literal_stands_for_the_number_of_specials():
     """`5 + symbols`, a vocabulary of 15 or 16 as a placeholder: each written from specials.COUNT."""
-    from tfbuilder.recipe import _vocab_hint
+    from tfbuilder.spec.recipe import _vocab_hint
 
     assert _vocab_hint({}) == specials.COUNT + sections.DataSection.model_fields["symbols"].default
     assert where(r"\b5 \+|\+ 5\b|len\(SPECIAL_TOKENS\)", allowed={"specials.py"}) == []
@@ -118,7 +120,7 @@ def test_best_else_last_is_chosen_in_one_place(tmp_path):
         for node in ast.walk(parsed(text))
         if isinstance(node, ast.IfExp) and "best" in ast.unparse(node.test) and "last" in ast.unparse(node.orelse)
     ]
-    assert [f.split(":")[0] for f in fallback] == ["runs.py"], fallback
+    assert [f.split(":")[0] for f in fallback] == ["runs/checkpoints.py"], fallback
     (tmp_path / "checkpoints").mkdir()
     assert runs.default_checkpoint(tmp_path).name == "last.ckpt"
     (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"")
@@ -129,11 +131,11 @@ def test_scores_have_one_writer_with_one_overwrite_rule(tmp_path):
     """evaluation.save_scores is the only code that writes a scores file, and never over an earlier one."""
     from types import SimpleNamespace
 
-    from tfbuilder.evaluation import Scores, save_scores
+    from tfbuilder.use.evaluation import Scores, save_scores
 
     writers = [str(rel) for rel, text in sources() if "scores_path(" in text and "write" in text and rel.name != "evaluation.py"]
-    assert writers == ["cli.py"]  # which says where save_scores wrote; it writes nothing itself
-    assert "write_new_text" not in (PACKAGE / "cli.py").read_text(encoding="utf-8").split("def _save_scores_new")[1].split("\ndef ")[0]
+    assert writers == ["cli/commands.py"]  # which says where save_scores wrote; it writes nothing itself
+    assert "write_new_text" not in (PACKAGE / "cli" / "commands.py").read_text(encoding="utf-8").split("def _save_scores_new")[1].split("\ndef ")[0]
     ckpt = tmp_path / "run" / "checkpoints" / "best.ckpt"
     ckpt.parent.mkdir(parents=True)
     loaded = SimpleNamespace(path=ckpt)
@@ -144,11 +146,11 @@ def test_scores_have_one_writer_with_one_overwrite_rule(tmp_path):
 
 def test_recipe_differences_are_computed_once():
     """A resume's recorded changes come from diffing.differences, as `tfbuilder diff` and sweeps do."""
-    from tfbuilder.training import _changes
+    from tfbuilder.train.training import _changes
 
-    assert [rel for rel, text in sources() if re.search(r"def (flatten|differences)\(", text)] == [Path("diffing.py")]
+    assert [rel for rel, text in sources() if re.search(r"def (flatten|differences)\(", text)] == [Path("spec/diffing.py")]
     # Nobody else flattens recipes to compare them key by key (tensors' .flatten() are another thing).
-    assert [rel for rel, text in sources() if re.search(r"(?<![.\w])flatten\(", text)] == [Path("diffing.py")]
+    assert [rel for rel, text in sources() if re.search(r"(?<![.\w])flatten\(", text)] == [Path("spec/diffing.py")]
     before = {"name": "a", "trainer": {"max_steps": 10}, "model": {"pad_id": None}}
     after = {"name": "b", "trainer": {"max_steps": 20, "seed": 3}}
     assert _changes(before, after) == {"name": ["a", "b"], "trainer.max_steps": [10, 20], "trainer.seed": [None, 3]}
@@ -158,11 +160,11 @@ def test_recipe_differences_are_computed_once():
 
 
 def test_the_masked_lm_rate_is_stated_once():
-    from tfbuilder import objectives
-    from tfbuilder.recipe import recipe_from_dict
+    from tfbuilder.train import objectives
+    from tfbuilder.spec.recipe import recipe_from_dict
 
     assert sections.DataSection.model_fields["mlm_probability"].default == sections.MLM_PROBABILITY
-    assert where(r"\b0\.15\b", allowed={"sections.py", "reports.py"}) == []  # reports: a plot's transparency
+    assert where(r"\b0\.15\b", allowed={"spec/sections.py", "use/reports.py"}) == []  # reports: a plot's transparency
     model = {"kind": "encoder", "vocab_size": 20, "d_model": 8, "attention": {"type": "multihead", "heads": 2}, "encoder": {"layers": 1}, "decoder": None}
     fn = objectives.objective(recipe_from_dict({"model": model}), epsilon=0.0)
     assert fn.keywords["probability"] == sections.MLM_PROBABILITY

@@ -22,10 +22,11 @@ import torch
 import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli
-from tfbuilder import atomic, diskspace, metrics_log, training
+from tfbuilder import atomic
+from tfbuilder.train import diskspace, metrics_log, training
 from tfbuilder.atomic import TEMP_MARK
-from tfbuilder.cli import main
-from tfbuilder.runs import RunDirError, read_checkpoint
+from tfbuilder.cli.commands import main
+from tfbuilder.runs.checkpoints import RunDirError, read_checkpoint
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 # The quick-start task at its smallest: a fit of 16 steps takes well under a second.

@@ -14,7 +14,7 @@ import torch
 import tfbuilder
 from conftest import QUICKSTART
 from hostile import assert_refused, run_cli, run_limited
-from tfbuilder.builder import build_model
+from tfbuilder.model.builder import build_model
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.data.synthetic import alphabet
 from tfbuilder.data.tokenizers import CharTokenizer
@@ -82,7 +82,7 @@ def test_sinusoidal_tables_are_bounded(tmp_path, capsys):
 
 FUZZ = r"""
 import io, json, os, sys, time, contextlib
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 results = {}
 for path in json.loads(sys.argv[1]):
     err = io.StringIO()

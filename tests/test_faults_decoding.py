@@ -7,16 +7,16 @@ import pytest
 import torch
 
 import tfbuilder
-import tfbuilder.cli
+import tfbuilder.cli.commands
 from conftest import QUICKSTART, tiny_model
 from hostile import assert_refused, run_cli
-from tfbuilder import decoding
-from tfbuilder.builder import build_model
+from tfbuilder.inference import decoding
+from tfbuilder.model.builder import build_model
 from tfbuilder.data.collate import pad
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.data.synthetic import alphabet
 from tfbuilder.data.tokenizers import CharTokenizer
-from tfbuilder.recipe import ModelSection
+from tfbuilder.spec.recipe import ModelSection
 
 LEARNED = {"type": "learned", "max_len": 12}
 
@@ -63,7 +63,7 @@ def _checkpoint(tmp_path, *overrides: str):
 
 def test_test_scores_a_model_with_learned_positions(tmp_path, capsys):
     path = _checkpoint(tmp_path, "model.position={type: learned, max_len: 12}")
-    rc = tfbuilder.cli.main(["test", str(path), "--beam", "2"])
+    rc = tfbuilder.cli.commands.main(["test", str(path), "--beam", "2"])
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "Traceback" not in captured.err
@@ -72,5 +72,5 @@ def test_test_scores_a_model_with_learned_positions(tmp_path, capsys):
 def test_a_huge_length_penalty_is_refused(tmp_path, capsys):
     path = _checkpoint(tmp_path)
     assert_refused(run_cli(["test", str(path), "--alpha", "5000"], capsys), "--alpha", "must be between 0 and 10")
-    rc = tfbuilder.cli.main(["test", str(path), "--beam", "2", "--alpha", "10"])
+    rc = tfbuilder.cli.commands.main(["test", str(path), "--beam", "2", "--alpha", "10"])
     assert rc == 0, capsys.readouterr().err

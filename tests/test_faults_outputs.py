@@ -29,7 +29,7 @@ def _hashes(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory) -> Path:
     """A finished sweep of one tiny run (two steps)."""
-    from tfbuilder.cli import main
+    from tfbuilder.cli.commands import main
 
     root = tmp_path_factory.mktemp("faults")
     out = root / "sweep"

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import QUICKSTART
 from hostile import assert_refused, run_cli, run_limited
-from tfbuilder.sources import merge, parse_yaml
+from tfbuilder.spec.sources import merge, parse_yaml
 
 KEYS = 40_000
 

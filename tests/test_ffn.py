@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tfbuilder.components.ffn import MixtureOfExperts, SwiGLU, glu_hidden
+from tfbuilder.model.components.ffn import MixtureOfExperts, SwiGLU, glu_hidden
 from tfbuilder.registry import BuildContext
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from conftest import QUICKSTART
 from test_store import corpus, section
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 from tfbuilder.data import text
 from tfbuilder.data.prepare import prepare
-from tfbuilder.data.tokenizers import DataError
-from tfbuilder.sections import DataSection
+from tfbuilder.errors import DataError
+from tfbuilder.spec.sections import DataSection
 
 
 def records(folder: Path, out: Path, fmt: str, *, gz: bool = False) -> Path:

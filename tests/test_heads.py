@@ -1,5 +1,5 @@
 """Sequence heads: pooling, losses and scores against values computed by hand; the recipe rules of
-``model.head`` (tfbuilder/heads)."""
+``model.head`` (tfbuilder/spec/head.py, tfbuilder/model/heads.py, tfbuilder/train/heads)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from tfbuilder.builder import build_model
+from tfbuilder.model.builder import build_model
 from tfbuilder.errors import RecipeError
-from tfbuilder.heads import metrics
-from tfbuilder.heads.module import SequenceHead, pool
-from tfbuilder.heads.objective import sequence_loss
-from tfbuilder.recipe import recipe_from_dict
+from tfbuilder.train.heads import metrics
+from tfbuilder.model.heads import SequenceHead, pool
+from tfbuilder.train.heads.objective import sequence_loss
+from tfbuilder.spec.recipe import recipe_from_dict
 
 # --- scores --------------------------------------------------------------------------------
 
@@ -178,7 +178,7 @@ def test_nonsense_heads_are_refused_at_their_key(args, expected):
 
 def test_a_head_score_may_pick_the_best_checkpoint():
     assert _recipe("encoder", {"type": "classify", "classes": 2}, None, "val_f1").trainer.monitor == "val_f1"
-    from tfbuilder.callbacks import RunGuard
+    from tfbuilder.train.callbacks import RunGuard
 
     assert RunGuard(Path("."), monitor="val_f1", patience=None, keep_last=0, log_every=1).mode == "max"
     assert RunGuard(Path("."), monitor="val_mse", patience=None, keep_last=0, log_every=1).mode == "min"

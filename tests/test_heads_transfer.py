@@ -1,6 +1,6 @@
 """Fine-tuning an imported model with a new head: `fit recipes/tasks/bert-classify.yaml --init-from` a
 tiny random BERT built with transformers (no downloads) loads the body, initialises the head, says so,
-and trains (tfbuilder/heads/transfer.py)."""
+and trains (tfbuilder/train/heads/transfer.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import torch
 transformers = pytest.importorskip("transformers")  # in the test extra; importorskip only names the need
 
 from conftest import ROOT  # noqa: E402
-from tfbuilder.cli import main  # noqa: E402
-from tfbuilder.hf import import_hf  # noqa: E402
-from tfbuilder.recipe import load_recipe  # noqa: E402
-from tfbuilder.runs import CheckpointError, load_checkpoint  # noqa: E402
+from tfbuilder.cli.commands import main  # noqa: E402
+from tfbuilder.interop.hf import import_hf  # noqa: E402
+from tfbuilder.spec.recipe import load_recipe  # noqa: E402
+from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint  # noqa: E402
 from tfbuilder import torch_state  # noqa: E402
-from tfbuilder.training import _initial_model, _origin  # noqa: E402
+from tfbuilder.train.training import _initial_model, _origin  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(91)]  # with [PAD], [UNK], [CLS], [SEP] and [MASK]: the model's 96 ids
 POSITIVE, NEGATIVE = WORDS[:30], WORDS[30:]

@@ -10,11 +10,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # in the test extra; importorskip only names the need
 
-from tfbuilder.builder import count_parameters  # noqa: E402
-from tfbuilder.cli import main  # noqa: E402
-from tfbuilder.hf import export, import_hf  # noqa: E402
-from tfbuilder.recipe import load_recipe  # noqa: E402
-from tfbuilder.runs import load_checkpoint  # noqa: E402
+from tfbuilder.model.builder import count_parameters  # noqa: E402
+from tfbuilder.cli.commands import main  # noqa: E402
+from tfbuilder.interop.hf import export, import_hf  # noqa: E402
+from tfbuilder.spec.recipe import load_recipe  # noqa: E402
+from tfbuilder.runs.checkpoints import load_checkpoint  # noqa: E402
 from conftest import ROOT  # noqa: E402
 
 # Under pytest-xdist (`--dist loadgroup`) one worker runs this module, so its module-scoped fixtures are made once.
@@ -170,7 +170,7 @@ def test_onnx_export_matches_pytorch(family, saved_shallow, tmp_path):
 def test_safetensors_export_holds_the_weights_and_recipe(saved, tmp_path):
     from safetensors.torch import load_model
 
-    from tfbuilder.builder import build_model
+    from tfbuilder.model.builder import build_model
 
     ckpt = import_hf(saved["llama"][1], tmp_path / "run")
     export(ckpt, format="safetensors", out=tmp_path / "st")
@@ -252,10 +252,10 @@ def test_import_and_export_never_overwrite(saved, tmp_path, capsys):
 def test_export_hf_refuses_a_recipe_outside_the_families(tmp_path, capsys):
     import torch as _torch
 
-    from tfbuilder.builder import build_model
+    from tfbuilder.model.builder import build_model
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import HFTokenizer
-    from tfbuilder.hf.convert import checkpoint_dict
+    from tfbuilder.interop.hf.convert import checkpoint_dict
 
     recipe = load_recipe(ROOT / "recipes" / "architectures" / "gpt2-small.yaml", ["model.decoder.layers=1", "model.d_model=32",
         "model.attention.heads=4", "model.ffn.hidden=64", "model.vocab_size=50", "model.position.max_len=16", "model.placement=post"])
@@ -292,10 +292,10 @@ REFERENCE_CLASS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "
 @pytest.mark.parametrize("name", sorted(ARCH_FAMILY))
 def test_architecture_recipe_exports_to_its_reference(name, tmp_path):
     """A model trained from a recipes/architectures/ file (shrunk) loads in transformers with equal logits."""
-    from tfbuilder.builder import build_model
+    from tfbuilder.model.builder import build_model
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import HFTokenizer
-    from tfbuilder.hf.convert import checkpoint_dict
+    from tfbuilder.interop.hf.convert import checkpoint_dict
 
     family = ARCH_FAMILY[name]
     overrides = ["model.d_model=32", "model.attention.heads=4", "model.ffn.hidden=48", f"model.vocab_size={V}"]

@@ -16,9 +16,9 @@ transformers = pytest.importorskip("transformers")  # in the test extra
 
 from hostile import assert_refused, run_cli, run_limited  # noqa: E402
 from test_hf import REFERENCE_CLASS, V, compare, ours, theirs  # noqa: E402
-from tfbuilder.hf import export, import_hf  # noqa: E402
-from tfbuilder.hf.configs import UnsupportedConfig, from_config  # noqa: E402
-from tfbuilder.runs import load_checkpoint  # noqa: E402
+from tfbuilder.interop.hf import export, import_hf  # noqa: E402
+from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config  # noqa: E402
+from tfbuilder.runs.checkpoints import load_checkpoint  # noqa: E402
 
 N = 13  # tokens per row
 

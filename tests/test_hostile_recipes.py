@@ -12,7 +12,7 @@ import pytest
 import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli, run_limited
-from tfbuilder.sources import MAX_EXTENDS, MAX_RECIPE_BYTES, load_source
+from tfbuilder.spec.sources import MAX_EXTENDS, MAX_RECIPE_BYTES, load_source
 
 VANILLA = ROOT / "recipes" / "vanilla.yaml"
 BOMB = ROOT / "tests" / "broken_recipes" / "yaml_alias_bomb.yaml"

@@ -13,12 +13,12 @@ import torch
 import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli
-from tfbuilder.builder import build_model
+from tfbuilder.model.builder import build_model
 from tfbuilder.data import text
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.data.synthetic import alphabet
 from tfbuilder.data.tokenizers import CharTokenizer, DataError
-from tfbuilder.runs import CheckpointError, load_checkpoint
+from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 

@@ -17,8 +17,8 @@ import torch
 import tfbuilder
 from conftest import ROOT
 from tfbuilder.atomic import TEMP_MARK
-from tfbuilder.cli import main
-from tfbuilder.runs import read_checkpoint, step_checkpoints
+from tfbuilder.cli.commands import main
+from tfbuilder.runs.checkpoints import read_checkpoint, step_checkpoints
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 OVERRIDES = [
@@ -41,8 +41,9 @@ OVERRIDES = [
 # that the training loop's signal handler has run.
 DRIVER = r"""
 import io, sys
-from tfbuilder import atomic, callbacks, training
-from tfbuilder.cli import main
+from tfbuilder import atomic
+from tfbuilder.train import callbacks, training
+from tfbuilder.cli.commands import main
 
 def wait_for_the_test(announcement):
     print(announcement, flush=True)

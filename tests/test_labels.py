@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tfbuilder.data.collate import Collate, labelled
-from tfbuilder.data.labels import settle
+from tfbuilder.data.settle import settle
 from tfbuilder.data.prepare import prepare
-from tfbuilder.data.tokenizers import DataError
-from tfbuilder.recipe import recipe_from_dict
+from tfbuilder.errors import DataError
+from tfbuilder.spec.recipe import recipe_from_dict
 
 MODEL = {"kind": "encoder", "d_model": 16, "attention": {"type": "multihead", "heads": 2}, "ffn": {"type": "mlp", "hidden": 32}, "encoder": {"layers": 1}}
 

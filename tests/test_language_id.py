@@ -10,10 +10,10 @@ import pytest
 from conftest import MULTI30K, ROOT
 from tfbuilder.data import language_id
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.predict import score
-from tfbuilder.recipe import load_recipe
-from tfbuilder.runs import load_checkpoint
-from tfbuilder.training import fit
+from tfbuilder.use.predict import score
+from tfbuilder.spec.recipe import load_recipe
+from tfbuilder.runs.checkpoints import load_checkpoint
+from tfbuilder.train.training import fit
 
 TARGET = 0.95  # accuracy after 80 steps of 32 sentences (99% here; the full recipe reaches 100%: docs/tasks/classification.md)
 

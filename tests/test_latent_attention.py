@@ -10,10 +10,10 @@ import torch
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder.components.latent_attention import LatentAttention
-from tfbuilder.components.position import RotaryPosition
+from tfbuilder.model.components.latent_attention import LatentAttention
+from tfbuilder.model.components.position import RotaryPosition
 from tfbuilder import registry
-from tfbuilder.recipe import ModelSection
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
 D, H, D_H, D_V, D_C, D_Q, R = 16, 2, 4, 3, 6, 5, 4
@@ -108,7 +108,7 @@ def test_an_odd_rotary_width_is_refused():
 
 
 def test_show_reports_the_cache_per_token_of_every_decoder_layer():
-    from tfbuilder.module_tree import kv_cache_per_token
+    from tfbuilder.model.module_tree import kv_cache_per_token
 
     def cached(attention: dict, **changes) -> int | None:
         spec = tiny_model(**changes)
@@ -126,7 +126,7 @@ def test_show_reports_the_cache_per_token_of_every_decoder_layer():
 @pytest.mark.parametrize("name", registry.types("attention"))
 def test_the_reported_cache_per_token_is_what_the_cache_holds(name):
     """Whatever the attention type, ``show``'s figure is the numbers its decoding cache holds per token."""
-    from tfbuilder.module_tree import kv_cache_per_token
+    from tfbuilder.model.module_tree import kv_cache_per_token
 
     spec = tiny_model(kind="decoder", encoder=None)
     spec["attention"] = {"type": name, "heads": 2}

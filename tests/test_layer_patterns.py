@@ -9,10 +9,10 @@ import torch
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder import decoding
-from tfbuilder.cli import main
-from tfbuilder.components.ffn import MLP, SwiGLU
-from tfbuilder.recipe import ModelSection
+from tfbuilder.inference import decoding
+from tfbuilder.cli.commands import main
+from tfbuilder.model.components.ffn import MLP, SwiGLU
+from tfbuilder.spec.recipe import ModelSection
 
 GEMMA_LIKE = {
     "layers": 6,
@@ -120,8 +120,8 @@ def test_show_prints_the_layers_compactly(tmp_path, capsys):
 def test_the_preflight_counts_layers_that_differ_exactly():
     """Alike layers are extrapolated from one and two; a pattern's are counted all (a checkpoint's
     parameter count is checked against it before loading)."""
-    from tfbuilder.preflight import count_parameters
-    from tfbuilder.recipe import Recipe
+    from tfbuilder.model.sizing import count_parameters
+    from tfbuilder.spec.recipe import Recipe
 
     spec = tiny_model(kind="decoder", encoder=None, placement="pre")
     kinds = {"small": {}, "wide": {"ffn": {"hidden": 200}}}

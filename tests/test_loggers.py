@@ -11,9 +11,9 @@ import pytest
 
 import tfbuilder
 from conftest import ONE_LAYER, QUICKSTART, short_run
-from tfbuilder import loggers
-from tfbuilder.cli import main
-from tfbuilder.training import fit
+from tfbuilder.train import loggers
+from tfbuilder.cli.commands import main
+from tfbuilder.train.training import fit
 
 
 def wandb_records(run_file: Path):
@@ -105,7 +105,7 @@ def test_a_missing_logger_package_names_the_extra_before_anything_runs(tmp_path,
 
 
 def test_chosen_loggers_keep_csv_first_and_each_once():
-    trainer = tfbuilder.recipe.Recipe.model_fields["trainer"].annotation
+    trainer = tfbuilder.spec.recipe.Recipe.model_fields["trainer"].annotation
     assert loggers.chosen(trainer(loggers=["mlflow", "csv"], logger="tensorboard")) == ["csv", "mlflow", "tensorboard"]
     with pytest.raises(ValueError, match="names mlflow twice"):
         trainer(loggers=["mlflow", "mlflow"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tfbuilder import masks
-from tfbuilder.components.attention import MultiHeadAttention
+from tfbuilder.model.components.attention import MultiHeadAttention
 from tfbuilder.registry import BuildContext
 
 D, N = 16, 10

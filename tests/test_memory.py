@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from tfbuilder import memory
+from tfbuilder.train import memory
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the resettable high-water mark is Linux's")

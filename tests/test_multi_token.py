@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 import tfbuilder
 from conftest import QUICKSTART, tiny_model
-from tfbuilder.cli import main
-from tfbuilder.objectives import causal_lm, head_loss
-from tfbuilder.recipe import ModelSection
+from tfbuilder.cli.commands import main
+from tfbuilder.train.objectives import causal_lm, head_loss
+from tfbuilder.spec.recipe import ModelSection
 
 PAD = 0
 

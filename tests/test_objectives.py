@@ -9,7 +9,7 @@ from torch import nn
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder.objectives import LinearCrossEntropy, head_loss, smoothed_cross_entropy
+from tfbuilder.train.objectives import LinearCrossEntropy, head_loss, smoothed_cross_entropy
 
 IGNORE = 0
 
@@ -72,7 +72,7 @@ def test_every_objective_counts_only_real_targets_and_trains(kind):
     spec = tiny_model(kind=kind, **({"encoder": None} if kind == "decoder" else {}), **({"decoder": None} if kind == "encoder" else {}))
     recipe = tfbuilder.Recipe.model_validate({"model": spec, "optim": {"label_smoothing": 0.1}})
     model = tfbuilder.build_model(recipe)
-    objective = tfbuilder.objectives.objective(recipe, epsilon=0.1)
+    objective = tfbuilder.train.objectives.objective(recipe, epsilon=0.1)
     ids = torch.randint(5, 53, (3, 7))
     ids[1, 4:] = 0  # padding
     batch = {"src": ids, "tgt_in": ids, "tgt_out": ids, "tokens": ids}
@@ -127,8 +127,8 @@ def captured(monkeypatch, kind: str, batch: dict, **objective_kw) -> dict:
         return head_loss(head, hidden, target, **kw)
 
     monkeypatch.setattr(model, "features", record_features)
-    monkeypatch.setattr(tfbuilder.objectives, "head_loss", record_loss)
-    tfbuilder.objectives.objective(recipe, epsilon=0.0, **objective_kw)(model, batch)
+    monkeypatch.setattr(tfbuilder.train.objectives, "head_loss", record_loss)
+    tfbuilder.train.objectives.objective(recipe, epsilon=0.0, **objective_kw)(model, batch)
     return seen
 
 
@@ -136,7 +136,7 @@ def test_causal_lm_predicts_each_next_token(monkeypatch):
     tokens = torch.randint(5, 53, (2, 6))
     seen = captured(monkeypatch, "decoder", {"tokens": tokens})
     assert torch.equal(seen["inputs"][0], tokens[:, :-1]) and torch.equal(seen["target"], tokens[:, 1:])
-    assert tfbuilder.objectives.target_tokens({"tokens": tokens}, 0, "decoder") == 2 * 5
+    assert tfbuilder.train.objectives.target_tokens({"tokens": tokens}, 0, "decoder") == 2 * 5
 
 
 def test_seq2seq_predicts_tgt_out_from_src_and_tgt_in(monkeypatch):
@@ -201,8 +201,8 @@ def test_the_recipes_z_loss_and_logit_softcap_reach_the_objective_and_decoding()
     tokens = torch.randint(5, 53, (2, 6))
     logits = model(tokens)
     assert logits.abs().max() < 2.0  # decoding sees the capped logits
-    a = tfbuilder.objectives.objective(plain, epsilon=0.0)(model, {"tokens": tokens})
-    b = tfbuilder.objectives.objective(with_z, epsilon=0.0)(model, {"tokens": tokens})
+    a = tfbuilder.train.objectives.objective(plain, epsilon=0.0)(model, {"tokens": tokens})
+    b = tfbuilder.train.objectives.objective(with_z, epsilon=0.0)(model, {"tokens": tokens})
     log_z = torch.logsumexp(logits[:, :-1], dim=-1)
     torch.testing.assert_close(b.loss - a.loss, 0.5 * log_z.square().mean(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(a.nll, b.nll)  # perplexity is of the model, without the z-loss

@@ -14,10 +14,10 @@ import tfbuilder
 from conftest import ONE_LAYER, QUICKSTART, short_run, tiny_model
 from recording import StepRecorder, fit_recording, global_norm
 from tfbuilder.data.tokenizers import PAD
-from tfbuilder.objectives import objective
-from tfbuilder.recipe import Recipe
-from tfbuilder.runs import read_checkpoint
-from tfbuilder.training import Task
+from tfbuilder.train.objectives import objective
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.runs.checkpoints import read_checkpoint
+from tfbuilder.train.training import Task
 
 
 

@@ -12,10 +12,10 @@ import torch
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder.objectives import objective
-from tfbuilder.optimizers import MuonWithAdamW, build_optimizer
-from tfbuilder.recipe import Recipe
-from tfbuilder.training import Task
+from tfbuilder.train.objectives import objective
+from tfbuilder.train.optimizers import MuonWithAdamW, build_optimizer
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.train.training import Task
 
 SPECS = {
     "encoder_decoder-untied": tiny_model(tie_output=False, head_bias=True, position={"type": "learned", "max_len": 32}),
@@ -140,9 +140,9 @@ def test_muon_settings_without_muon_are_refused():
 def test_training_with_muon_resumes_bit_equal(tmp_path):
     """Through Lightning: the two optimizers' states go into the checkpoint and come back (weights_only)."""
     from conftest import ONE_LAYER, QUICKSTART, short_run
-    from tfbuilder.recipe import recipe_from_dict
-    from tfbuilder.runs import read_checkpoint
-    from tfbuilder.training import fit
+    from tfbuilder.spec.recipe import recipe_from_dict
+    from tfbuilder.runs.checkpoints import read_checkpoint
+    from tfbuilder.train.training import fit
 
     common = short_run(tmp_path, *ONE_LAYER, "optim.optimizer=muon", "optim.muon.lr=0.02", "trainer.val_every=3", "trainer.threads=1", train=200, val=10)
     full = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=6"]))

@@ -6,8 +6,8 @@ import pytest
 
 from conftest import ONE_LAYER, QUICKSTART, short_run
 from tfbuilder import plugins, registry
-from tfbuilder.cli import main
-from tfbuilder.runs import read_checkpoint
+from tfbuilder.cli.commands import main
+from tfbuilder.runs.checkpoints import read_checkpoint
 
 PLUGIN = '''
 from typing import Literal

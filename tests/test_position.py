@@ -13,7 +13,7 @@ import torch
 import tfbuilder
 from conftest import tiny_model
 from tfbuilder import registry
-from tfbuilder.recipe import ModelSection
+from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
 D, HEADS, TABLE = 8, 2, 4  # a table of 4 positions; the checks run to position 14
@@ -220,5 +220,5 @@ def test_relative_bias_needs_room_for_exact_and_log_spaced_buckets():
 
     for position_params, field in [({"buckets": 32, "max_distance": 16}, "max_distance"), ({"buckets": 3}, "buckets")]:
         with pytest.raises(RecipeError, match=rf"position\.{field}"):
-            tfbuilder.recipe.recipe_from_dict({"name": "x", "model": tiny_model(position={"type": "relative_bias", **position_params})})
+            tfbuilder.spec.recipe.recipe_from_dict({"name": "x", "model": tiny_model(position={"type": "relative_bias", **position_params})})
     ModelSection.model_validate(tiny_model(position={"type": "relative_bias", "buckets": 4, "max_distance": 3}))

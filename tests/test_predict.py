@@ -1,5 +1,5 @@
 """A sequence head end to end: fit on labelled JSON Lines, the mapping kept in the run, `tfbuilder test`
-and `tfbuilder predict` on the command line, and the sweep report's columns (tfbuilder/predict.py)."""
+and `tfbuilder predict` on the command line, and the sweep report's columns (tfbuilder/use/predict.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from tfbuilder.cli import main
-from tfbuilder.recipe import load_recipe, recipe_from_dict
-from tfbuilder.reports import group, markdown, read_runs
-from tfbuilder.runs import load_checkpoint
-from tfbuilder.training import fit
+from tfbuilder.cli.commands import main
+from tfbuilder.spec.recipe import load_recipe, recipe_from_dict
+from tfbuilder.use.reports import group, markdown, read_runs
+from tfbuilder.runs.checkpoints import load_checkpoint
+from tfbuilder.train.training import fit
 
 FRUIT, VEHICLE = "apple banana cherry grape lemon mango".split(), "car bus train plane boat bike".split()
 
@@ -101,8 +101,8 @@ def test_an_unknown_label_in_the_test_split_is_named(run, tmp_path, capsys):
     (bad / "test.jsonl").write_text(json.dumps({"text": "apple", "label": "fruit"}) + "\n" + json.dumps({"text": "ship", "label": "boat"}) + "\n")
     checkpoint = load_checkpoint(summary.run_dir, device="cpu")
     checkpoint.recipe.data.path = str(bad)
-    from tfbuilder.data.tokenizers import DataError
-    from tfbuilder.predict import score
+    from tfbuilder.errors import DataError
+    from tfbuilder.use.predict import score
 
     with pytest.raises(DataError, match=r"test\.jsonl: record 2: label 'boat' is not one of the model's labels \('fruit', 'vehicle'\)"):
         score(checkpoint, "test")
@@ -110,10 +110,10 @@ def test_an_unknown_label_in_the_test_split_is_named(run, tmp_path, capsys):
 
 def test_a_model_without_a_head_predicts_nothing(tmp_path, capsys):
     from tfbuilder import atomic
-    from tfbuilder.builder import build_model
+    from tfbuilder.model.builder import build_model
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import CharTokenizer
-    from tfbuilder.hf.convert import checkpoint_dict
+    from tfbuilder.interop.hf.convert import checkpoint_dict
 
     language_model = recipe_from_dict({"model": {"kind": "encoder", "vocab_size": 8, "d_model": 8, "attention": {"type": "multihead", "heads": 1}, "encoder": {"layers": 1}}})
     model = build_model(language_model)
@@ -159,7 +159,7 @@ def test_pairs_are_cut_longest_first_to_fit_the_positions():
     from types import SimpleNamespace
 
     from tfbuilder.data.tokenizers import CharTokenizer
-    from tfbuilder.predict import _encoded
+    from tfbuilder.use.predict import _encoded
 
     tok = CharTokenizer("abcdefgh")
     model = recipe_from_dict({"model": {"kind": "encoder", "vocab_size": 13, "d_model": 8, "position": {"type": "learned", "max_len": 9},

@@ -11,11 +11,11 @@ import torch
 
 import tfbuilder
 from conftest import ROOT
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 from tfbuilder.data.collate import Collate
 from tfbuilder.data.prepare import prepare
-from tfbuilder.runs import load_checkpoint, read_checkpoint
-from tfbuilder.training import fit
+from tfbuilder.runs.checkpoints import load_checkpoint, read_checkpoint
+from tfbuilder.train.training import fit
 
 WORDS = "a the dog cat runs sits on mat in park red big small house tree".split()
 EN = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 2 + i % 5)) for i in range(120)]
@@ -179,7 +179,7 @@ def test_a_masked_lm_hides_words_behind_the_tokenizers_mask_and_never_hides_its_
     chooses a special, wherever they lie."""
     from test_objectives import captured
 
-    from tfbuilder.model import AuxiliaryLosses
+    from tfbuilder.model.model import AuxiliaryLosses
     from tfbuilder.specials import SpecialIds
 
     given = SpecialIds.of(start=49, end=50, pad=52, unk=48, mask=51)

@@ -15,9 +15,9 @@ import pytest
 import tfbuilder
 from conftest import ONE_LAYER
 from test_training import QUICKSTART, small
-from tfbuilder.runs import display_path
-from tfbuilder.progress import clock, forecast, scientific
-from tfbuilder.training import fit
+from tfbuilder.runs.checkpoints import display_path
+from tfbuilder.train.progress import clock, forecast, scientific
+from tfbuilder.train.training import fit
 
 STEP_LINE = re.compile(r"^step (?P<step>[\d,]+)/(?P<total>[\d,]+)  loss \d+\.\d{3}  \S+ tok/s  lr \d\.\de[-+]\d\d( .*)?  eta \d+:\d\d:\d\d$")
 
@@ -67,8 +67,8 @@ def test_piped_output_is_plain_lines_that_count_on_after_a_resume(tmp_path, caps
 
 
 def recipe_for_resume(run_dir, *overrides: str) -> tfbuilder.Recipe:
-    from tfbuilder.recipe import recipe_from_dict
-    from tfbuilder.runs import read_checkpoint
+    from tfbuilder.spec.recipe import recipe_from_dict
+    from tfbuilder.runs.checkpoints import read_checkpoint
 
     return recipe_from_dict(read_checkpoint(run_dir)["tfbuilder"]["recipe"], list(overrides))
 
@@ -83,7 +83,7 @@ def test_progress_false_keeps_the_start_and_the_validations(tmp_path, capsys):
 
 def test_a_time_limit_is_the_total_when_it_comes_first(capsys, monkeypatch):
     """10 s a step by the display's clock, a minute's limit, 1,000 steps asked for."""
-    import tfbuilder.progress as progress
+    import tfbuilder.train.progress as progress
 
     ticks = iter(range(0, 100_000, 10))
     monkeypatch.setattr(progress.time, "monotonic", lambda: float(next(ticks)))

@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfbuilder
-from tfbuilder import decoding, registry
-from tfbuilder.builder import build_model
-from tfbuilder.cli import main
-from tfbuilder.preflight import max_positions
+from tfbuilder.inference import decoding
+from tfbuilder import registry
+from tfbuilder.model.builder import build_model
+from tfbuilder.cli.commands import main
+from tfbuilder.model.sizing import max_positions
 
 PROBLEM_LINE = re.compile(r"^.+?:\d+:\d+: \S")
 SMALL_INTS = st.one_of(st.integers(1, 12), st.integers(-1, 40))

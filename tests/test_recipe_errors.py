@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import tfbuilder
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 
 REPO = Path(__file__).resolve().parent.parent
 CASES_DIR = REPO / "tests" / "broken_recipes"

@@ -13,9 +13,9 @@ import yaml
 import tfbuilder
 from conftest import RECIPES, ROOT
 from properties import PROPERTIES
-from tfbuilder.cli import main
-from tfbuilder.recipe import json_schema
-from tfbuilder.sources import load_source
+from tfbuilder.cli.commands import main
+from tfbuilder.spec.recipe import json_schema
+from tfbuilder.spec.sources import load_source
 
 IDS = [str(p.relative_to(ROOT / "recipes")) for p in RECIPES]
 

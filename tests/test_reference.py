@@ -1,7 +1,7 @@
 """The generated reference pages (docs/reference/): committed as generated, complete, and checkable.
 
 The check must be able to fail: registering a component, changing a description or adding a command
-makes the page that shows it stale, and ``python -m tfbuilder.reference --check`` says which.
+makes the page that shows it stale, and ``python -m tfbuilder.cli.reference --check`` says which.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from torch import nn
 
 import tfbuilder
 from conftest import ROOT
-from tfbuilder import cli, reference, registry
-from tfbuilder.recipe import Recipe
-from tfbuilder.sections import TrainerSection
+from tfbuilder.cli import commands as cli, reference
+from tfbuilder import registry
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.spec.sections import TrainerSection
 
 PAGES = ROOT / "docs" / "reference"
 
@@ -29,7 +30,7 @@ def generated() -> dict[str, str]:
 
 
 def check(capsys) -> tuple[int, str]:
-    """``python -m tfbuilder.reference --check`` on the committed pages: (exit status, stderr)."""
+    """``python -m tfbuilder.cli.reference --check`` on the committed pages: (exit status, stderr)."""
     status = reference.main(["--check", "--out", str(PAGES)])
     return status, capsys.readouterr().err
 

@@ -15,10 +15,10 @@ from torch import nn
 import tfbuilder
 from conftest import tiny_model
 from tfbuilder import registry
-from tfbuilder.cli import main
-from tfbuilder.recipe import ModelSection, json_schema
+from tfbuilder.cli.commands import main
+from tfbuilder.spec.recipe import ModelSection, json_schema
 from tfbuilder.registry import ComponentParams, RegistryError
-from tfbuilder.runs import CheckpointError, read_checkpoint
+from tfbuilder.runs.checkpoints import CheckpointError, read_checkpoint
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ def test_entry_point_plugin_registers_on_load(tmp_path, monkeypatch):
         # Checkpoints record who provides each component; without the package, loading says what to install.
         records = registry.provenance([params for _, params in spec.components()])
         assert {"family": "norm", "type": "demo_plugin_norm", "module": "tfb_plugin_demo", "package": "tfb-plugin-demo", "version": "1.0"} in records
-        assert {"family": "attention", "type": "multihead", "module": "tfbuilder.components.attention", "package": "tfbuilder", "version": tfbuilder.__version__} in records
+        assert {"family": "attention", "type": "multihead", "module": "tfbuilder.model.components.attention", "package": "tfbuilder", "version": tfbuilder.__version__} in records
         ckpt = tmp_path / "plugin.ckpt"
         torch.save({"tfbuilder": {"recipe": {"model": spec.model_dump(mode="json")}, "vocab": "{}", "components": records}, "state_dict": {}}, ckpt)
         assert read_checkpoint(ckpt)["tfbuilder"]["components"] == records  # installed: loads

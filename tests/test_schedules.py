@@ -16,8 +16,8 @@ import pytest
 import tfbuilder
 from conftest import ONE_LAYER, QUICKSTART, short_run
 from recording import StepRecorder, fit_recording
-from tfbuilder.schedules import learning_rate
-from tfbuilder.sections import ScheduleSection
+from tfbuilder.train.schedules import learning_rate
+from tfbuilder.spec.sections import ScheduleSection
 
 
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from conftest import RECIPES, ROOT
-from tfbuilder.recipe import json_schema
-from tfbuilder.sources import Loader
+from tfbuilder.spec.recipe import json_schema
+from tfbuilder.spec.sources import Loader
 
 CORPUS = sorted((ROOT / "tests" / "broken_recipes").glob("*.yaml"))
 

@@ -6,7 +6,7 @@ import pytest
 
 import tfbuilder
 from conftest import ROOT
-from tfbuilder.sources import apply_overrides, load_source, parse_yaml
+from tfbuilder.spec.sources import apply_overrides, load_source, parse_yaml
 
 
 def write(tmp_path, name: str, text: str):

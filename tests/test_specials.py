@@ -9,10 +9,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # in the test extra; importorskip only names the need
 
-from tfbuilder import decoding  # noqa: E402
-from tfbuilder.cli import main  # noqa: E402
-from tfbuilder.hf import import_hf  # noqa: E402
-from tfbuilder.runs import CheckpointError, load_checkpoint  # noqa: E402
+from tfbuilder.inference import decoding  # noqa: E402
+from tfbuilder.cli.commands import main  # noqa: E402
+from tfbuilder.interop.hf import import_hf  # noqa: E402
+from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint  # noqa: E402
 from tfbuilder.specials import OWN, SpecialIds  # noqa: E402
 from test_hf import V, small_reference  # noqa: E402
 
@@ -103,7 +103,7 @@ def test_an_encoder_has_nothing_to_generate(tmp_path):
 def test_export_writes_the_models_ids(tmp_path):
     import json
 
-    from tfbuilder.hf import export
+    from tfbuilder.interop.hf import export
 
     ref = small_reference("t5")
     ref.save_pretrained(tmp_path / "hf")

@@ -16,8 +16,8 @@ import tfbuilder
 from conftest import ONE_LAYER
 from tfbuilder.data import store, text
 from tfbuilder.data.prepare import prepare, sample_rows
-from tfbuilder.data.tokenizers import DataError
-from tfbuilder.sections import DataSection
+from tfbuilder.errors import DataError
+from tfbuilder.spec.sections import DataSection
 
 WORDS = "the a cat dog sat on mat ran far away house tree big small red green blue".split()
 
@@ -152,7 +152,7 @@ def test_concurrent_preparers_prepare_once(tmp_path):
     other waits for it and opens it; whatever the timing, exactly one prepared."""
     folder = corpus(tmp_path / "data", train=3000)
     script = (
-        "import sys; from tfbuilder.data.prepare import prepare; from tfbuilder.sections import DataSection\n"
+        "import sys; from tfbuilder.data.prepare import prepare; from tfbuilder.spec.sections import DataSection\n"
         f"data = DataSection(type='parallel', path={str(folder)!r}, src_lang='de', tgt_lang='en', tokenizer={{'type': 'bpe', 'vocab_size': 60}})\n"
         "prepare(data, say=print)\n"
     )
@@ -236,7 +236,7 @@ def test_a_small_gzip_that_expands_to_one_huge_line_is_refused_in_bounded_memory
 
 
 def test_fit_prepares_once_and_a_second_fit_reuses_the_store(tmp_path, monkeypatch):
-    from tfbuilder.training import fit
+    from tfbuilder.train.training import fit
 
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
     folder = corpus(tmp_path / "data")
@@ -260,9 +260,9 @@ def test_a_run_on_the_store_resumes_bit_equal_with_loader_workers(tmp_path, monk
     worker processes: the same weights, bit for bit (the store's batches do not depend on who reads)."""
     import torch
 
-    from tfbuilder.recipe import recipe_from_dict
-    from tfbuilder.runs import read_checkpoint
-    from tfbuilder.training import fit
+    from tfbuilder.spec.recipe import recipe_from_dict
+    from tfbuilder.runs.checkpoints import read_checkpoint
+    from tfbuilder.train.training import fit
 
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
     folder = corpus(tmp_path / "data")
@@ -283,7 +283,7 @@ def test_a_run_on_the_store_resumes_bit_equal_with_loader_workers(tmp_path, monk
 
 
 def test_prepare_on_the_command_line_reports_bad_data_with_exit_2_and_leaves_nothing_half_made(tmp_path, capsys, monkeypatch):
-    from tfbuilder.cli import main
+    from tfbuilder.cli.commands import main
 
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
     folder = corpus(tmp_path / "data", gz=False)

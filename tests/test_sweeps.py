@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-import tfbuilder.training
+import tfbuilder.train.training
 from conftest import ROOT
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 
 # Under pytest-xdist (`--dist loadgroup`) one worker runs this module, so its module-scoped fixtures are made once.
 pytestmark = pytest.mark.xdist_group("sweeps")
@@ -93,7 +93,7 @@ def test_a_second_invocation_runs_nothing_new(swept, recipes, monkeypatch, capsy
     def refuse(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(tfbuilder.training, "fit", refuse)
+    monkeypatch.setattr(tfbuilder.train.training, "fit", refuse)
     stamp = {p: p.stat().st_mtime_ns for p in swept.rglob("*.ckpt")}
     assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY]) == 0
     assert "4 finished, 0 to resume, 0 to score, 0 to train" in capsys.readouterr().err
@@ -106,13 +106,13 @@ def test_an_unfinished_run_resumes_and_only_it(swept, recipes, monkeypatch, caps
     for scores in run.glob("test-val-*.json"):
         scores.unlink()
     calls = []
-    real = tfbuilder.training.fit
+    real = tfbuilder.train.training.fit
 
     def counting(recipe, **kwargs):
         calls.append((recipe.name, recipe.trainer.seed, kwargs.get("resume")))
         return real(recipe, **kwargs)
 
-    monkeypatch.setattr(tfbuilder.training, "fit", counting)
+    monkeypatch.setattr(tfbuilder.train.training, "fit", counting)
     assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY]) == 0
     assert "3 finished, 1 to resume" in capsys.readouterr().err
     assert calls == [("tiny-pre", 1, run)]
@@ -162,8 +162,8 @@ def test_progress_shows_the_run_and_its_steps(recipes, tmp_path):
 
     from rich.console import Console
 
-    from tfbuilder import sweeps
-    from tfbuilder.cli import _run_with_progress
+    from tfbuilder.use import sweeps
+    from tfbuilder.cli.commands import _run_with_progress
 
     overrides = [o for o in TINY if o != "--set"]
     sweep = sweeps.plan([recipes[0]], seeds=1, overrides=overrides, out=tmp_path, bleu_beam=None)

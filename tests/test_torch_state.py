@@ -13,7 +13,7 @@ import torch
 
 import tfbuilder
 from conftest import QUICKSTART, short_run
-from tfbuilder import training
+from tfbuilder.train import training
 from tfbuilder.torch_state import TorchState
 
 

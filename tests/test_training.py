@@ -16,10 +16,10 @@ import torch
 
 import tfbuilder
 from conftest import QUICKSTART, ROOT, ddp_env, short_run
-from tfbuilder.cli import main
-from tfbuilder.recipe import recipe_from_dict
-from tfbuilder.runs import CheckpointError, load_checkpoint, model_state, read_checkpoint
-from tfbuilder.training import fit
+from tfbuilder.cli.commands import main
+from tfbuilder.spec.recipe import recipe_from_dict
+from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint, model_state, read_checkpoint
+from tfbuilder.train.training import fit
 
 
 
@@ -160,8 +160,8 @@ def test_fit_without_data_section_is_refused(tmp_path):
 DDP_DRIVER = """
 import os, sys
 import torch
-from tfbuilder import training
-from tfbuilder.cli import main
+from tfbuilder.train import training
+from tfbuilder.cli.commands import main
 
 train_end = training.Task.on_train_end
 def save_weights(self):
@@ -233,9 +233,9 @@ def test_a_training_step_adds_the_moe_balancing_losses_to_the_objective():
     Switch loss of the router logits that layer saw (recomputed here by hand)."""
     from test_component_references import switch_loss
 
-    from tfbuilder.components.ffn import MixtureOfExperts
-    from tfbuilder.objectives import objective
-    from tfbuilder.training import Task
+    from tfbuilder.model.components.ffn import MixtureOfExperts
+    from tfbuilder.train.objectives import objective
+    from tfbuilder.train.training import Task
 
     moe = "model.ffn={type: moe, experts: 3, top_k: 1, hidden: 32, aux_weight: 0.1}"
     recipe = tfbuilder.load_recipe(QUICKSTART, [moe, "model.encoder.layers=1", "model.decoder.layers=1"])
@@ -294,7 +294,7 @@ def test_language_model_recipes_train_on_monolingual_text(tmp_path, recipe_name,
 def test_validation_bleu_is_logged_and_is_the_checkpoints_score(tmp_path):
     import sacrebleu
 
-    from tfbuilder.evaluation import translate
+    from tfbuilder.inference.translate import translate
 
     words = ["haus", "baum", "hund", "katze", "auto", "buch"]
     en = {"haus": "house", "baum": "tree", "hund": "dog", "katze": "cat", "auto": "car", "buch": "book"}

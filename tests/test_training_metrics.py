@@ -10,9 +10,9 @@ import torch
 
 import tfbuilder
 from conftest import tiny_model
-from tfbuilder import objectives
-from tfbuilder.recipe import recipe_from_dict
-from tfbuilder.training import Task
+from tfbuilder.train import objectives
+from tfbuilder.spec.recipe import recipe_from_dict
+from tfbuilder.train.training import Task
 
 EPSILON = 0.1  # label smoothing: the logged loss is smoothed, perplexity is not
 

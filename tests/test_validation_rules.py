@@ -15,9 +15,9 @@ import pytest
 
 import tfbuilder
 from conftest import ROOT
-from tfbuilder import preflight, training
+from tfbuilder.train import preflight, training
 from tfbuilder.data.prepare import Split
-from tfbuilder.data.tokenizers import DataError
+from tfbuilder.errors import DataError
 from tfbuilder.errors import RecipeError, TfbuilderError
 
 RECIPES = ROOT / "recipes"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from tfbuilder.data import vocab_files
+from tfbuilder.runs import vocab_files
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.data.tokenizers import BPETokenizer, CharTokenizer
 

@@ -40,7 +40,7 @@ TRAIN_ORDER = ["quickstart_run"]
 # Trains each named run in turn, marking each as done (with its exit status) once fit has returned.
 TRAINER = r"""
 import json, os, sys
-from tfbuilder.cli import main
+from tfbuilder.cli.commands import main
 for name, args in json.loads(sys.argv[1]):
     status = main(args)
     with open(os.path.join(sys.argv[2], name + ".part"), "w") as f:

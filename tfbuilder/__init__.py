@@ -5,21 +5,25 @@ Public API: :func:`load_recipe`, :func:`recipe_from_dict`, :func:`build_model`, 
 the component contract in :mod:`tfbuilder.contracts`.
 """
 
-__version__ = "0.1.0"
+from tfbuilder import contracts
+from tfbuilder.model.builder import build_model, count_parameters
+from tfbuilder.errors import Problem, RecipeError
+from tfbuilder.spec.recipe import Recipe, json_schema, load_recipe, recipe_from_dict
+from tfbuilder.registry import BuildContext, ComponentParams, ModelDims, register
+from tfbuilder.runs.checkpoints import load_checkpoint
+from tfbuilder.version import __version__  # noqa: F401 (tfbuilder.__version__)
+from tfbuilder.data import pretrained as _pretrained
+from tfbuilder.spec import ports as _ports
 
-from . import contracts
-from .builder import build_model, count_parameters
-from .errors import Problem, RecipeError
-from .recipe import Recipe, json_schema, load_recipe, recipe_from_dict
-from .registry import BuildContext, ComponentParams, ModelDims, register
-from .runs import load_checkpoint
+# The schema reads tokenizer files (data.tokenizer.path) through the data layer, below which it sits.
+_ports.provide_tokenizer_files(_pretrained)
 
 
 def fit(recipe: Recipe, **options):
     """Train a recipe through Lightning; returns a summary. ``options``: ``resume``, ``run_dir``,
     ``init_from``, ``on_step``, ``callbacks`` (Lightning callbacks) and ``loggers`` (Lightning
-    loggers, beside metrics.csv) (see :func:`tfbuilder.training.fit`)."""
-    from .training import fit as _fit  # Lightning is imported only when training
+    loggers, beside metrics.csv) (see :func:`tfbuilder.train.training.fit`)."""
+    from tfbuilder.train.training import fit as _fit  # deferred: start-up time (Lightning only when training)
 
     return _fit(recipe, **options)
 

@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import torch
 
-from .errors import TfbuilderError
+from tfbuilder.errors import TfbuilderError
 
 TEMP_MARK = ".tmp-"  # temporary files are ".<name>.tmp-<pid>": hidden, and never mistaken for the real file
 

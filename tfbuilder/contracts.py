@@ -17,7 +17,7 @@ attention  ``Params.shape(d_model) -> AttentionShape`` (heads and query/key widt
            ``forward(x, *, context=None, mask=None, cache=None)``, where ``cache`` is a :data:`KVCache`
 position   ``Params.max_positions() -> int | None`` (the longest sequence it covers, None: any);
            ``forward(x, *, offset=0)``; one acting inside attention subclasses
-           :class:`~tfbuilder.components.position.AttentionPosition`
+           :class:`~tfbuilder.model.components.position.AttentionPosition`
 norm       ``forward(x)``
 ffn        ``output_projections()`` (a mixture of experts: every expert's); ``fused_widths()``; ``forward(x)``
 =========  ==============================================================================================
@@ -32,9 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
+from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
-
-from .registry import ComponentParams
 
 KVCache = dict[str, Tensor]
 """One attention layer's key/value cache for incremental decoding: an empty dict the first time;
@@ -55,6 +54,95 @@ def default_head_dim(d_model: int, heads: int) -> int:
     """The query/key (and value) width per head when a recipe does not set one: d_model / heads
     (Vaswani et al. 2017, sec. 3.2.2)."""
     return d_model // heads
+
+
+class ComponentParams(BaseModel):
+    """Base of every component's params: strict (unknown keys are errors), immutable, described."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    family: ClassVar[str] = ""
+    type: str
+
+    def check(self, dims: "ModelDims") -> list[tuple[str, str]]:
+        """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
+        return []
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Dimensions shared by the whole model, known when a recipe is validated."""
+
+    d_model: int
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a component learns at build time instead of repeating it in its params."""
+
+    d_model: int
+    causal: bool = False
+    cross: bool = False
+    heads: int = 1  # the stack's attention heads (positions that bias attention need it)
+    head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
+    # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
+    # the interface between the two is documented on AttentionPosition (below).
+    position: AttentionPosition | None = None
+    layer: int = 0  # this layer's index in its stack, from 0 (differential attention's lambda_init reads it)
+    num_layers: int = 1  # the layers of the stack
+    # What the self-attention layers of one stack share within a forward (the first layer's values,
+    # for value residual learning): one per stack, created by the builder; None outside a stack.
+    shared: StackShared | None = None
+
+
+class StackShared:
+    """A per-stack scratch space that the self-attention layers of one stack share within a forward:
+    the first layer writes, later layers read (value residual learning, Zhou et al. 2024,
+    arXiv:2410.17897). Not a module: it holds no parameters and is never saved."""
+
+    def __init__(self) -> None:
+        self.first_values: Tensor | None = None
+
+
+class AuxiliaryLoss:
+    """Interface of a component whose forward also computes a loss for the training objective (the
+    load-balancing loss of a mixture of experts). :meth:`auxiliary_loss` returns it, already weighted,
+    for the component's last forward; a model sums them in ``model.auxiliary_loss()`` and training
+    adds that sum to the objective (evaluation scores without it)."""
+
+    def auxiliary_loss(self) -> Tensor:
+        raise NotImplementedError
+
+
+class AttentionPosition(nn.Module):
+    """The interface of a position that acts inside self-attention (rotary, ALiBi, T5's relative bias).
+
+    The contract, both sides:
+
+    * the builder gives the module to every self-attention layer of the stack its side feeds, as
+      ``BuildContext.position`` (cross-attention and additive positions get None);
+    * the embedding owns it (registered once per side, shared by the layers), and its ``forward``
+      passes the embeddings through unchanged;
+    * a position that ``rotates`` implements :meth:`rotate`, which self-attention applies to its
+      queries and keys (keys are cached rotated); one that ``biases`` implements :meth:`bias`, which
+      self-attention adds to its scores before the softmax. A position may do both.
+
+    A third-party position that acts inside attention subclasses this and sets the flags it needs.
+    """
+
+    rotates: ClassVar[bool] = False
+    biases: ClassVar[bool] = False
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """``x`` (b, n, d) unchanged."""
+        return x
+
+    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Queries or keys ``x`` (b, h, n, k) at positions offset..offset+n-1 -> rotated, same shape."""
+        raise NotImplementedError(f"{type(self).__name__} does not rotate (rotates is False)")
+
+    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        """Additive scores (1, h, i, j) for queries at positions offset..offset+i-1 and keys at 0..j-1."""
+        raise NotImplementedError(f"{type(self).__name__} adds no score bias (biases is False)")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .errors import TfbuilderError
+from tfbuilder.errors import TfbuilderError
 
 
 def default_device() -> torch.device:

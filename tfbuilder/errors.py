@@ -44,6 +44,10 @@ class TfbuilderError(Exception):
     exit_code = 2
 
 
+class DataError(TfbuilderError):
+    """The data cannot be used (missing files, mismatched lines, too little text for the vocabulary...)."""
+
+
 class RecipeError(TfbuilderError):
     """A recipe is wrong: every problem found, at once."""
 

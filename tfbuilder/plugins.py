@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
-from . import registry
-from .errors import TfbuilderError
+from tfbuilder import registry
+from tfbuilder.errors import TfbuilderError
 
 _loaded: dict[str, ModuleType] = {}  # what each plugin was recorded as -> its module (each imported once)
 

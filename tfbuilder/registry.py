@@ -2,7 +2,8 @@
 
 Components register themselves with :func:`register`; third-party packages do the same from Python
 or through the entry-point group ``tfbuilder.components`` (a recipe only ever names a registered
-type, never an import path). This module imports no component.
+type, never an import path). This module imports no component; the types a component is built from
+(:class:`ComponentParams`, :class:`BuildContext`, ...) are the contract's (:mod:`tfbuilder.contracts`), re-exported here.
 """
 
 from __future__ import annotations
@@ -12,82 +13,31 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, ClassVar, Literal, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:  # only named in annotations: this module imports no component (nor torch)
-    from torch import Tensor
+from tfbuilder.contracts import (  # noqa: F401 (re-exported: what a component is built from)
+    AuxiliaryLoss,
+    BuildContext,
+    ComponentParams,
+    ModelDims,
+    StackShared,
+)
+from tfbuilder.contracts import missing as lacking
+from tfbuilder.version import __version__
+
+if TYPE_CHECKING:  # only named in annotations
     from torch.nn import Module
-
-    from .components.position import AttentionPosition
 
 FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
 ENTRY_POINT_GROUP = "tfbuilder.components"
 _BUILTIN_MODULES = (
-    "tfbuilder.components.attention",
-    "tfbuilder.components.latent_attention",
-    "tfbuilder.components.position",
-    "tfbuilder.components.norm",
-    "tfbuilder.components.ffn",
+    "tfbuilder.model.components.attention",
+    "tfbuilder.model.components.latent_attention",
+    "tfbuilder.model.components.position",
+    "tfbuilder.model.components.norm",
+    "tfbuilder.model.components.ffn",
 )
-
-
-class ComponentParams(BaseModel):
-    """Base of every component's params: strict (unknown keys are errors), immutable, described."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-    family: ClassVar[str] = ""
-    type: str
-
-    def check(self, dims: "ModelDims") -> list[tuple[str, str]]:
-        """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
-        return []
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """Dimensions shared by the whole model, known when a recipe is validated."""
-
-    d_model: int
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What a component learns at build time instead of repeating it in its params."""
-
-    d_model: int
-    causal: bool = False
-    cross: bool = False
-    heads: int = 1  # the stack's attention heads (positions that bias attention need it)
-    head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
-    # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
-    # the interface between the two is documented on AttentionPosition (components/position.py).
-    position: AttentionPosition | None = None
-    layer: int = 0  # this layer's index in its stack, from 0 (differential attention's lambda_init reads it)
-    num_layers: int = 1  # the layers of the stack
-    # What the self-attention layers of one stack share within a forward (the first layer's values,
-    # for value residual learning): one per stack, created by the builder; None outside a stack.
-    shared: StackShared | None = None
-
-
-class StackShared:
-    """A per-stack scratch space that the self-attention layers of one stack share within a forward:
-    the first layer writes, later layers read (value residual learning, Zhou et al. 2024,
-    arXiv:2410.17897). Not a module: it holds no parameters and is never saved."""
-
-    def __init__(self) -> None:
-        self.first_values: Tensor | None = None
-
-
-class AuxiliaryLoss:
-    """Interface of a component whose forward also computes a loss for the training objective (the
-    load-balancing loss of a mixture of experts). :meth:`auxiliary_loss` returns it, already weighted,
-    for the component's last forward; a model sums them in ``model.auxiliary_loss()`` and training
-    adds that sum to the objective (evaluation scores without it)."""
-
-    def auxiliary_loss(self) -> Tensor:
-        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -156,8 +106,6 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
         raise RegistryError(
             f"{family} type '{name}' is already registered by {existing.source} ({existing.cls.__name__})"
         )
-    from .contracts import missing as lacking  # imports torch: only once a component registers
-
     absent = lacking(family, cls)
     if absent:
         raise RegistryError(
@@ -210,8 +158,6 @@ def load_plugins() -> list[str]:
 
 
 def _own_version() -> str:
-    from . import __version__
-
     return __version__
 
 

@@ -105,3 +105,27 @@ def filled(ids: SpecialIds, named: SpecialIds) -> SpecialIds:
 
 OWN = SpecialIds.of(start=BOS, end=EOS, pad=PAD, unk=UNK, mask=MASK)
 """The ids of every model trained by tfbuilder."""
+
+
+# --- the roles of a given tokenizer's special tokens (data.tokenizer.path) ---------------------
+
+ROLES = ("pad", "bos", "eos", "unk", "mask")
+# The names each role's token goes by in common tokenizers (fairseq/T5/RoBERTa, BERT, GPT-2, Llama 3).
+CANDIDATES = {
+    "pad": ("<pad>", "[PAD]", "<|pad|>", "<|padding|>"),
+    "bos": ("<s>", "[CLS]", "<|startoftext|>", "<|begin_of_text|>", "<bos>", "<|im_start|>"),
+    "eos": ("</s>", "[SEP]", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>"),
+    "unk": ("<unk>", "[UNK]", "<|unk|>"),
+    "mask": ("<mask>", "[MASK]", "<|mask|>"),
+}
+# What each model kind cannot train without (the masked LM shows <mask>; every kind pads batches).
+NEEDED = {"encoder_decoder": ("pad", "bos", "eos"), "decoder": ("pad", "bos", "eos"), "encoder": ("pad", "bos", "eos", "mask")}
+
+
+def lacking(found: dict[str, int | None], kind: str) -> list[str]:
+    """What a model of ``kind`` needs that the tokenizer's specials lack (or cannot be: padding with the
+    end token would hide every end from the loss)."""
+    out = [f"no {role} token ({' or '.join(CANDIDATES[role][:2])})" for role in NEEDED[kind] if found[role] is None]
+    if found["pad"] is not None and found["pad"] == found["eos"]:
+        out.append(f"its pad and end token are one token (id {found['pad']}): the end of every example would count as padding")
+    return out

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import text
-from .tokenizers import DataError
+from tfbuilder.data import text
+from tfbuilder.errors import DataError
 
 BATCH = 8192  # rows per record batch: bounded memory, and the size prepare() encodes at once
 EXTRA = "pip install 'tfbuilder[data]'"

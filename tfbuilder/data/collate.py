@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .packing import Packed
-from ..specials import LANGUAGE_MODEL_ADDED, OWN, TRANSLATION_ADDED, SpecialIds
-from .tokens import Split
+from tfbuilder.data.packing import Packed
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED, OWN, TRANSLATION_ADDED, SpecialIds
+from tfbuilder.data.tokens import Split
+from tfbuilder.data.labels import positions
 
 Batch = dict[str, torch.Tensor]
 
@@ -77,7 +78,6 @@ def lengths(split: Split) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     if isinstance(split.src, Packed):
         return split.src.lengths, split.src.lengths, (0, 0)
     if split.labels is not None:  # <s> text </s> [pair </s>], one sequence
-        from .labels import positions
 
         total = positions(split)
         return total, total, (0, 0)

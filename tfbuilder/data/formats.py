@@ -15,8 +15,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import text
-from .tokenizers import DataError
+from tfbuilder.data import text
+from tfbuilder.errors import DataError
 
 EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "tsv": "tsv"}
 MAX_FIELD = 16 * 2**20  # a cell is text, at most as long as a line

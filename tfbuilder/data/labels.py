@@ -2,7 +2,7 @@
 
 The prepared store keeps each split's labels as written (``<split>.labels.json``: the source file, the
 record number of every example kept, its label), so one store serves any label mapping. A run then
-settles its mapping (:func:`settle`): the names of ``model.head.labels``, or else those of the
+settles its mapping (:func:`tfbuilder.data.settle.settle`): the names of ``model.head.labels``, or else those of the
 training split, sorted (numerically when every one is an integer: then the names are 0..classes-1).
 The mapping is recorded in the run's recipe (``model.head.labels``), so the checkpoint carries it and
 ``tfbuilder predict`` writes names. A label of the validation or test split outside the mapping, a
@@ -17,16 +17,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..specials import LANGUAGE_MODEL_ADDED
-from .tokenizers import DataError
-
-if TYPE_CHECKING:  # annotations only
-    from ..recipe import Recipe
-    from .prepare import Prepared
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED
+from tfbuilder.errors import DataError
 
 SUFFIX = ".labels.json"
 INTEGER = re.compile(r"^[+-]?\d{1,18}$")
@@ -112,59 +107,9 @@ def numbers(values: list[str], records: list[int], file: str) -> np.ndarray:
     return out
 
 
-def settle(recipe: Recipe, prepared: Prepared) -> Recipe:
-    """Give every prepared split of labelled data its label array, and return the recipe with its
-    mapping recorded (``model.head.labels``); other recipes are returned as they are."""
-    head = recipe.model.head
-    if head is None or recipe.data is None or recipe.data.type != "labelled":
-        return recipe
-    if prepared.store is None:
-        raise DataError("labelled data is prepared into a store (data.path)")
-    read_back = {name: read(prepared.store, name) for name in prepared.splits}
-    names = None
-    if head.type == "classify":
-        for file, records, values in read_back.values():
-            blank = next((i for i, v in enumerate(values) if not v.strip()), None)
-            if blank is not None:
-                raise DataError(f"{file}: record {records[blank]}: the label is empty")
-        file, _, values = read_back["train"]
-        names = head.labels or names_of(values, head.outputs, file)
-    for name, split in prepared.splits.items():
-        file, records, values = read_back[name]
-        if len(values) != len(split):
-            raise DataError(f"the prepared data in {prepared.store} is damaged ({name}: {len(values)} labels for {len(split)} examples)")
-        split.labels = numbers(values, records, file) if names is None else class_ids(values, records, names, file)
-    _check_positions(recipe, prepared)
-    if names is None or head.labels == names:
-        return recipe
-    from ..recipe import recipe_from_dict
-
-    data = recipe.to_dict()
-    data["model"]["head"]["labels"] = names
-    settled = recipe_from_dict(data)
-    settled._source, settled._path = recipe._source, recipe._path  # errors still point at the file
-    return settled
-
-
 def positions(split) -> np.ndarray:
     """Positions each example of a labelled split takes: <s> text </s> [pair </s>]."""
     total = split.src.lengths.astype(np.int64) + LANGUAGE_MODEL_ADDED
     if split.tgt is not None:
         total = total + split.tgt.lengths.astype(np.int64) + 1
     return total
-
-
-def _check_positions(recipe: Recipe, prepared: Prepared) -> None:
-    from ..preflight import max_positions
-
-    limit = max_positions(recipe.model)
-    if limit is None:
-        return
-    for name, split in prepared.splits.items():
-        over = np.flatnonzero(positions(split) > limit)
-        if len(over):
-            index = int(over[0])
-            raise DataError(
-                f"the {name} split's example {index + 1:,} takes {int(positions(split)[index]):,} positions with its special "
-                f"tokens, more than the {limit:,} the model covers (model.position.max_len); raise it or shorten the data"
-            )

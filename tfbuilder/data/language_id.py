@@ -17,9 +17,9 @@ import sys
 from itertools import islice
 from pathlib import Path
 
-from .. import atomic
-from ..errors import TfbuilderError
-from . import text
+from tfbuilder import atomic
+from tfbuilder.errors import TfbuilderError
+from tfbuilder.data import text
 
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # Multi30k's file stems
 

@@ -18,14 +18,15 @@ from typing import Protocol, TextIO
 
 import numpy as np
 
-from ..sections import DataSection
-from ..specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
-from . import labels as label_files
-from . import store, synthetic
-from . import tokenizers as toks
-from .readers import Row, SplitSource, chunks, split_sources
-from .tokenizers import DataError, Tokenizer
-from .tokens import Split, TokenArray, token_dtype
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
+from tfbuilder.data import labels as label_files
+from tfbuilder.data import pretrained, store, synthetic
+from tfbuilder.data import tokenizers as toks
+from tfbuilder.data.readers import Row, SplitSource, chunks, split_sources
+from tfbuilder.data.tokenizers import Tokenizer
+from tfbuilder.errors import DataError
+from tfbuilder.data.tokens import Split, TokenArray, token_dtype
 
 log = logging.getLogger("tfbuilder")
 
@@ -313,8 +314,6 @@ def build_vocab(data: DataSection, train: SplitSource) -> Vocab:
         tok = toks.CharTokenizer(synthetic.alphabet(data.symbols))
         return Vocab(tok, tok)
     if data.tokenizer.given:  # a tokenizer people already have: used as it is, on both sides
-        from . import pretrained
-
         named = data.tokenizer.specials.model_dump() if data.tokenizer.specials else None
         tok = pretrained.load(data.tokenizer.type, data.tokenizer.path, named)
         return Vocab(tok, tok)

@@ -15,20 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..specials import COUNT, OWN, SPECIAL_TOKENS, SpecialIds
-from .tokenizers import DataError
+from tfbuilder.spec.ports import Facts
+from tfbuilder.specials import CANDIDATES, COUNT, NEEDED, OWN, ROLES, SPECIAL_TOKENS, SpecialIds, lacking  # noqa: F401 (roles re-exported)
+from tfbuilder.errors import DataError
 
-ROLES = ("pad", "bos", "eos", "unk", "mask")
-# The names each role's token goes by in common tokenizers (fairseq/T5/RoBERTa, BERT, GPT-2, Llama 3).
-CANDIDATES = {
-    "pad": ("<pad>", "[PAD]", "<|pad|>", "<|padding|>"),
-    "bos": ("<s>", "[CLS]", "<|startoftext|>", "<|begin_of_text|>", "<bos>", "<|im_start|>"),
-    "eos": ("</s>", "[SEP]", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>"),
-    "unk": ("<unk>", "[UNK]", "<|unk|>"),
-    "mask": ("<mask>", "[MASK]", "<|mask|>"),
-}
-# What each model kind cannot train without (the masked LM shows <mask>; every kind pads batches).
-NEEDED = {"encoder_decoder": ("pad", "bos", "eos"), "decoder": ("pad", "bos", "eos"), "encoder": ("pad", "bos", "eos", "mask")}
 MAX_TOKENIZER_BYTES = 256 << 20
 
 
@@ -49,15 +39,6 @@ def find_specials(lookup, named: dict[str, str | None] | None = None) -> dict[st
 
 def special_ids(found: dict[str, int | None]) -> SpecialIds:
     return SpecialIds.of(start=found["bos"], end=found["eos"], pad=found["pad"], unk=found["unk"], mask=found["mask"])
-
-
-def lacking(found: dict[str, int | None], kind: str) -> list[str]:
-    """What a model of ``kind`` needs that the tokenizer's specials lack (or cannot be: padding with the
-    end token would hide every end from the loss)."""
-    out = [f"no {role} token ({' or '.join(CANDIDATES[role][:2])})" for role in NEEDED[kind] if found[role] is None]
-    if found["pad"] is not None and found["pad"] == found["eos"]:
-        out.append(f"its pad and end token are one token (id {found['pad']}): the end of every example would count as padding")
-    return out
 
 
 class PretrainedTokenizer:
@@ -215,14 +196,6 @@ def read_text(path: str | Path) -> str:
 def load(kind: str, path: str | Path, named: dict[str, str | None] | None = None):
     """The tokenizer in the file ``path`` (``kind`` pretrained or sentencepiece)."""
     return PretrainedTokenizer.from_file(path, named) if kind == "pretrained" else SentencePieceTokenizer.from_file(path, named)
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What a recipe needs to know of a tokenizer file: its size and special ids."""
-
-    vocab_size: int
-    found: dict[str, int | None]
 
 
 _facts: dict[tuple, Facts] = {}

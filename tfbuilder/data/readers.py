@@ -15,9 +15,9 @@ from itertools import islice
 from pathlib import Path
 from typing import TypeVar
 
-from ..sections import DataSection
-from . import arrow, formats, synthetic, text
-from .tokenizers import DataError
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.data import arrow, formats, synthetic, text
+from tfbuilder.errors import DataError
 
 Row = tuple[str, "str | None"]  # (source or text, target or None); labelled data adds the label: (text, pair or None, label)
 T = TypeVar("T")

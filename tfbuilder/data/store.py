@@ -1,7 +1,6 @@
 """The prepared store: a corpus tokenized once, written to disk, read by every run that uses it.
 
 Layout of one store, ``<root>/<key>/``::
-
     meta.json              what it holds (counts, tokens, dtype) and the key material it was made from
     tokenizer.json         the vocabulary (tfbuilder's own JSON, as in a run directory)
     <split>.<side>.tok     every token id of the split's side, back to back (uint16 or uint32)
@@ -37,10 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..sections import DataSection
-from .readers import SplitSource
-from .tokenizers import DataError
-from .tokens import Split, StoredTokens
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.data.readers import SplitSource
+from tfbuilder.errors import DataError
+from tfbuilder.data.tokens import Split, StoredTokens
+from tfbuilder.data.pretrained import read_bytes
 
 STORE_VERSION = 1
 CACHE_ENV = "TFBUILDER_CACHE"
@@ -72,7 +72,6 @@ def key_material(data: DataSection, sources: dict[str, SplitSource], tokenizer: 
     if fingerprints:  # Hugging Face datasets: their own content hash, beside the Arrow files
         material["fingerprints"] = fingerprints
     if data.tokenizer.path is not None:  # a given tokenizer: its content, wherever it lies
-        from .pretrained import read_bytes
 
         try:
             material["tokenizer_file"] = hashlib.sha256(read_bytes(data.tokenizer.path)).hexdigest()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from ..sections import SYNTHETIC_ALPHABET
+from tfbuilder.spec.sections import SYNTHETIC_ALPHABET
 
 TASKS = {
     "copy": lambda s: s,

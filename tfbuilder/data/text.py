@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from .tokenizers import DataError
+from tfbuilder.errors import DataError
 
 MAX_LINE_BYTES = 16 * 2**20  # a longer "line" is a binary file or a missing line end, not a sentence
 

@@ -13,15 +13,14 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from ..specials import SpecialIds
+    from tfbuilder.specials import SpecialIds
 
-from ..errors import TfbuilderError
-from ..sections import SPECIAL_TOKENS
-from ..specials import BOS, EOS, MASK, PAD, UNK  # noqa: F401 (re-exported: the ids 0-4)
-
-
-class DataError(TfbuilderError):
-    """The data cannot be used (missing files, mismatched lines, too little text for the vocabulary...)."""
+from tfbuilder.data.pretrained import PretrainedTokenizer, SentencePieceTokenizer, char_hf_json, find_specials, special_ids
+from tfbuilder.errors import DataError  # noqa: F401 (re-exported: the data layer's error)
+from tfbuilder.spec.sections import SPECIAL_TOKENS
+from tfbuilder.specials import BOS, EOS, MASK, PAD, UNK  # noqa: F401 (re-exported: the ids 0-4)
+from tfbuilder.specials import SpecialIds
+from tfbuilder.specials import OWN
 
 
 class Tokenizer(Protocol):
@@ -71,8 +70,6 @@ class CharTokenizer:
         return json.dumps({"type": "char", "chars": self.chars})
 
     def hf_json(self) -> str:
-        from .pretrained import char_hf_json
-
         return char_hf_json(self.chars)
 
 
@@ -154,7 +151,6 @@ class HFTokenizer:
     def named_specials(self) -> "SpecialIds":
         """The ids of the tokens this tokenizer names <pad>/[PAD], <s>/[CLS], </s>/[SEP], ... (see
         :mod:`tfbuilder.data.pretrained`)."""
-        from .pretrained import find_specials, special_ids
 
         return special_ids(find_specials(self._tok.token_to_id))
 
@@ -187,7 +183,6 @@ def from_json(text: str) -> Tokenizer:
     if data.get("type") == "hf":
         tok = HFTokenizer.from_str(data["tokenizer"])
         if data.get("specials") is not None:  # (runs imported before the ids travelled with it have none)
-            from ..specials import SpecialIds
 
             try:
                 tok.specials = SpecialIds.from_dict(data["specials"], vocab_size=tok.vocab_size)
@@ -195,8 +190,6 @@ def from_json(text: str) -> Tokenizer:
                 raise DataError(f"damaged tokenizer: {exc}") from None
         return tok
     if data.get("type") in ("pretrained", "sentencepiece"):
-        from .pretrained import PretrainedTokenizer, SentencePieceTokenizer
-
         return (PretrainedTokenizer if data["type"] == "pretrained" else SentencePieceTokenizer).from_saved(data)
     raise DataError(f"unknown or damaged tokenizer (type {str(data.get('type'))[:40]!r})")
 
@@ -206,15 +199,12 @@ def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
     if kind == "char":
         return CharTokenizer.train(texts, vocab_size)
     if kind == "sentencepiece":
-        from .pretrained import SentencePieceTokenizer
-
         return SentencePieceTokenizer.train(texts, vocab_size)
     return BPETokenizer.train(texts, vocab_size)
 
 
 def specials(tokenizer: Tokenizer) -> "SpecialIds":
     """The ids with a role in ``tokenizer``: its own (a given tokenizer), else tfbuilder's 0-4."""
-    from ..specials import OWN
 
     own = getattr(tokenizer, "specials", None)
     return OWN if own is None else own

@@ -1,0 +1,186 @@
+"""Translating text with a checkpoint (beam search, sampling, ensembles) and continuing a prompt:
+inference, below training (training's validation BLEU translates lines). No Lightning here."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from tfbuilder.data.batching import pack
+from tfbuilder.data.prepare import Vocab
+from tfbuilder.devices import model_device
+from tfbuilder.inference import decoding
+from tfbuilder.inference.ensemble import Ensemble
+from tfbuilder.model import sizing
+from tfbuilder.runs.checkpoints import Loaded
+from tfbuilder.specials import TRANSLATION_ADDED
+
+Precision = Literal["32", "bf16"]
+
+
+def translate_lines(loaded: Loaded, lines: Iterable[str], **options) -> Iterator[str]:
+    """:func:`translate` with a checkpoint's model and tokenizers (``options``: beam, alpha,
+    unk_penalty, no_repeat_ngram, max_tokens, chunk, precision)."""
+    return translate(loaded.model, loaded.vocab, lines, **options)
+
+
+def translate(
+    model: nn.Module,
+    vocab: Vocab,
+    lines: Iterable[str],
+    *,
+    beam: int = 4,
+    alpha: float = 0.6,
+    unk_penalty: float = 0.0,
+    no_repeat_ngram: int = 0,
+    max_tokens: int = 6000,
+    chunk: int = 512,
+    precision: Precision = "32",
+) -> Iterator[str]:
+    """Translate ``lines`` in order, ``chunk`` lines at a time (so output streams while input is read),
+    each chunk sorted by length into batches of at most ``max_tokens`` source tokens; beam 1 is greedy.
+    ``precision="bf16"`` decodes with a bfloat16 copy of the model (faster on CPUs with bf16 matrix
+    instructions; log-probabilities are computed in float32 either way). ``model`` may be an
+    :class:`~tfbuilder.inference.ensemble.Ensemble`."""
+    search = Search(beam=beam, alpha=alpha, unk_penalty=unk_penalty, no_repeat_ngram=no_repeat_ngram)
+    for text, _ in translate_scored(model, vocab, lines, search=search, max_tokens=max_tokens, chunk=chunk, precision=precision):
+        yield text
+
+
+def translate_scored(
+    model: nn.Module,
+    vocab: Vocab,
+    lines: Iterable[str],
+    *,
+    search: "Search",
+    max_tokens: int = 6000,
+    chunk: int = 512,
+    precision: Precision = "32",
+) -> Iterator[tuple[str, float]]:
+    """The best translation of each of ``lines`` with its score, in order, as :func:`translate` finds them."""
+    model = decoding_model(model, precision)
+    buffer: list[str] = []
+    for line in lines:
+        buffer.append(line.rstrip("\n"))
+        if len(buffer) >= chunk:
+            yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
+            buffer = []
+    if buffer:
+        yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
+
+
+def decoding_model(model: nn.Module, precision: Precision) -> nn.Module:
+    """``model`` itself for float32; a bfloat16 copy for ``bf16`` (the caller's model is untouched)."""
+    if precision == "32":
+        return model
+    if precision == "bf16":
+        return copy.deepcopy(model).to(torch.bfloat16)
+    raise ValueError(f"precision must be '32' or 'bf16', not {precision!r}")
+
+
+@dataclass(frozen=True)
+class Search:
+    """How translations are found: beam search (``beam`` 1 is greedy) with the GNMT length penalty
+    ``alpha``, or, with ``sample``, drawing (``temperature``, ``top_k``, ``top_p``); ``nbest``
+    candidates per sentence; every pick obeys the :class:`~tfbuilder.inference.decoding.Rules` made of
+    ``unk_penalty`` and ``no_repeat_ngram``."""
+
+    beam: int = 4
+    alpha: float = 0.6
+    nbest: int = 1
+    sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    unk_penalty: float = 0.0
+    no_repeat_ngram: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sample and self.nbest > self.beam:
+            raise ValueError(f"--nbest {self.nbest} needs a beam at least as wide (--beam {self.beam})")
+        if self.no_repeat_ngram < 0:
+            raise ValueError(f"--no-repeat-ngram-size must be 0 (off) or more, not {self.no_repeat_ngram}")
+
+    @property
+    def rules(self) -> decoding.Rules:
+        return decoding.Rules(unk_penalty=self.unk_penalty, no_repeat_ngram=self.no_repeat_ngram)
+
+
+def translate_batch(
+    model: nn.Module,
+    vocab: Vocab,
+    lines: list[str],
+    *,
+    search: Search = Search(),
+    max_tokens: int = 6000,
+    batch_size: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[list[tuple[str, float]]]:
+    """The ``search.nbest`` best candidates (text, score) for each of ``lines``, best first. Lines are
+    sorted by length into batches of at most ``max_tokens`` source tokens (and ``batch_size``
+    sentences). Scores: the length-normalised log-probability beam search ranks by; for samples,
+    their log-probability."""
+    ids = vocab.src.encode_batch(lines)
+    sizes = [len(x) + TRANSLATION_ADDED for x in ids]  # x</s>
+    order = sorted(range(len(ids)), key=lambda i: sizes[i])
+    out: list[list[tuple[str, float]]] = [[] for _ in lines]
+    # Beams (and samples) multiply the decoder's batch: keep the budget about the same.
+    width = search.nbest if search.sample else search.beam
+    device = model_device(model)
+    for batch in pack(sizes, sizes, order, max_tokens=max(max_tokens // max(width, 1), max(sizes)), batch_size=batch_size):
+        src = decoding.source_batch(model, [ids[i] for i in batch]).to(device, non_blocking=True)
+        for i, candidates in zip(batch, _search(model, src, search, generator)):
+            out[i] = [(vocab.tgt.decode(hyp), score) for score, hyp in candidates]
+    return out
+
+
+def _search(model: nn.Module, src: torch.Tensor, search: Search, generator) -> list[list[tuple[float, list[int]]]]:
+    rules = search.rules
+    if search.sample:
+        return decoding.sample_translations(
+            model, src, n=search.nbest, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
+            generator=generator, rules=rules,
+        )
+    if search.beam == 1:  # greedy: the most likely token each step (temperature 0), with its score
+        return decoding.sample_translations(model, src, n=1, temperature=0.0, rules=rules)
+    return decoding.beam_search_nbest(model, src, beam=search.beam, nbest=search.nbest, alpha=search.alpha, rules=rules)
+
+
+def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
+    """The models of ``loaded`` and ``others`` as one :class:`~tfbuilder.inference.ensemble.Ensemble`; a
+    ``ValueError`` naming the checkpoint that does not fit (another vocabulary or model kind)."""
+    for other in others:
+        if other.recipe.model.kind != "encoder_decoder" or loaded.recipe.model.kind != "encoder_decoder":
+            raise ValueError(f"{other.describe()}: only translation (encoder_decoder) models can be ensembled")
+        if other.vocab.to_json() != loaded.vocab.to_json():
+            raise ValueError(f"{other.describe()} has another vocabulary than {loaded.describe()}: models must share one to be ensembled")
+    return Ensemble([loaded.model, *(o.model for o in others)]).eval()
+
+
+def generate(loaded: Loaded, prompt: str, **kwargs) -> str:
+    """Continue ``prompt`` with a decoder-only checkpoint, from the model's start id (see
+    :func:`tfbuilder.inference.decoding.sample`, which takes ``kwargs``)."""
+    start = loaded.model.specials.start
+    prefix = ([] if start is None else [start]) + loaded.vocab.tgt.encode(prompt)
+    check_positions(loaded, len(prefix), kwargs.get("max_new", 100))
+    ids = torch.tensor([prefix], device=model_device(loaded.model))
+    return loaded.vocab.tgt.decode(decoding.sample(loaded.model, ids, **kwargs)[0])
+
+
+def check_positions(loaded: Loaded, prefix: int, max_new: int) -> None:
+    """Refuse (``ValueError``) a continuation that could run past the model's learned position table:
+    :func:`tfbuilder.inference.decoding.sample` feeds the ``prefix`` tokens and each of ``max_new`` new ones."""
+    limit = sizing.max_positions(loaded.recipe.model)
+    if limit is None or prefix + max_new <= limit:
+        return
+    if prefix >= limit:
+        raise ValueError(f"the prompt takes {prefix} positions; the model's learned position table has {limit}: shorten the prompt")
+    raise ValueError(
+        f"the prompt ({prefix} positions) and --max-new {max_new} need {prefix + max_new} positions; the model's "
+        f"learned position table has {limit}: give --max-new {limit - prefix} or less"
+    )

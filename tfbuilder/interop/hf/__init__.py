@@ -1,0 +1,11 @@
+"""Hugging Face interchange: the GPT-2, BERT, T5 and Llama families as tfbuilder recipes, exactly.
+
+``configs`` maps a ``config.json`` onto a recipe's model section and back, ``weights`` maps state
+dicts, ``convert`` reads and writes model directories and run directories. No Lightning here; the
+``transformers`` package is not needed (only ``safetensors``).
+"""
+
+from tfbuilder.interop.hf.configs import FAMILIES, UnsupportedConfig, family_of, from_config, to_config
+from tfbuilder.interop.hf.convert import export, import_hf
+
+__all__ = ["FAMILIES", "UnsupportedConfig", "family_of", "from_config", "to_config", "export", "import_hf"]

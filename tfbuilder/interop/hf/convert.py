@@ -1,0 +1,282 @@
+"""Read a Hugging Face model directory into a tfbuilder run directory, and write a checkpoint out as
+safetensors, as a Hugging Face directory, or as ONNX.
+
+    HF_DIR/config.json, model.safetensors[, tokenizer.json]
+        -> RUN_DIR/recipe.yaml, tfbuilder-vocab.json, tokenizer.json, hf-config.json, checkpoints/last.ckpt
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tfbuilder import atomic
+from tfbuilder.version import __version__
+from tfbuilder.errors import TfbuilderError
+from tfbuilder.interop.hf import weights
+from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_config
+from tfbuilder.interop.hf.specials import config_ids, special_ids
+from tfbuilder.specials import filled
+from tfbuilder.model.builder import build_model
+from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.tokenizers import HFTokenizer
+from tfbuilder.model.sizing import check_size, count_parameters
+from tfbuilder.runs import vocab_files
+from tfbuilder.model.components.ffn import glu_hidden
+from tfbuilder.contracts import default_ffn_hidden, default_head_dim
+from tfbuilder.spec.recipe import ModelSection, recipe_from_dict
+from tfbuilder.runs.checkpoints import load_checkpoint, write_recipe
+from tfbuilder.interop.onnx import export_onnx
+
+if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import Tokenizer
+    from tfbuilder.spec.recipe import ModelSection, Recipe
+
+MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse anything absurd
+MAX_TOKENIZER_BYTES = 256 << 20
+FORMATS = ("safetensors", "hf", "onnx")
+
+
+def _fresh_dir(path: Path) -> Path:
+    """``path`` created new, or an existing empty directory: nothing the user had is overwritten."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise TfbuilderError(f"{path} exists and is not empty: not overwriting it; choose another --out")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _read_json(path: Path, limit: int) -> Any:
+    if not path.is_file():
+        raise TfbuilderError(f"{path} not found: is {path.parent} a Hugging Face model directory (save_pretrained)?")
+    if path.stat().st_size > limit:
+        raise TfbuilderError(f"{path} is larger than {limit:,} bytes: not reading it")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise TfbuilderError(f"{path}: nested too deeply to be a config") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer of thousands of digits
+        raise TfbuilderError(f"{path}: not JSON ({str(exc)[:200]})") from None
+
+
+def _safetensors():
+    try:
+        import safetensors.torch
+    except ImportError:
+        raise TfbuilderError("this needs the safetensors package: pip install 'tfbuilder[hf]'") from None
+    return safetensors.torch
+
+
+def tokenizers_json(tokenizer: Tokenizer) -> str | None:
+    """The ``tokenizers`` library's JSON of a tokenizer (what a save_pretrained directory holds as
+    tokenizer.json); None for one that has no such form (SentencePiece)."""
+    hf_json = getattr(tokenizer, "hf_json", None)
+    return hf_json() if hf_json is not None else None
+
+
+def tokenizer_config(raw: str, specials) -> dict:
+    """``tokenizer_config.json`` for ``transformers.AutoTokenizer``: a fast tokenizer read from
+    tokenizer.json, with the model's special tokens by name."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(raw)
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for name, i in (("bos_token", specials.start), ("eos_token", specials.end), ("pad_token", specials.pad),
+                    ("unk_token", specials.unk), ("mask_token", specials.mask)):
+        token = tok.id_to_token(i) if i is not None else None
+        if token is not None:
+            config[name] = token
+    return config
+
+
+def _recipe_name(hf_dir: Path) -> str:
+    return re.sub(r"[^\w.\-]", "-", hf_dir.resolve().name) or "imported"
+
+
+def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Recipe, torch.nn.Module, Vocab]:
+    """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory.
+    ``overrides`` (``--set``) may add what a config does not say (data, optim, trainer), not change the model."""
+    load_file = _safetensors().load_file
+    from safetensors import SafetensorError
+
+
+    hf_dir = Path(hf_dir)
+    cfg = _read_json(hf_dir / "config.json", MAX_CONFIG_BYTES)
+    if not isinstance(cfg, dict):
+        raise UnsupportedConfig(f"{hf_dir / 'config.json'}: expected a JSON object")
+    config = hf_dir / "config.json"
+    try:
+        family, model_section = from_config(cfg)
+    except UnsupportedConfig as exc:  # "config.json: key: ..." names the file the user gave
+        raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
+    for override in overrides:
+        if override.split("=", 1)[0].strip().split(".")[0] in ("model", "name", "extends"):
+            raise TfbuilderError(f"--set {override}: the model comes from config.json and its weights; set data, optim or trainer keys")
+    recipe = recipe_from_dict({"name": _recipe_name(hf_dir), "model": model_section}, overrides)
+    _check_size(recipe, config)  # before the weights are read or the model is built
+    try:
+        specials = special_ids(cfg, family, recipe.model.vocab_size)
+    except UnsupportedConfig as exc:
+        raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
+    weights_file = hf_dir / "model.safetensors"
+    if not weights_file.is_file():
+        sharded = (hf_dir / "model.safetensors.index.json").is_file()
+        raise TfbuilderError(f"{weights_file} not found" + (" (sharded checkpoints are not supported)" if sharded else ""))
+    try:
+        theirs = load_file(str(weights_file))
+    except (SafetensorError, OSError) as exc:
+        raise TfbuilderError(f"cannot read {weights_file}: {exc}") from None
+    model = build_model(recipe)
+    state = weights.from_hf(weights.rules(family, recipe.model), theirs, model.state_dict())
+    model.load_state_dict(state)
+    model.specials = specials
+    tok_file = hf_dir / "tokenizer.json"
+    if tok_file.is_file():
+        if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
+            raise TfbuilderError(f"{tok_file} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not reading it")
+        try:
+            tok = HFTokenizer.from_str(tok_file.read_text(encoding="utf-8"))
+        except Exception as exc:  # the tokenizers library raises plain Exceptions on bad files
+            raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
+        if tok.vocab_size > recipe.model.vocab_size:
+            raise TfbuilderError(f"{tok_file} has {tok.vocab_size} tokens; the model has only {recipe.model.vocab_size}")
+        # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's
+        # named tokens for the roles the config leaves out (BERT's [CLS] and [SEP]); a model without
+        # a pad token (GPT-2, Llama) keeps batching as before.
+        own = filled(specials, tok.named_specials())
+        tok.specials = own if None not in (own.start, own.end, own.pad) else None
+    else:
+        tok = HFTokenizer.ids(recipe.model.vocab_size)
+    return family, recipe, model.eval(), Vocab(tok, tok)
+
+
+def _check_size(recipe: Recipe, config: Path) -> None:
+    """The model a config asks for fits this machine: counted on the meta device before anything is allocated."""
+
+    problems = check_size(recipe, count_parameters(recipe), training=False)
+    if problems:
+        raise UnsupportedConfig(f"{config}: {problems[0].message}")
+
+
+def import_hf(hf_dir: str | Path, out: str | Path, *, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write a run directory from a Hugging Face model directory; returns its checkpoint's path."""
+
+    hf_dir, out = Path(hf_dir), Path(out)
+    family, recipe, model, vocab = load_hf(hf_dir, overrides)
+    run_dir = _fresh_dir(out)
+    write_recipe(run_dir, recipe.to_dict())
+    vocab_files.write(run_dir, vocab)
+    atomic.copy(hf_dir / "config.json", run_dir / "hf-config.json", what="config")
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir()
+    atomic.save(checkpoint_dict(model, recipe, vocab, source=f"hf:{family}"), ckpt)
+    return ckpt
+
+
+def checkpoint_dict(model: torch.nn.Module, recipe: Recipe, vocab: Vocab, *, source: str) -> dict:
+    """A checkpoint that ``runs.load_checkpoint`` reads (the layout training writes, step 0)."""
+    return {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "global_step": 0,
+        "tfbuilder": {
+            "version": __version__,
+            "recipe": recipe.to_dict(),
+            "vocab": vocab.to_json(),
+            "batches_seen": 0,
+            "train_tokens": 0,
+            "train_seconds": 0.0,
+            "elapsed": 0.0,
+            "source": source,
+            "specials": model.specials.to_dict(),
+        },
+    }
+
+
+def _comparable(model_section: ModelSection) -> dict:
+    """A model section's data without what does not change the function (dropout, initialisation)."""
+
+    data = model_section.model_dump(mode="json")
+    data.pop("init", None)
+    data.pop("dropout", None)
+    for value in data.values():
+        if isinstance(value, dict):
+            value.pop("dropout", None)
+    # Widths left to their defaults are the widths they resolve to.
+    d, att, ffn = model_section.d_model, data["attention"], data["ffn"]
+    if att.get("type") == "multihead":
+        att["kv_heads"] = att.get("kv_heads") or att["heads"]
+        att["key_dim"] = att.get("key_dim") or default_head_dim(d, att["heads"])
+        att["value_dim"] = att.get("value_dim") or default_head_dim(d, att["heads"])
+    if ffn.get("type") == "mlp":
+        ffn["hidden"] = ffn.get("hidden") or default_ffn_hidden(d)
+    elif ffn.get("type") in ("swiglu", "geglu", "reglu"):
+        ffn["hidden"] = glu_hidden(model_section.ffn, d)
+        ffn.pop("match_params", None)
+    return data
+
+
+def hf_family(model_section: ModelSection) -> str:
+    """The Hugging Face family a model section is exactly, or an error naming what differs."""
+
+    candidates = {"decoder": ["gpt2", "llama"], "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
+    if model_section.kind == "decoder":
+        candidates.sort(key=lambda f: (f == "llama") != (model_section.position.type == "rotary"))
+    ours = _comparable(model_section)
+    why = ""
+    for family in candidates:
+        try:
+            theirs = _comparable(ModelSection.model_validate(from_config(to_config(model_section, family))[1]))
+        except (UnsupportedConfig, ValueError) as exc:
+            why = why or f"{family}: {exc}"
+            continue
+        diff = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+        if not diff:
+            return family
+        why = why or f"{family} differs in model." + ", model.".join(diff)
+    raise TfbuilderError(f"this recipe is not one of the Hugging Face families gpt2, bert, t5, llama exactly ({why})")
+
+
+def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path]:
+    """Write a checkpoint as ``safetensors`` (+ recipe), ``hf`` (a save_pretrained directory) or
+    ``onnx`` (checked with onnxruntime against PyTorch); returns the files written."""
+
+    if format not in FORMATS:
+        raise TfbuilderError(f"unknown export format {format!r} (one of: {', '.join(FORMATS)})")
+    loaded = load_checkpoint(checkpoint)
+    family = hf_family(loaded.recipe.model) if format == "hf" else None  # refuse before writing anything
+    out = _fresh_dir(Path(out))
+    model = loaded.model
+    if format == "safetensors":
+        save_model = _safetensors().save_model
+        atomic.write_by_name(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)), what="weights")
+        write_recipe(out, loaded.recipe.to_dict())
+        return [out / "model.safetensors", out / "recipe.yaml", *vocab_files.write(out, loaded.vocab)]
+    if format == "hf":
+        save_file = _safetensors().save_file
+        rules = weights.rules(family, loaded.recipe.model)
+        tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
+        atomic.write_by_name(
+            out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), what="weights"
+        )
+        config = {**to_config(loaded.recipe.model, family), **config_ids(model.specials, family)}
+        atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
+        written = [out / "model.safetensors", out / "config.json"]
+        raw = tokenizers_json(loaded.vocab.tgt)
+        if raw is not None:
+            atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
+            config = tokenizer_config(raw, model.specials)
+            atomic.write_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n", what="tokenizer config")
+            written += [out / "tokenizer.json", out / "tokenizer_config.json"]
+        elif hasattr(loaded.vocab.tgt, "model"):  # SentencePiece: its model file, as save_pretrained keeps it
+            sp_model = loaded.vocab.tgt.model
+            atomic.write_atomic(out / "tokenizer.model", lambda f: f.write(sp_model), what="tokenizer")
+            written.append(out / "tokenizer.model")
+        return written
+
+    path = export_onnx(model, loaded.recipe, out / "model.onnx")
+    write_recipe(out, loaded.recipe.to_dict())
+    return [path, out / "recipe.yaml"]

@@ -1,0 +1,178 @@
+"""tfbuilder state dicts <-> Hugging Face state dicts, for the four families.
+
+A mapping is a list of rules ``(ours, theirs, op)``: ``copy`` a tensor, ``T`` transpose it (GPT-2's
+Conv1D stores (in, out)), ``cat`` several along dim 0 (tfbuilder fuses q, k, v and the GLU's gate
+and value), or ``any``: one tensor that Hugging Face may store under any of several names (read from
+the first present, written under all). The same rules read both ways, so export inverts import by construction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor, nn
+
+from tfbuilder.model.blocks import Residual
+from tfbuilder.interop.hf.configs import UnsupportedConfig
+
+if TYPE_CHECKING:
+    from tfbuilder.spec.recipe import ModelSection
+
+Rule = tuple[str, tuple[str, ...], str]
+
+
+def _linear(ours: str, theirs: str, op: str = "copy", *, bias: bool = True) -> list[Rule]:
+    rules = [(f"{ours}.weight", (f"{theirs}.weight",), op)]
+    if bias:
+        rules.append((f"{ours}.bias", (f"{theirs}.bias",), "copy"))
+    return rules
+
+
+def _fused(ours: str, theirs: list[str], *, bias: bool) -> list[Rule]:
+    rules = [(f"{ours}.weight", tuple(f"{t}.weight" for t in theirs), "cat")]
+    if bias:
+        rules.append((f"{ours}.bias", tuple(f"{t}.bias" for t in theirs), "cat"))
+    return rules
+
+
+def rules(family: str, model: ModelSection) -> list[Rule]:
+    """The mapping of ``family`` for a model section (shapes come from the tensors themselves)."""
+    return {"gpt2": _gpt2, "bert": _bert, "t5": _t5, "llama": _llama}[family](model)
+
+
+def _gpt2(m: ModelSection) -> list[Rule]:
+    out: list[Rule] = [("embed.tokens.weight", ("transformer.wte.weight",), "copy")]
+    out.append(("head.weight", ("transformer.wte.weight" if m.tie_output else "lm_head.weight",), "copy"))
+    out.append(("embed.position.table.weight", ("transformer.wpe.weight",), "copy"))
+    for i in range(m.decoder.layers):
+        ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
+        out += _linear(f"{ours}.self_attn.norm", f"{theirs}.ln_1")
+        out += _linear(f"{ours}.self_attn.inner.to_qkv", f"{theirs}.attn.c_attn", "T")
+        out += _linear(f"{ours}.self_attn.inner.to_out", f"{theirs}.attn.c_proj", "T")
+        out += _linear(f"{ours}.ffn.norm", f"{theirs}.ln_2")
+        out += _linear(f"{ours}.ffn.inner.ff_in", f"{theirs}.mlp.c_fc", "T")
+        out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.mlp.c_proj", "T")
+    out += _linear("decoder.final_norm", "transformer.ln_f")
+    return out
+
+
+def _bert(m: ModelSection) -> list[Rule]:
+    e = "bert.embeddings"
+    out: list[Rule] = [("embed.tokens.weight", (f"{e}.word_embeddings.weight",), "copy")]
+    out.append(("embed.position.table.weight", (f"{e}.position_embeddings.weight",), "copy"))
+    out.append(("embed.types.weight", (f"{e}.token_type_embeddings.weight",), "copy"))
+    out += _linear("embed.norm", f"{e}.LayerNorm")
+    for i in range(m.encoder.layers):
+        ours, theirs = f"encoder.layers.{i}", f"bert.encoder.layer.{i}"
+        att = f"{theirs}.attention"
+        out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{att}.self.query", f"{att}.self.key", f"{att}.self.value"], bias=True)
+        out += _linear(f"{ours}.self_attn.inner.to_out", f"{att}.output.dense")
+        out += _linear(f"{ours}.self_attn.norm", f"{att}.output.LayerNorm")
+        out += _linear(f"{ours}.ffn.inner.ff_in", f"{theirs}.intermediate.dense")
+        out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.output.dense")
+        out += _linear(f"{ours}.ffn.norm", f"{theirs}.output.LayerNorm")
+    out += _linear("head.dense", "cls.predictions.transform.dense")
+    out += _linear("head.norm", "cls.predictions.transform.LayerNorm")
+    head = f"{e}.word_embeddings.weight" if m.tie_output else "cls.predictions.decoder.weight"
+    out.append(("head.out.weight", (head,), "copy"))
+    # transformers >= 5 computes with decoder.bias, tied to cls.predictions.bias only when the output is tied
+    # (a tied file stores the latter alone); before, the two were always one tensor.
+    out.append(("head.out.bias", ("cls.predictions.decoder.bias", "cls.predictions.bias"), "any"))
+    return out
+
+
+def _t5(m: ModelSection) -> list[Rule]:
+    out: list[Rule] = [(f"{side}.tokens.weight", ("shared.weight",), "copy") for side in ("src_embed", "tgt_embed")]
+    out.append(("head.weight", ("shared.weight",), "copy"))
+    for part, side in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
+        bias = f"{part}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+        out.append((f"{side}.position.table.weight", (bias,), "copy"))
+        for i in range(m.stack(part).layers):
+            ours, theirs = f"{part}.layers.{i}", f"{part}.block.{i}.layer"
+            sa = f"{theirs}.0.SelfAttention"
+            out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{sa}.q", f"{sa}.k", f"{sa}.v"], bias=False)
+            out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o", bias=False)
+            out += _linear(f"{ours}.self_attn.norm", f"{theirs}.0.layer_norm", bias=False)
+            ff = 1
+            if part == "decoder":
+                ca = f"{theirs}.1.EncDecAttention"
+                out += _linear(f"{ours}.cross_attn.inner.to_q", f"{ca}.q", bias=False)
+                out += _fused(f"{ours}.cross_attn.inner.to_kv", [f"{ca}.k", f"{ca}.v"], bias=False)
+                out += _linear(f"{ours}.cross_attn.inner.to_out", f"{ca}.o", bias=False)
+                out += _linear(f"{ours}.cross_attn.norm", f"{theirs}.1.layer_norm", bias=False)
+                ff = 2
+            out += _linear(f"{ours}.ffn.inner.ff_in", f"{theirs}.{ff}.DenseReluDense.wi", bias=False)
+            out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.{ff}.DenseReluDense.wo", bias=False)
+            out += _linear(f"{ours}.ffn.norm", f"{theirs}.{ff}.layer_norm", bias=False)
+        out += _linear(f"{part}.final_norm", f"{part}.final_layer_norm", bias=False)
+    return out
+
+
+def _llama(m: ModelSection) -> list[Rule]:
+    out: list[Rule] = [("embed.tokens.weight", ("model.embed_tokens.weight",), "copy")]
+    out.append(("head.weight", ("model.embed_tokens.weight" if m.tie_output else "lm_head.weight",), "copy"))
+    att_bias, ffn_bias = m.attention.bias, m.ffn.bias
+    for i in range(m.decoder.layers):
+        ours, theirs = f"decoder.layers.{i}", f"model.layers.{i}"
+        sa = f"{theirs}.self_attn"
+        out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"], bias=att_bias)
+        out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=att_bias)
+        out += _linear(f"{ours}.self_attn.norm", f"{theirs}.input_layernorm", bias=False)
+        out += _fused(f"{ours}.ffn.inner.ff_in", [f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"], bias=ffn_bias)
+        out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.mlp.down_proj", bias=ffn_bias)
+        out += _linear(f"{ours}.ffn.norm", f"{theirs}.post_attention_layernorm", bias=False)
+    out += _linear("decoder.final_norm", "model.norm", bias=False)
+    return out
+
+
+def from_hf(rules: list[Rule], theirs: dict[str, Tensor], ours: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Fill ``ours`` (a freshly built model's state dict: names and shapes) from ``theirs``."""
+    import torch
+
+    out = dict(ours)
+    for key, sources, op in rules:
+        if op == "any":
+            sources = tuple(s for s in sources if s in theirs)[:1] or sources[:1]
+        missing = [s for s in sources if s not in theirs]
+        if missing:
+            raise UnsupportedConfig(f"model.safetensors: missing tensor {missing[0]}")
+        tensors = [theirs[s] for s in sources]
+        value = tensors[0].t() if op == "T" else torch.cat(tensors, dim=0) if op == "cat" else tensors[0]
+        if key not in out:
+            raise UnsupportedConfig(f"model.safetensors: {sources[0]} has no place in the recipe ({key})")
+        if tuple(value.shape) != tuple(out[key].shape):
+            raise UnsupportedConfig(
+                f"model.safetensors: {sources[0]} has shape {tuple(tensors[0].shape)}; config.json implies {tuple(out[key].shape)} for {key}"
+            )
+        out[key] = value.to(out[key].dtype).contiguous()
+    return out
+
+
+def to_hf(rules: list[Rule], ours: dict[str, Tensor], sizes: dict[str, list[int]]) -> dict[str, Tensor]:
+    """The Hugging Face tensors of ``ours``; ``sizes[key]`` splits a fused tensor (tied ones appear once)."""
+    out: dict[str, Tensor] = {}
+    for key, targets, op in rules:
+        if all(t in out for t in targets):
+            continue  # a tied tensor, already written under its Hugging Face name
+        value = ours[key]
+        if op == "T":
+            out[targets[0]] = value.t().contiguous()
+        elif op == "cat":
+            for t, part in zip(targets, value.split(sizes[key], dim=0)):
+                out[t] = part.contiguous()
+        elif op == "any":
+            for t in targets:
+                out[t] = value.clone()  # safetensors refuses tensors that share memory
+        else:
+            out[targets[0]] = value.contiguous()
+    return out
+
+
+def split_sizes(model: nn.Module, family: str) -> dict[str, list[int]]:
+    """How each fused tensor of a built model splits into its Hugging Face parts (by the modules' widths)."""
+    sizes: dict[str, list[int]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, Residual):  # its attention or feed-forward says what it fused (the contract)
+            for projection, widths in module.inner.fused_widths().items():
+                sizes[f"{name}.inner.{projection}.weight"] = sizes[f"{name}.inner.{projection}.bias"] = widths
+    return sizes

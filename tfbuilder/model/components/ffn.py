@@ -1,0 +1,215 @@
+"""Position-wise feed-forward networks (family ``ffn``)."""
+
+from __future__ import annotations
+
+import math
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from tfbuilder.model.dropout import Dropout
+from tfbuilder.contracts import FeedForwardBase, default_ffn_hidden
+from tfbuilder.registry import AuxiliaryLoss, BuildContext, ComponentParams, ModelDims, register
+
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+
+
+@register("ffn", "mlp")
+class MLP(FeedForwardBase, nn.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017, sec. 3.3)."""
+
+    class Params(ComponentParams):
+        type: Literal["mlp"] = "mlp"
+        hidden: int | None = Field(None, ge=1, description="inner width d_ff; default 4 * d_model")
+        activation: Activation = Field("relu", description="non-linearity between the two projections")
+        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the hidden activations")
+        bias: bool = Field(True, description="learn biases in both projections")
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        hidden = params.hidden or default_ffn_hidden(ctx.d_model)
+        self.ff_in = nn.Linear(ctx.d_model, hidden, bias=params.bias)
+        self.act = ACTIVATIONS[params.activation]()
+        self.drop = Dropout(params.dropout)
+        self.ff_out = nn.Linear(hidden, ctx.d_model, bias=params.bias)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """W2, ``ff_out``."""
+        return [self.ff_out]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d)."""
+        return self.ff_out(self.drop(self.act(self.ff_in(x))))
+
+
+class _GLUParams(ComponentParams):
+    hidden: int | None = Field(
+        None, ge=1, description="inner width; default 4 * d_model, or 2/3 of it with match_params"
+    )
+    match_params: bool = Field(
+        True, description="scale the default width by 2/3 (rounded up to a multiple of 8) to keep an MLP's parameter count"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the gated hidden activations")
+    bias: bool = Field(False, description="learn biases in the projections")
+
+
+def glu_hidden(params: _GLUParams, d_model: int) -> int:
+    if params.hidden is not None:
+        return params.hidden
+    if not params.match_params:
+        return default_ffn_hidden(d_model)
+    return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8  # 2/3 of an MLP's width, rounded up to a multiple of 8
+
+
+class GLU(FeedForwardBase, nn.Module):
+    """FFN_GLU(x) = (act(x W) * x V) W2: a gated linear unit with an activation (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation: str = "silu"
+
+    def __init__(self, params: _GLUParams, ctx: BuildContext):
+        super().__init__()
+        hidden = glu_hidden(params, ctx.d_model)
+        self.ff_in = nn.Linear(ctx.d_model, 2 * hidden, bias=params.bias)  # gate and value, fused
+        self.act = ACTIVATIONS[self.activation]()
+        self.drop = Dropout(params.dropout)
+        self.ff_out = nn.Linear(hidden, ctx.d_model, bias=params.bias)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """W2, ``ff_out``."""
+        return [self.ff_out]
+
+    def fused_widths(self) -> dict[str, list[int]]:
+        """The gate and value projections, fused in ``ff_in``."""
+        return {"ff_in": [self.ff_out.in_features] * 2}
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d)."""
+        gate, value = self.ff_in(x).chunk(2, dim=-1)
+        return self.ff_out(self.drop(self.act(gate) * value))
+
+
+@register("ffn", "swiglu")
+class SwiGLU(GLU):
+    """GLU with a Swish (SiLU) gate (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation = "silu"
+
+    class Params(_GLUParams):
+        type: Literal["swiglu"] = "swiglu"
+
+
+@register("ffn", "geglu")
+class GEGLU(GLU):
+    """GLU with a GELU gate (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation = "gelu"
+
+    class Params(_GLUParams):
+        type: Literal["geglu"] = "geglu"
+
+
+@register("ffn", "reglu")
+class ReGLU(GLU):
+    """GLU with a ReLU gate (Shazeer 2020, arXiv:2002.05202)."""
+
+    activation = "relu"
+
+    class Params(_GLUParams):
+        type: Literal["reglu"] = "reglu"
+
+
+@register("ffn", "moe")
+class MixtureOfExperts(FeedForwardBase, nn.Module, AuxiliaryLoss):
+    """Top-k routed mixture of MLP experts (Shazeer et al. 2017; Switch balancing loss, Fedus et al. 2021).
+
+    arXiv:1701.06538 and arXiv:2101.03961.
+
+    ``aux_loss`` holds the last call's balancing loss; :meth:`auxiliary_loss` is ``aux_weight`` times
+    it, what training adds to the objective (see :class:`~tfbuilder.registry.AuxiliaryLoss`).
+    """
+
+    class Params(ComponentParams):
+        type: Literal["moe"] = "moe"
+        experts: int = Field(4, ge=1, le=256, description="number of expert MLPs")
+        top_k: int = Field(2, ge=1, description="experts each token is routed to")
+        hidden: int | None = Field(None, ge=1, description="inner width of each expert; default 4 * d_model")
+        activation: Activation = Field("relu", description="non-linearity inside each expert")
+        aux_weight: float = Field(0.01, ge=0.0, description="weight of the load-balancing loss in the objective")
+        bias: bool = Field(True, description="learn biases in the experts")
+        capacity_factor: float | None = Field(
+            None,
+            gt=0.0,
+            le=64.0,
+            description="expert capacity = factor * tokens * top_k / experts; routed tokens past it are dropped "
+            "(Switch Transformer); default none dropped",
+        )
+
+        def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+            if self.top_k > self.experts:
+                return [("top_k", f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")]
+            return []
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.top_k = params.top_k
+        self.aux_weight = params.aux_weight
+        self.router = nn.Linear(ctx.d_model, params.experts, bias=False)
+        expert = MLP.Params(hidden=params.hidden, activation=params.activation, bias=params.bias)
+        self.experts = nn.ModuleList(MLP(expert, ctx) for _ in range(params.experts))
+        self.capacity_factor = params.capacity_factor
+        self.aux_loss: Tensor = torch.zeros(())
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` (b, n, d) -> (b, n, d); tokens go to their ``top_k`` experts, outputs weighted by the
+        renormalised router probabilities."""
+        flat = x.reshape(-1, x.shape[-1])
+        probs = self.router(flat).float().softmax(dim=-1)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        # gates (t, experts): a token's weight for each expert it is routed to, 0 elsewhere.
+        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        static = self.capacity_factor is not None or x.device.type != "cpu" or torch.compiler.is_compiling()
+        out = self._dispatch_static(flat, gates) if static else self._dispatch_gather(flat, gates)
+        # Switch loss: experts * sum_e (share of tokens routed to e) * (mean router probability of e).
+        share = F.one_hot(chosen[:, 0], len(self.experts)).float().mean(dim=0)
+        self.aux_loss = len(self.experts) * (share * probs.mean(dim=0)).sum()
+        return out.reshape(x.shape)
+
+    def output_projections(self) -> list[nn.Linear]:
+        """Every expert's ``ff_out``: each ends the residual branch for the tokens routed to it."""
+        return [p for expert in self.experts for p in expert.output_projections()]
+
+    def auxiliary_loss(self) -> Tensor:
+        """``aux_weight`` times the balancing loss of the last forward."""
+        return self.aux_weight * self.aux_loss
+
+    def capacity(self, tokens: int) -> int:
+        """Token slots per expert: all tokens without a capacity factor, else the Switch capacity."""
+        if self.capacity_factor is None:
+            return tokens
+        return max(1, min(tokens, math.ceil(self.capacity_factor * tokens * self.top_k / len(self.experts))))
+
+    def _dispatch_static(self, flat: Tensor, gates: Tensor) -> Tensor:
+        """Shapes fixed by the batch, nothing read back to the host (accelerators, torch.compile):
+        each expert takes its ``capacity`` highest-gated tokens; a slot whose token is not routed
+        to it has gate 0 and adds nothing."""
+        out = torch.zeros_like(flat)
+        slots = self.capacity(flat.shape[0])
+        for e, expert in enumerate(self.experts):
+            gate, token = gates[:, e].topk(slots)
+            out = out.index_add(0, token, expert(flat[token]) * gate[:, None])
+        return out
+
+    def _dispatch_gather(self, flat: Tensor, gates: Tensor) -> Tensor:
+        """Each expert runs on exactly the tokens routed to it (CPU, where reading the routing back
+        costs nothing). Equal to :meth:`_dispatch_static` without a capacity factor (tested)."""
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token = gates[:, e].nonzero().squeeze(1)
+            out.index_add_(0, token, expert(flat[token]) * gates[token, e, None])
+        return out

@@ -1,0 +1,245 @@
+"""Positional encodings added to the token embeddings (family ``position``)."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from tfbuilder.contracts import AttentionPosition, PositionParams, default_head_dim  # noqa: F401 (AttentionPosition re-exported)
+from tfbuilder.registry import BuildContext, ModelDims, register
+
+
+def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)); shape (n, d),
+    computed in float64 on ``device``."""
+    pos = torch.arange(offset, offset + n, dtype=torch.float64, device=device).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=device) * (-math.log(base) / d))
+    pe = torch.zeros(n, d, dtype=torch.float64, device=device)
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq[: d // 2])
+    return pe.to(torch.get_default_dtype())
+
+
+@register("position", "sinusoidal")
+class SinusoidalPosition(nn.Module):
+    """Fixed sinusoidal positions added to the embeddings (Vaswani et al. 2017, sec. 3.5)."""
+
+    class Params(PositionParams):
+        type: Literal["sinusoidal"] = "sinusoidal"
+        base: float = Field(10000.0, gt=1.0, description="wavelength base (10000 in the paper)")
+        max_len: int = Field(
+            1024, ge=1, le=1_000_000, description="positions precomputed; longer inputs are computed on the fly"
+        )
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.base = params.base
+        self.d_model = ctx.d_model
+        # Not persistent: a function of the params, so it stays out of checkpoints.
+        self.register_buffer("table", sinusoids(params.max_len, ctx.d_model, base=params.base), persistent=False)
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """``x`` (b, n, d) -> x + PE[offset : offset + n]."""
+        n = x.shape[1]
+        if offset + n <= self.table.shape[0]:
+            pe = self.table[offset : offset + n]
+        else:
+            pe = sinusoids(n, self.d_model, base=self.base, offset=offset, device=x.device)
+        return x + pe.to(x.dtype)
+
+
+@register("position", "learned")
+class LearnedPosition(nn.Module):
+    """Learned absolute position embeddings (Vaswani et al. 2017, Table 3 row E; Gehring et al. 2017)."""
+
+    class Params(PositionParams):
+        type: Literal["learned"] = "learned"
+        max_len: int = Field(1024, ge=1, le=1_000_000, description="longest sequence the table covers")
+
+        def max_positions(self) -> int | None:
+            """The table's length: a longer sequence has no position."""
+            return self.max_len
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.table = nn.Embedding(params.max_len, ctx.d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """``x`` (b, n, d) -> x + P[offset : offset + n]."""
+        n, max_len = x.shape[1], self.table.num_embeddings
+        if offset + n > max_len:
+            raise ValueError(f"sequence of {offset + n} positions exceeds learned max_len ({max_len})")
+        return x + self.table.weight[offset : offset + n]
+
+
+@register("position", "none")
+class NoPosition(nn.Module):
+    """No positional information (an ablation: attention alone is permutation-equivariant)."""
+
+    class Params(PositionParams):
+        type: Literal["none"] = "none"
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+
+    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+        """``x`` (b, n, d) unchanged."""
+        return x
+
+
+def rotary_angles(n: int, k: int, *, base: float, offset: int = 0, device=None) -> Tensor:
+    """Angles pos * base^(-2i/k) of positions offset..offset+n-1 and pairs i < k/2: (n, k/2), float32."""
+    inv_freq = base ** (-torch.arange(0, k, 2, device=device, dtype=torch.float32) / k)
+    return torch.arange(offset, offset + n, device=device, dtype=torch.float32)[:, None] * inv_freq
+
+
+@register("position", "rotary")
+class RotaryPosition(AttentionPosition):
+    """Rotary position embedding (Su et al. 2021, RoFormer, arXiv:2104.09864).
+
+    Queries and keys are rotated by their positions, so that scores depend on relative offsets only.
+    The cos/sin tables of the first ``max_len`` positions are buffers on the model's device."""
+
+    rotates = True
+
+    class Params(PositionParams):
+        type: Literal["rotary"] = "rotary"
+        base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotation frequencies")
+        max_len: int = Field(
+            4096, ge=1, le=1_000_000, description="positions whose cos/sin tables are precomputed; longer ones are computed on the fly"
+        )
+        pairing: Literal["interleaved", "half"] = Field(
+            "interleaved",
+            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), GPT-NeoX's and Llama's",
+        )
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.base = params.base
+        k = ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads)
+        angles = rotary_angles(params.max_len, k - k % 2, base=params.base)
+        # Not persistent: functions of the params, so they stay out of checkpoints.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.pairing = params.pairing
+
+    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1), or (x_i, x_i+k/2) with
+        ``pairing: half``, rotated by pos * base^(-2i/k)."""
+        n, k = x.shape[-2], x.shape[-1]
+        if k % 2:
+            raise ValueError(f"rotary positions need an even key width per head, got {k}")
+        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == k:
+            cos, sin = self.cos[offset : offset + n], self.sin[offset : offset + n]
+        else:
+            angles = rotary_angles(n, k, base=self.base, offset=offset, device=x.device)
+            cos, sin = angles.cos(), angles.sin()
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        if self.pairing == "half":
+            first, second = x[..., : k // 2], x[..., k // 2 :]
+            return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+        return out.flatten(-2)
+
+
+def alibi_slopes(heads: int) -> Tensor:
+    """Per-head slopes: the geometric sequence 2^(-8/h), 2^(-16/h), ... for h a power of two; otherwise
+    those of the next lower power of two, then every other slope of the next higher (Press et al. 2021)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(heads).is_integer():
+        return torch.tensor(power_of_two(heads))
+    lower = 2 ** math.floor(math.log2(heads))
+    return torch.tensor(power_of_two(lower) + power_of_two(2 * lower)[0::2][: heads - lower])
+
+
+@register("position", "alibi")
+class ALiBiPosition(AttentionPosition):
+    """Attention with linear biases: scores minus slope_h * distance (Press et al. 2021, arXiv:2108.12409);
+    symmetric distances in encoders."""
+
+    biases = True
+
+    class Params(PositionParams):
+        type: Literal["alibi"] = "alibi"
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.causal = ctx.causal
+        self.register_buffer("slopes", alibi_slopes(ctx.heads), persistent=False)
+
+    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        """Additive scores (1, h, i, j): minus slope_h times the distance between query and key."""
+        if heads != self.slopes.shape[0]:
+            raise ValueError(f"alibi was built for {self.slopes.shape[0]} heads, attention has {heads}")
+        device = self.slopes.device
+        i = torch.arange(offset, offset + n_query, device=device)[:, None]
+        j = torch.arange(n_key, device=device)[None, :]
+        distance = (i - j).clamp(min=0) if self.causal else (i - j).abs()
+        return -(self.slopes[:, None, None] * distance)[None]
+
+
+@register("position", "relative_bias")
+class RelativeBiasPosition(AttentionPosition):
+    """T5's learned relative position bias (Raffel et al. 2020, arXiv:1910.10683).
+
+    One scalar per head and log-spaced distance bucket, shared by a stack's layers."""
+
+    biases = True
+
+    class Params(PositionParams):
+        type: Literal["relative_bias"] = "relative_bias"
+        buckets: int = Field(32, ge=2, description="distance buckets (halved per direction in encoders)")
+        max_distance: int = Field(128, ge=2, description="distances beyond this share the last bucket")
+
+        def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+            # Decoders keep buckets/2 exact distances, encoders buckets/4 per direction; the
+            # log-spaced buckets run from there to max_distance (log(max_distance / exact) > 0).
+            if self.buckets < 4:
+                return [("buckets", f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, and each half needs an exact bucket")]
+            if self.max_distance <= self.buckets // 2:
+                return [("max_distance", f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), the distances with exact buckets")]
+            return []
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__()
+        self.causal = ctx.causal
+        self.buckets, self.max_distance, self.heads = params.buckets, params.max_distance, ctx.heads
+        self.table = nn.Embedding(params.buckets, ctx.heads)
+        nn.init.zeros_(self.table.weight)
+
+    def bucket(self, relative: Tensor) -> Tensor:
+        """Bucket of key position minus query position."""
+        buckets, n = self.buckets, -relative
+        out = torch.zeros_like(n)
+        if not self.causal:
+            buckets //= 2
+            out += (n < 0).long() * buckets
+            n = n.abs()
+        else:
+            n = n.clamp(min=0)
+        exact = buckets // 2
+        large = exact + (
+            torch.log(n.float().clamp(min=1) / exact) / math.log(self.max_distance / exact) * (buckets - exact)
+        ).long()
+        return out + torch.where(n < exact, n, large.clamp(max=buckets - 1))
+
+    def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
+        """Additive scores (1, h, i, j): the learned scalar of each head and distance bucket."""
+        if heads != self.heads:
+            raise ValueError(f"relative_bias was built for {self.heads} heads, attention has {heads}")
+        i = torch.arange(offset, offset + n_query, device=self.table.weight.device)[:, None]
+        j = torch.arange(n_key, device=self.table.weight.device)[None, :]
+        return self.table(self.bucket(j - i)).permute(2, 0, 1)[None]

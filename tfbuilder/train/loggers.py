@@ -1,0 +1,178 @@
+"""Where a run's metrics go: ``metrics.csv`` always, and any of TensorBoard, Weights & Biases and MLflow
+beside it (Lightning's own loggers), named in ``trainer.loggers``.
+
+``metrics.csv`` is written whatever else is chosen: ``tfbuilder report``, ``compare`` and sweeps read
+it. Each extra logger is given the resolved recipe as hyperparameters (dotted keys), and the run
+directory; where each one wrote (a W&B run's address, an MLflow run id) is recorded in the run
+directory's ``loggers.json``. A logger whose package is missing is a recipe problem found by
+``validate`` and before ``fit`` creates anything, naming the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfbuilder.spec.sections import LOGGER_NAMES
+from tfbuilder.train.metrics_log import MetricsCSV
+from tfbuilder.errors import TfbuilderError
+from tfbuilder.atomic import write_text
+
+if TYPE_CHECKING:  # annotations only: validating a recipe needs no Lightning
+    from lightning.pytorch.loggers.logger import Logger
+
+    from tfbuilder.errors import Problem
+    from tfbuilder.spec.recipe import Recipe
+    from tfbuilder.spec.sections import TrainerSection
+
+NAMES = LOGGER_NAMES
+"""What ``trainer.loggers`` may name (the schema's list, :data:`tfbuilder.spec.sections.LOGGER_NAMES`)."""
+# name -> (the module it imports, what to install)
+PACKAGES = {
+    "tensorboard": ("tensorboard", "pip install 'tfbuilder[tensorboard]'"),
+    "wandb": ("wandb", "pip install 'tfbuilder[wandb]'"),
+    "mlflow": ("mlflow", "pip install 'tfbuilder[mlflow]'"),
+}
+RECORD = "loggers.json"
+WANDB_PROJECT = "tfbuilder"  # unless WANDB_PROJECT says otherwise
+
+
+def chosen(trainer: TrainerSection) -> list[str]:
+    """The loggers a run writes to, in order, each once: ``csv`` first, then ``trainer.loggers``, then
+    the older single ``trainer.logger`` (``tensorboard``)."""
+    return list(dict.fromkeys(["csv", *trainer.loggers, trainer.logger]))
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def missing(name: str) -> str | None:
+    """Why logger ``name`` cannot run here (its package is not installed), or None."""
+    if name not in PACKAGES:
+        return None
+    module, install = PACKAGES[name]
+    if name == "tensorboard" and installed("tensorboardX"):  # Lightning writes with either
+        return None
+    return None if installed(module) else f"the {name} logger needs the {module} package: {install}"
+
+
+def check(recipe: Recipe) -> list[Problem]:
+    """A problem at ``trainer.loggers[i]`` (or ``trainer.logger``) for each logger that cannot run here."""
+    problems = []
+    for i, name in enumerate(recipe.trainer.loggers):
+        why = missing(name)
+        if why:
+            problems.append(recipe.problem(("trainer", "loggers", i), why))
+    if recipe.trainer.logger not in recipe.trainer.loggers:
+        why = missing(recipe.trainer.logger)
+        if why:
+            problems.append(recipe.problem(("trainer", "logger"), why))
+    return problems
+
+
+def build(recipe: Recipe, run_dir: Path) -> list[Logger]:
+    """Lightning loggers for a run in ``run_dir``: :class:`~tfbuilder.train.metrics_log.MetricsCSV` first
+    (``trainer.log_dir`` is the run directory), then the others ``trainer.loggers`` names."""
+
+    out: list[Logger] = [MetricsCSV(run_dir)]
+    for name in chosen(recipe.trainer)[1:]:
+        why = missing(name)
+        if why:
+            raise TfbuilderError(f"trainer.loggers: {why}")
+        out.append(_make(name, recipe, run_dir))
+    return out
+
+
+def _make(name: str, recipe: Recipe, run_dir: Path) -> Logger:
+    run_name = f"{recipe.name}/{run_dir.name}"
+    if name == "tensorboard":  # beside metrics.csv, where `tensorboard --logdir <output>` finds it
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        return TensorBoardLogger(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name, default_hp_metric=False)
+    if name == "wandb":
+        from lightning.pytorch.loggers import WandbLogger
+
+        # W&B keeps its local files in the run directory (or WANDB_DIR); WANDB_MODE=offline and WANDB_PROJECT apply.
+        return WandbLogger(
+            name=run_name, save_dir=os.environ.get("WANDB_DIR") or str(run_dir), project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT)
+        )
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    # MLFLOW_TRACKING_URI says where (a server, or file:<folder>); unset: ./mlruns.
+    return MLFlowLogger(
+        experiment_name=recipe.name, run_name=run_name, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+        tags={"tfbuilder.run_dir": str(run_dir.resolve())},
+    )
+
+
+def hyperparameters(recipe: Recipe, run_dir: Path) -> dict[str, Any]:
+    """The resolved recipe as flat dotted keys (``model.d_model``), with the run directory: what
+    trackers show and filter on. Lists become their YAML-like text."""
+    flat: dict[str, Any] = {"run_dir": str(run_dir.resolve())}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), inner)
+        else:
+            flat[prefix] = value if isinstance(value, (str, int, float, bool)) or value is None else json.dumps(value)
+
+    walk("", recipe.to_dict())
+    return flat
+
+
+def where(logger: Logger) -> dict[str, Any] | None:
+    """Where one logger wrote, for ``loggers.json``: the W&B run's id and address, the MLflow run's id
+    and tracking URI, the TensorBoard folder; None for metrics.csv and for loggers given in Python
+    that say nothing of it."""
+    kind = type(logger).__name__
+    if kind == "MetricsCSV":
+        return None
+    record: dict[str, Any] = {"logger": kind}
+    if kind == "WandbLogger":
+        run = logger.experiment
+        record.update(id=getattr(run, "id", None), url=getattr(run, "url", None), project=getattr(run, "project", None),
+                      dir=getattr(run, "dir", None), offline=bool(getattr(getattr(run, "settings", None), "_offline", False)))
+    elif kind == "MLFlowLogger":
+        record.update(run_id=logger.run_id, experiment_id=logger.experiment_id, tracking_uri=getattr(logger, "_tracking_uri", None))
+    else:
+        record.update(log_dir=getattr(logger, "log_dir", None))
+    return record
+
+
+def start(loggers: list[Logger], recipe: Recipe, run_dir: Path) -> None:
+    """Give every logger but metrics.csv the resolved recipe (which starts its run: a tracker that
+    cannot start is an error naming it, before training), then record where each wrote."""
+
+    params = hyperparameters(recipe, run_dir)
+    for logger in loggers[1:]:
+        try:
+            logger.log_hyperparams(params)
+        except Exception as exc:  # noqa: BLE001 (trackers raise their own kinds: a refused URI, no server)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise TfbuilderError(f"trainer.loggers: the {type(logger).__name__} could not start: {first}") from None
+    record(run_dir, loggers)
+
+
+def finish(loggers: list[Logger]) -> None:
+    """End the tracker runs tfbuilder started (a W&B run stays open until its process exits, and the
+    next ``fit`` in the same process would write into it)."""
+    for logger in loggers:
+        if type(logger).__name__ == "WandbLogger" and getattr(logger, "_experiment", None) is not None:
+            logger.experiment.finish()
+
+
+def record(run_dir: Path, loggers: Iterable[Logger]) -> None:
+    """Write ``<run_dir>/loggers.json``: where every logger but metrics.csv wrote (nothing when none did)."""
+
+    entries = [entry for entry in map(where, loggers) if entry is not None]
+    if entries:
+        write_text(run_dir / RECORD, json.dumps(entries, indent=2, default=str) + "\n", what="logger record")
+
+
+__all__ = ["NAMES", "build", "check", "chosen", "hyperparameters", "finish", "missing", "record", "start"]

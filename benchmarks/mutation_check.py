@@ -149,7 +149,7 @@ MUTATIONS: list[Mutation] = [
     # --- Hugging Face import: a field read but not used
     Mutation("hf: rope_theta ignored", "tfbuilder/interop/hf/configs.py", "\"base\": _float(rope, \"rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
     Mutation("hf: rms_norm_eps ignored", "tfbuilder/interop/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
-    Mutation("hf: n_inner ignored", "tfbuilder/interop/hf/configs.py", "_get(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
+    Mutation("hf: n_inner ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
     Mutation("hf: T5 max_distance ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
     # --- recent ablations (Gemma 2; PaLM; GPT-J; Qiu et al. 2025; Zhou et al. 2024; Ye et al. 2025; Muon; patterns)
     Mutation("softcap: logits divided instead of scaled", "tfbuilder/train/objectives.py", "logits = softcap * tanh", "logits = softcap / tanh", OBJ + ("-k", "softcap")),
@@ -179,7 +179,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("pattern: the stack's params win over the change", "tfbuilder/spec/recipe.py", "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
     Mutation("pattern: the last index + 1 accepted", "tfbuilder/spec/recipe.py", "if not -stack.layers <= index < stack.layers:", "if not -stack.layers <= index <= stack.layers:", PATTERNS),
     Mutation("pattern: value residual switched off in some layers", "tfbuilder/spec/recipe.py", 'if family == "attention" and residual[0] != residual[1]:', 'if family == "attention" and residual[0] == residual[1] == "x":', PATTERNS),
-    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/train/preflight.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
+    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/model/sizing.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
     # --- decoding (tfbuilder/inference/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
     Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
     Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),

@@ -6,14 +6,14 @@ the component contract in :mod:`tfbuilder.contracts`.
 """
 
 from tfbuilder import contracts
-from tfbuilder.model.builder import build_model, count_parameters
+from tfbuilder.data import pretrained as _pretrained
 from tfbuilder.errors import Problem, RecipeError
-from tfbuilder.spec.recipe import Recipe, json_schema, load_recipe, recipe_from_dict
+from tfbuilder.model.builder import build_model, count_parameters
 from tfbuilder.registry import BuildContext, ComponentParams, ModelDims, register
 from tfbuilder.runs.checkpoints import load_checkpoint
-from tfbuilder.version import __version__  # noqa: F401 (tfbuilder.__version__)
-from tfbuilder.data import pretrained as _pretrained
 from tfbuilder.spec import ports as _ports
+from tfbuilder.spec.recipe import Recipe, json_schema, load_recipe, recipe_from_dict
+from tfbuilder.version import __version__  # noqa: F401 (tfbuilder.__version__)
 
 # The schema reads tokenizer files (data.tokenizer.path) through the data layer, below which it sits.
 _ports.provide_tokenizer_files(_pretrained)

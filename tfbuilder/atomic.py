@@ -209,7 +209,9 @@ def link(source: Path, target: Path) -> None:
         os.replace(tmp, target)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise WriteError(f"cannot write checkpoint {target}: {exc.strerror or exc} (the previous version is kept)") from None
+        raise WriteError(
+            f"cannot write checkpoint {target}: {exc.strerror or exc} (the previous version is kept)"
+        ) from None
     fsync_dir(target.parent)
 
 

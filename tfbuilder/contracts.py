@@ -63,7 +63,7 @@ class ComponentParams(BaseModel):
     family: ClassVar[str] = ""
     type: str
 
-    def check(self, dims: "ModelDims") -> list[tuple[str, str]]:
+    def check(self, dims: ModelDims) -> list[tuple[str, str]]:
         """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
         return []
 
@@ -299,7 +299,11 @@ def missing(family: str, cls: type) -> list[str]:
     is for)"`` each; empty when the class satisfies it."""
     members, params_members = REQUIRED[family]
     out = [f"{name} ({why})" for name, why in members.items() if not _declares(cls, name, ignore=(nn.Module,))]
-    out += [f"Params.{name} ({why})" for name, why in params_members.items() if not _declares(cls.Params, name, ignore=(ComponentParams,))]
+    out += [
+        f"Params.{name} ({why})"
+        for name, why in params_members.items()
+        if not _declares(cls.Params, name, ignore=(ComponentParams,))
+    ]
     return out
 
 

@@ -36,7 +36,9 @@ def resolve(device: str | torch.device | None) -> torch.device:
         if count == 0:
             raise TfbuilderError(f"--device {device}: no CUDA GPU is available on this machine")
         if found.index is not None and found.index >= count:
-            raise TfbuilderError(f"--device {device}: this machine has {count} CUDA GPU(s) (cuda:0 .. cuda:{count - 1})")
+            raise TfbuilderError(
+                f"--device {device}: this machine has {count} CUDA GPU(s) (cuda:0 .. cuda:{count - 1})"
+            )
     elif found.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise TfbuilderError(f"--device {device}: MPS is not available on this machine")
     elif found.type not in ("cpu", "cuda", "mps"):
@@ -127,4 +129,3 @@ def idle_cores() -> int:
 def threads(setting: int | str) -> int:
     """The CPU threads for ``trainer.threads`` (``auto``: :func:`idle_cores`)."""
     return idle_cores() if setting == "auto" else int(setting)
-

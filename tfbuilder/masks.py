@@ -45,9 +45,7 @@ def combine(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
-def window_mask(
-    n_query: int, n_key: int, window: int, *, offset: int = 0, causal: bool = True, device=None
-) -> Tensor:
+def window_mask(n_query: int, n_key: int, window: int, *, offset: int = 0, causal: bool = True, device=None) -> Tensor:
     """Sliding-window mask (1, 1, i, j): query ``offset + i`` may attend to keys less than ``window``
     positions away (behind it when ``causal``; on either side otherwise)."""
     i = torch.arange(offset, offset + n_query, device=device)[:, None]

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Literal, TypeVar, get_args, get_origin
 
-
 from tfbuilder.contracts import (  # noqa: F401 (re-exported: what a component is built from)
     AuxiliaryLoss,
     BuildContext,
@@ -95,9 +94,7 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
     field = params.model_fields.get("type")
     annotation = field.annotation if field else None
     if get_origin(annotation) is not Literal or get_args(annotation) != (name,) or field.default != name:
-        raise RegistryError(
-            f"{cls.__name__}.Params.type must be declared as: type: Literal['{name}'] = '{name}'"
-        )
+        raise RegistryError(f"{cls.__name__}.Params.type must be declared as: type: Literal['{name}'] = '{name}'")
     for pname, pfield in params.model_fields.items():
         if pname != "type" and not pfield.description:
             raise RegistryError(f"{cls.__name__}.Params.{pname} needs a description")
@@ -109,7 +106,8 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
     absent = lacking(family, cls)
     if absent:
         raise RegistryError(
-            f"{cls.__name__} does not satisfy the {family} contract (tfbuilder.contracts): it lacks " + "; ".join(absent)
+            f"{cls.__name__} does not satisfy the {family} contract (tfbuilder.contracts): it lacks "
+            + "; ".join(absent)
         )
     params.family = family
     package, package_version = ("tfbuilder", _own_version()) if source.startswith("tfbuilder.") else _provider
@@ -184,12 +182,21 @@ def missing(records: list[dict]) -> list[str]:
         if not isinstance(r, dict) or r.get("family") not in FAMILIES or r.get("type") in _entries[r["family"]]:
             continue
         if r.get("plugin"):
-            problems.append(f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, which is not loaded: pass --plugins {r['plugin']}")
+            problems.append(
+                f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, which is not loaded: pass --plugins {r['plugin']}"
+            )
         elif r.get("package"):
-            need = f"pip install '{r['package']}=={r['version']}'" if r.get("version") else f"pip install '{r['package']}'"
-            problems.append(f"{r['family']} type '{r['type']}' comes from the package {r['package']} {r.get('version') or ''}".rstrip() + f", which is not installed here: {need}")
+            need = (
+                f"pip install '{r['package']}=={r['version']}'" if r.get("version") else f"pip install '{r['package']}'"
+            )
+            problems.append(
+                f"{r['family']} type '{r['type']}' comes from the package {r['package']} {r.get('version') or ''}".rstrip()
+                + f", which is not installed here: {need}"
+            )
         else:
-            problems.append(f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} (not an installed package): import it before loading")
+            problems.append(
+                f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} (not an installed package): import it before loading"
+            )
     return problems
 
 

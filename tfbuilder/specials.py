@@ -54,10 +54,12 @@ class SpecialIds:
 
     def reserved(self) -> tuple[int, ...]:
         """Every id with a role (sorted): a masked LM never hides these."""
-        return tuple(sorted({i for i in (self.start, self.end, self.pad, self.unk, self.mask, *self.never) if i is not None}))
+        return tuple(
+            sorted({i for i in (self.start, self.end, self.pad, self.unk, self.mask, *self.never) if i is not None})
+        )
 
     @classmethod
-    def from_dict(cls, data: object, *, vocab_size: int) -> "SpecialIds":
+    def from_dict(cls, data: object, *, vocab_size: int) -> SpecialIds:
         """The ids :meth:`to_dict` wrote, each checked to be an id of the vocabulary; a ``ValueError``
         naming the field for anything else."""
         # "mask" was added later: checkpoints written before it lack it.
@@ -85,8 +87,15 @@ class SpecialIds:
 
     @classmethod
     def of(
-        cls, *, start: int | None, end: int | None, pad: int | None, unk: int | None, extra: tuple[int | None, ...] = (), mask: int | None = None
-    ) -> "SpecialIds":
+        cls,
+        *,
+        start: int | None,
+        end: int | None,
+        pad: int | None,
+        unk: int | None,
+        extra: tuple[int | None, ...] = (),
+        mask: int | None = None,
+    ) -> SpecialIds:
         """Ids with ``never`` derived: the pad, the start, the mask and ``extra``, except the end
         (GPT-2's start and end are one token, which must stay possible)."""
         banned = {i for i in (pad, start, mask, *extra) if i is not None} - {end}
@@ -98,8 +107,12 @@ def filled(ids: SpecialIds, named: SpecialIds) -> SpecialIds:
     some roles, its tokenizer names the rest: BERT's [CLS] and [SEP] are in no config id)."""
     pick = lambda ours, theirs: theirs if ours is None else ours  # noqa: E731
     return SpecialIds.of(
-        start=pick(ids.start, named.start), end=pick(ids.end, named.end), pad=pick(ids.pad, named.pad),
-        unk=pick(ids.unk, named.unk), extra=ids.never, mask=pick(ids.mask, named.mask),
+        start=pick(ids.start, named.start),
+        end=pick(ids.end, named.end),
+        pad=pick(ids.pad, named.pad),
+        unk=pick(ids.unk, named.unk),
+        extra=ids.never,
+        mask=pick(ids.mask, named.mask),
     )
 
 
@@ -119,7 +132,11 @@ CANDIDATES = {
     "mask": ("<mask>", "[MASK]", "<|mask|>"),
 }
 # What each model kind cannot train without (the masked LM shows <mask>; every kind pads batches).
-NEEDED = {"encoder_decoder": ("pad", "bos", "eos"), "decoder": ("pad", "bos", "eos"), "encoder": ("pad", "bos", "eos", "mask")}
+NEEDED = {
+    "encoder_decoder": ("pad", "bos", "eos"),
+    "decoder": ("pad", "bos", "eos"),
+    "encoder": ("pad", "bos", "eos", "mask"),
+}
 
 
 def lacking(found: dict[str, int | None], kind: str) -> list[str]:
@@ -127,5 +144,7 @@ def lacking(found: dict[str, int | None], kind: str) -> list[str]:
     end token would hide every end from the loss)."""
     out = [f"no {role} token ({' or '.join(CANDIDATES[role][:2])})" for role in NEEDED[kind] if found[role] is None]
     if found["pad"] is not None and found["pad"] == found["eos"]:
-        out.append(f"its pad and end token are one token (id {found['pad']}): the end of every example would count as padding")
+        out.append(
+            f"its pad and end token are one token (id {found['pad']}): the end of every example would count as padding"
+        )
     return out

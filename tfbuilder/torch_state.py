@@ -36,8 +36,10 @@ class TorchState:
     environment: tuple[tuple[str, str], ...]
 
     @classmethod
-    def now(cls) -> "TorchState":
-        cuda = tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    def now(cls) -> TorchState:
+        cuda = (
+            tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
         return cls(
             threads=torch.get_num_threads(),
             deterministic=torch.are_deterministic_algorithms_enabled(),

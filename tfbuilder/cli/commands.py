@@ -11,35 +11,26 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from tfbuilder import registry
-from tfbuilder.errors import RecipeError, TfbuilderError, printable
-from tfbuilder.runs.checkpoints import load_checkpoint
-from tfbuilder.runs.checkpoints import CHOICES
-from tfbuilder.version import __version__
-from tfbuilder.model.builder import build_model
-from tfbuilder.spec.recipe import load_recipe
-from tfbuilder.model.builder import count_parameters
-from tfbuilder.spec.recipe import recipe_from_dict
-from tfbuilder.runs.checkpoints import read_checkpoint
-from tfbuilder.data.prepare import prepare, summary_lines
-from tfbuilder.devices import model_device
-from tfbuilder.data.tokenizers import unknown
-from tfbuilder.runs.checkpoints import display_path
-from tfbuilder import atomic
+from tfbuilder import atomic, plugins, registry
 from tfbuilder.atomic import write_new_text
-from tfbuilder.spec.recipe import json_schema
-from tfbuilder.runs.checkpoints import Interrupted
+from tfbuilder.data.prepare import prepare, summary_lines
+from tfbuilder.data.tokenizers import unknown
+from tfbuilder.devices import model_device
+from tfbuilder.errors import RecipeError, TfbuilderError, printable
+from tfbuilder.inference.decoding import Rules
+from tfbuilder.model.builder import build_model, count_parameters
 from tfbuilder.model.module_tree import format_tree, kv_cache_per_token, tree
 from tfbuilder.runs.averaging import write_average
-from tfbuilder.streams import NotText, batches
-from tfbuilder.inference.decoding import Rules
+from tfbuilder.runs.checkpoints import CHOICES, Interrupted, display_path, load_checkpoint, read_checkpoint
 from tfbuilder.spec.diffing import differences, format_table
-from tfbuilder import plugins
+from tfbuilder.spec.recipe import json_schema, load_recipe, recipe_from_dict
+from tfbuilder.streams import NotText, batches
+from tfbuilder.version import __version__
 
 if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the commands that need them
     from tfbuilder.spec.recipe import Recipe
@@ -99,8 +90,15 @@ def _seed(text: str) -> int:
     return value
 
 
-for _f, _name in ((_positive_int, "a positive integer"), (_count, "an integer"), (_finite, "a number"),
-                  (_temperature, "a number"), (_alpha, "a number"), (_probability, "a number"), (_seed, "an integer")):
+for _f, _name in (
+    (_positive_int, "a positive integer"),
+    (_count, "an integer"),
+    (_finite, "a number"),
+    (_temperature, "a number"),
+    (_alpha, "a number"),
+    (_probability, "a number"),
+    (_seed, "an integer"),
+):
     _f.__name__ = _name  # argparse says "invalid a positive integer value: 'x'"
 
 
@@ -125,30 +123,53 @@ def _add_device(p: argparse.ArgumentParser) -> None:
 
 def _add_rules(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--unk-penalty", type=_finite, default=0.0, metavar="X",
+        "--unk-penalty",
+        type=_finite,
+        default=0.0,
+        metavar="X",
         help="take X from the log-probability of <unk> at every step (default 0; negative favours it)",
     )
     p.add_argument(
-        "--no-repeat-ngram-size", type=_count, default=0, metavar="N", dest="no_repeat_ngram",
+        "--no-repeat-ngram-size",
+        type=_count,
+        default=0,
+        metavar="N",
+        dest="no_repeat_ngram",
         help="no N-gram occurs twice in an output (default 0: off)",
     )
 
 
 def _add_checkpoints(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
-        "checkpoint", metavar="RUN_OR_CKPT", nargs="+",
+        "checkpoint",
+        metavar="RUN_OR_CKPT",
+        nargs="+",
         help=f"a run directory or a checkpoint file; several {what} as an ensemble (the mean of their probabilities; one vocabulary)",
     )
 
 
 def _add_sampling(p: argparse.ArgumentParser, *, what: str) -> None:
-    p.add_argument("--temperature", type=_temperature, default=1.0, help=f"softmax temperature of {what} (default 1; 0 always takes the most likely token)")
-    p.add_argument("--top-k", type=_positive_int, metavar="K", help=f"{what} draws from the K most likely tokens only (default: all)")
     p.add_argument(
-        "--top-p", type=_probability, metavar="P",
+        "--temperature",
+        type=_temperature,
+        default=1.0,
+        help=f"softmax temperature of {what} (default 1; 0 always takes the most likely token)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=_positive_int,
+        metavar="K",
+        help=f"{what} draws from the K most likely tokens only (default: all)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=_probability,
+        metavar="P",
         help=f"nucleus sampling: {what} draws from the most likely tokens holding this share of probability, in (0, 1] (default 1)",
     )
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the random draws (default 0: the same output each run)")
+    p.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the random draws (default 0: the same output each run)"
+    )
 
 
 def _add_checkpoint(p: argparse.ArgumentParser) -> None:
@@ -167,7 +188,9 @@ def _load(args: argparse.Namespace, path: str | None = None):
     loaded = load_checkpoint(path or args.checkpoint, checkpoint=args.which, device=getattr(args, "device", None))
     print(f"checkpoint: {loaded.describe()}", file=sys.stderr)
     if loaded.recipe.model.head is not None and args.command in ("translate", "generate", "attention"):
-        raise TfbuilderError(f"{args.command}: {loaded.describe()} has a sequence head (model.head: {loaded.recipe.model.head.type}): it labels texts; use tfbuilder predict")
+        raise TfbuilderError(
+            f"{args.command}: {loaded.describe()} has a sequence head (model.head: {loaded.recipe.model.head.type}): it labels texts; use tfbuilder predict"
+        )
     return loaded
 
 
@@ -175,7 +198,9 @@ def _load_all(args: argparse.Namespace) -> list:
     """The checkpoints of a command that takes several (an ensemble), each named on standard error."""
 
     if len(args.checkpoint) > 1 and args.which is not None and args.which not in CHOICES:
-        raise TfbuilderError(f"--checkpoint {args.which} names one file, but {len(args.checkpoint)} checkpoints were given")
+        raise TfbuilderError(
+            f"--checkpoint {args.which} names one file, but {len(args.checkpoint)} checkpoints were given"
+        )
     return [_load(args, path) for path in args.checkpoint]
 
 
@@ -189,13 +214,17 @@ def version_line() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-
     return f"tfbuilder {__version__} (torch {installed('torch')}, lightning {installed('lightning')}, Python {sys.version.split()[0]})"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tfbuilder", description="Declarative transformers from YAML recipes.")
-    p.add_argument("--version", action="version", version=version_line(), help="the versions of tfbuilder, torch and lightning, and exit")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="the versions of tfbuilder, torch and lightning, and exit",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     v = sub.add_parser("validate", help="check recipes; print OK or every problem (exit 0 or 2)")
@@ -210,9 +239,13 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=cmd_show)
 
     f = sub.add_parser("fit", help="train a recipe (or resume a run) through Lightning")
-    f.add_argument("recipe", nargs="?", metavar="RECIPE", help="the recipe to train (not with --resume: a run keeps its recipe)")
+    f.add_argument(
+        "recipe", nargs="?", metavar="RECIPE", help="the recipe to train (not with --resume: a run keeps its recipe)"
+    )
     f.add_argument("--resume", metavar="RUN_OR_CKPT", help="continue a run directory or checkpoint")
-    f.add_argument("--init-from", metavar="CHECKPOINT", help="start a new run from these weights (fresh optimizer and schedule)")
+    f.add_argument(
+        "--init-from", metavar="CHECKPOINT", help="start a new run from these weights (fresh optimizer and schedule)"
+    )
     f.add_argument("--force", action="store_true", help="resume a run directory that was copied or moved")
     _add_set(f)
     f.set_defaults(run=cmd_fit)
@@ -222,10 +255,14 @@ def parser() -> argparse.ArgumentParser:
     _add_set(pr)
     pr.set_defaults(run=cmd_prepare)
 
-    av = sub.add_parser("average", help="average the weights of a run's last N kept checkpoints (Vaswani et al. sec. 6.1)")
+    av = sub.add_parser(
+        "average", help="average the weights of a run's last N kept checkpoints (Vaswani et al. sec. 6.1)"
+    )
     av.add_argument("run_dir", metavar="RUN_DIR", help="a run directory trained with trainer.keep_last")
     av.add_argument("--last", type=int, default=5, metavar="N", help="how many of the kept checkpoints (default 5)")
-    av.add_argument("--out", metavar="FILE", help="where to write (default RUN_DIR/checkpoints/averaged.ckpt; never overwritten)")
+    av.add_argument(
+        "--out", metavar="FILE", help="where to write (default RUN_DIR/checkpoints/averaged.ckpt; never overwritten)"
+    )
     av.set_defaults(run=cmd_average)
 
     t = sub.add_parser(
@@ -235,16 +272,37 @@ def parser() -> argparse.ArgumentParser:
     _add_checkpoints(t, "translate")
     _add_checkpoint(t)
     t.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
-    t.add_argument("--alpha", type=_alpha, default=0.6, help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)")
     t.add_argument(
-        "--nbest", type=_positive_int, default=1, metavar="N",
+        "--alpha",
+        type=_alpha,
+        default=0.6,
+        help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)",
+    )
+    t.add_argument(
+        "--nbest",
+        type=_positive_int,
+        default=1,
+        metavar="N",
         help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' (line numbers from 0; at most the beam, or N samples)",
     )
-    t.add_argument("--sample", action="store_true", help="draw translations at random from the model instead of searching")
+    t.add_argument(
+        "--sample", action="store_true", help="draw translations at random from the model instead of searching"
+    )
     _add_sampling(t, what="--sample")
     _add_rules(t)
-    t.add_argument("--batch-size", type=_positive_int, metavar="N", help="at most N sentences per batch (default: no limit but --max-tokens)")
-    t.add_argument("--max-tokens", type=_positive_int, default=6000, metavar="N", help="at most N source tokens per batch, all beams together (default 6000)")
+    t.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        metavar="N",
+        help="at most N sentences per batch (default: no limit but --max-tokens)",
+    )
+    t.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=6000,
+        metavar="N",
+        help="at most N source tokens per batch, all beams together (default 6000)",
+    )
     t.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     t.add_argument("--input", "-i", metavar="FILE", help="read lines from FILE instead of standard input")
     t.add_argument("--output", "-o", metavar="FILE", help="write to FILE (must not exist) instead of standard output")
@@ -255,38 +313,76 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(g)
     g.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
-    g.add_argument("--max-new", type=_count, default=100, metavar="N", help="at most N new tokens (default 100; fewer when </s> comes)")
+    g.add_argument(
+        "--max-new",
+        type=_count,
+        default=100,
+        metavar="N",
+        help="at most N new tokens (default 100; fewer when </s> comes)",
+    )
     _add_sampling(g, what="generation")
     _add_rules(g)
     _add_device(g)
     g.set_defaults(run=cmd_generate)
 
-    pd = sub.add_parser("predict", help="label (and probabilities) or number of each text, with a checkpoint that has a sequence head (model.head)")
+    pd = sub.add_parser(
+        "predict",
+        help="label (and probabilities) or number of each text, with a checkpoint that has a sequence head (model.head)",
+    )
     pd.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     _add_checkpoint(pd)
     pd.add_argument(
-        "--input", "-i", required=True, metavar="FILE",
+        "--input",
+        "-i",
+        required=True,
+        metavar="FILE",
         help="the texts: .jsonl, .csv or .tsv records (optionally .gz) read through the run's data.columns, any other file one text per line; - reads standard input",
     )
-    pd.add_argument("--output", "-o", metavar="FILE", help="write JSON Lines to FILE (must not exist) instead of standard output")
-    pd.add_argument("--batch-size", type=_positive_int, default=64, metavar="N", help="texts per forward pass (default 64)")
+    pd.add_argument(
+        "--output", "-o", metavar="FILE", help="write JSON Lines to FILE (must not exist) instead of standard output"
+    )
+    pd.add_argument(
+        "--batch-size", type=_positive_int, default=64, metavar="N", help="texts per forward pass (default 64)"
+    )
     _add_device(pd)
     pd.set_defaults(run=cmd_predict)
 
-    e = sub.add_parser("test", help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint; accuracy and macro-F1 (or MSE and Pearson) of a sequence head")
+    e = sub.add_parser(
+        "test",
+        help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint; accuracy and macro-F1 (or MSE and Pearson) of a sequence head",
+    )
     _add_checkpoints(e, "are scored")
     _add_checkpoint(e)
-    e.add_argument("--split", default="test", choices=["train", "val", "test"], help="which split of the recipe's data (default test)")
-    e.add_argument("--beam", type=_positive_int, default=4, help="beam size of the translations scored (1: greedy; default 4, the paper's)")
-    e.add_argument("--alpha", type=_alpha, default=0.6, help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)")
+    e.add_argument(
+        "--split",
+        default="test",
+        choices=["train", "val", "test"],
+        help="which split of the recipe's data (default test)",
+    )
+    e.add_argument(
+        "--beam",
+        type=_positive_int,
+        default=4,
+        help="beam size of the translations scored (1: greedy; default 4, the paper's)",
+    )
+    e.add_argument(
+        "--alpha",
+        type=_alpha,
+        default=0.6,
+        help="length penalty exponent of beam search, 0 to 10 (default 0.6, the paper's)",
+    )
     e.add_argument("--precision", choices=["32", "bf16"], default="32", help="decode in float32 (default) or bfloat16")
     _add_rules(e)
     e.add_argument(
-        "--output", "-o", metavar="FILE",
+        "--output",
+        "-o",
+        metavar="FILE",
         help="also write the translations to FILE (must not exist), in the split's order: one hypothesis per line, or see --output-format",
     )
     e.add_argument(
-        "--output-format", choices=["plain", "fairseq"], default="plain",
+        "--output-format",
+        choices=["plain", "fairseq"],
+        default="plain",
         help="plain: one detokenized hypothesis per line; fairseq: S-i source, T-i reference, H-i score and hypothesis, tab-separated (fairseq-generate's layout)",
     )
     _add_device(e)
@@ -302,21 +398,39 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_components)
 
     w = sub.add_parser("sweep", help="train recipes over seeds into one directory; write a comparison report")
-    w.add_argument("recipes", nargs="+", metavar="RECIPE", help="the recipes to compare (the first is the baseline unless --baseline)")
+    w.add_argument(
+        "recipes",
+        nargs="+",
+        metavar="RECIPE",
+        help="the recipes to compare (the first is the baseline unless --baseline)",
+    )
     w.add_argument("--seeds", type=_positive_int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
     w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
-    w.add_argument("--beam", type=_positive_int, default=4, help="beam of the validation BLEU after training (default 4)")
+    w.add_argument(
+        "--beam", type=_positive_int, default=4, help="beam of the validation BLEU after training (default 4)"
+    )
     w.add_argument("--no-bleu", action="store_true", help="skip the validation BLEU")
-    w.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
+    w.add_argument(
+        "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
+    )
     w.add_argument("--dry-run", action="store_true", help="say what would run, and stop")
     _add_set(w)
     w.set_defaults(run=cmd_sweep)
 
     cp = sub.add_parser("compare", help="the sweep report from existing runs (run, sweep or output directories)")
-    cp.add_argument("dirs", nargs="+", metavar="RUN_DIR", help="run directories, sweep directories or output directories holding runs")
-    cp.add_argument("--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)")
+    cp.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories, sweep directories or output directories holding runs",
+    )
+    cp.add_argument(
+        "--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)"
+    )
     cp.add_argument("--beam", type=_positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
-    cp.add_argument("--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)")
+    cp.add_argument(
+        "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
+    )
     cp.set_defaults(run=cmd_compare)
 
     at = sub.add_parser("attention", help="PNG heatmaps of a checkpoint's attention weights, per layer and head")
@@ -325,20 +439,32 @@ def parser() -> argparse.ArgumentParser:
     at.add_argument("--src", required=True, metavar="TEXT", help="the source sentence (the text, for one-stack models)")
     at.add_argument("--tgt", metavar="TEXT", help="the target sentence (default: the model's greedy translation)")
     at.add_argument("--layers", type=int, nargs="+", metavar="N", help="only these layers (0-based; default all)")
-    at.add_argument("--out", default="attention-maps", metavar="DIR", help="directory for the PNGs (default attention-maps)")
+    at.add_argument(
+        "--out", default="attention-maps", metavar="DIR", help="directory for the PNGs (default attention-maps)"
+    )
     _add_device(at)
     at.set_defaults(run=cmd_attention)
 
-    ih = sub.add_parser("import-hf", help="a Hugging Face model directory (GPT-2, BERT, T5, Llama) as a tfbuilder run directory")
-    ih.add_argument("hf_dir", metavar="HF_DIR", help="a directory save_pretrained wrote: config.json, model.safetensors[, tokenizer.json]")
-    ih.add_argument("--out", required=True, metavar="RUN_DIR", help="the run directory to write (must not exist, or be empty)")
+    ih = sub.add_parser(
+        "import-hf", help="a Hugging Face model directory (GPT-2, BERT, T5, Llama) as a tfbuilder run directory"
+    )
+    ih.add_argument(
+        "hf_dir",
+        metavar="HF_DIR",
+        help="a directory save_pretrained wrote: config.json, model.safetensors[, tokenizer.json]",
+    )
+    ih.add_argument(
+        "--out", required=True, metavar="RUN_DIR", help="the run directory to write (must not exist, or be empty)"
+    )
     _add_set(ih)
     ih.set_defaults(run=cmd_import_hf)
 
     ex = sub.add_parser("export", help="a checkpoint as safetensors, a Hugging Face directory, or ONNX")
     ex.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or a run directory")
     ex.add_argument(
-        "--format", required=True, choices=["safetensors", "hf", "onnx"],
+        "--format",
+        required=True,
+        choices=["safetensors", "hf", "onnx"],
         help="safetensors: the weights; hf: a Hugging Face model directory (GPT-2, BERT, T5, Llama shapes); onnx: the forward pass",
     )
     ex.add_argument("--out", required=True, metavar="DIR", help="the directory to write (must not exist, or be empty)")
@@ -349,7 +475,10 @@ def parser() -> argparse.ArgumentParser:
     j.set_defaults(run=cmd_schema)
     for command in sub.choices.values():  # every command: before a recipe or a checkpoint is read
         command.add_argument(
-            "--plugins", action="append", default=[], metavar="FILE_OR_MODULE",
+            "--plugins",
+            action="append",
+            default=[],
+            metavar="FILE_OR_MODULE",
             help="import a Python file or module that registers components first (repeatable; recorded in checkpoints)",
         )
     return p
@@ -358,7 +487,6 @@ def parser() -> argparse.ArgumentParser:
 def _check(path: str, overrides: Sequence[str]):
     """Load a recipe and build its model on the meta device (no memory, no time): all problems at once."""
     import torch
-
 
     recipe = load_recipe(path, overrides)
     with torch.device("meta"):
@@ -399,7 +527,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"total parameters: {count_parameters(model):,}")
     cached = kv_cache_per_token(model)
     if cached is not None:
-        print(f"KV cache per generated token (every decoder layer): {cached:,} numbers, {cached * 2 / 1024:,.1f} KiB in bfloat16")
+        print(
+            f"KV cache per generated token (every decoder layer): {cached:,} numbers, {cached * 2 / 1024:,.1f} KiB in bfloat16"
+        )
     layers = _layer_lines(recipe)
     if layers:
         print()
@@ -432,7 +562,11 @@ def _layer_lines(recipe: Recipe) -> list[str]:
         named = [(f"kind {name}", changes) for name, changes in stack.kinds.items()]
         named += [(f"layer {index}", changes) for index, changes in stack.overrides.items()]
         for label, changes in named:
-            changed = [f"{family}.{key}={value}" for family in ("attention", "ffn", "norm") for key, value in (getattr(changes, family) or {}).items()]
+            changed = [
+                f"{family}.{key}={value}"
+                for family in ("attention", "ffn", "norm")
+                for key, value in (getattr(changes, family) or {}).items()
+            ]
             lines.append(f"  {label}: " + (", ".join(changed) or "(the stack's components)"))
     return lines
 
@@ -479,7 +613,12 @@ def cmd_average(args: argparse.Namespace) -> int:
 def cmd_translate(args: argparse.Namespace) -> int:
     import torch
 
-    from tfbuilder.inference.translate import Search, decoding_model, ensemble_of, translate_batch  # deferred: start-up time
+    from tfbuilder.inference.translate import (
+        Search,
+        decoding_model,
+        ensemble_of,
+        translate_batch,
+    )  # deferred: start-up time
 
     # Arguments first: a bad path or option is reported before a checkpoint is loaded.
     if args.input is not None and args.input != "-":
@@ -488,15 +627,23 @@ def cmd_translate(args: argparse.Namespace) -> int:
         _new_file(args.output, "--output")
     try:
         search = Search(
-            beam=args.beam, alpha=args.alpha, nbest=args.nbest, sample=args.sample,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram,
+            beam=args.beam,
+            alpha=args.alpha,
+            nbest=args.nbest,
+            sample=args.sample,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            unk_penalty=args.unk_penalty,
+            no_repeat_ngram=args.no_repeat_ngram,
         )
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
     loaded, *others = _load_all(args)
     if loaded.recipe.model.kind != "encoder_decoder":
-        raise TfbuilderError(f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)")
+        raise TfbuilderError(
+            f"translate needs an encoder_decoder checkpoint; this one is '{loaded.recipe.model.kind}' (try generate)"
+        )
     try:
         model = ensemble_of(loaded, others) if others else loaded.model
     except ValueError as exc:
@@ -520,7 +667,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
         try:
             for lines in batches(source, most=args.batch_size or 512):
                 _warn_unknown(loaded.vocab.src, lines, first=number)
-                found = translate_batch(model, loaded.vocab, lines, search=search, max_tokens=args.max_tokens, batch_size=args.batch_size, generator=generator)
+                found = translate_batch(
+                    model,
+                    loaded.vocab,
+                    lines,
+                    search=search,
+                    max_tokens=args.max_tokens,
+                    batch_size=args.batch_size,
+                    generator=generator,
+                )
                 for candidates in found:
                     if args.nbest == 1:
                         sink.write(candidates[0][0] + "\n")
@@ -591,8 +746,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     rules = Rules(unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram)
     try:
         text = generate(
-            loaded, args.prompt, max_new=args.max_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            generator=rng, rules=rules,
+            loaded,
+            args.prompt,
+            max_new=args.max_new,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            generator=rng,
+            rules=rules,
         )
     except ValueError as exc:  # a model with nothing to start or end with
         raise TfbuilderError(str(exc)) from None
@@ -610,7 +771,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     if loaded.recipe.model.head is not None:
         return _test_head(args, loaded, others)
     try:
-        search = Search(beam=args.beam, alpha=args.alpha, unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram)
+        search = Search(
+            beam=args.beam, alpha=args.alpha, unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram
+        )
         scores, outputs = evaluate_outputs(loaded, args.split, search=search, precision=args.precision, ensemble=others)
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
@@ -626,7 +789,12 @@ def cmd_test(args: argparse.Namespace) -> int:
         rows += [(f"{level}sacreBLEU ({search})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
         rows += [("signature", scores.bleu_signature)]
     elif scores.exact_match is not None:
-        rows += [("sacreBLEU", "not computed: a synthetic task's outputs are not language (exact match and accuracy are the scores)")]
+        rows += [
+            (
+                "sacreBLEU",
+                "not computed: a synthetic task's outputs are not language (exact match and accuracy are the scores)",
+            )
+        ]
     if scores.seconds_decoding is not None:
         rows += [("decoding time", f"{scores.seconds_decoding:.1f} s")]
     width = max(len(k) for k, _ in rows)
@@ -644,7 +812,12 @@ def cmd_test(args: argparse.Namespace) -> int:
     return 0
 
 
-HEAD_SCORES = {"acc": ("accuracy", "{:.2%}"), "f1": ("macro-F1", "{:.4f}"), "mse": ("MSE", "{:.4f}"), "pearson": ("Pearson r", "{:.4f}")}
+HEAD_SCORES = {
+    "acc": ("accuracy", "{:.2%}"),
+    "f1": ("macro-F1", "{:.4f}"),
+    "mse": ("MSE", "{:.4f}"),
+    "pearson": ("Pearson r", "{:.4f}"),
+}
 
 
 def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
@@ -654,11 +827,17 @@ def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
     if others:
         raise TfbuilderError("test: ensembles are for translation; give one checkpoint with a sequence head")
     if args.output is not None:
-        raise TfbuilderError("test --output writes translations; a sequence head's predictions come from tfbuilder predict")
+        raise TfbuilderError(
+            "test --output writes translations; a sequence head's predictions come from tfbuilder predict"
+        )
     result = score(loaded, args.split)
     head = loaded.recipe.model.head
     loss = "cross-entropy per text" if head.type == "classify" else "squared error per text"
-    rows = [("checkpoint", loaded.describe()), ("split", f"{result.split} ({result.examples:,} examples)"), ("loss", f"{result.loss:.4f} ({loss})")]
+    rows = [
+        ("checkpoint", loaded.describe()),
+        ("split", f"{result.split} ({result.examples:,} examples)"),
+        ("loss", f"{result.loss:.4f} ({loss})"),
+    ]
     rows += [(HEAD_SCORES[k][0], HEAD_SCORES[k][1].format(v)) for k, v in result.scores.items()]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
@@ -685,7 +864,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_scores_new(loaded, scores) -> "Path":
+def _save_scores_new(loaded, scores) -> Path:
     """Write the scores JSON (:func:`tfbuilder.use.evaluation.save_scores`: an earlier file is never
     replaced), and say so when the usual name was taken."""
     from tfbuilder.use.evaluation import save_scores, scores_path  # deferred: start-up time
@@ -694,7 +873,9 @@ def _save_scores_new(loaded, scores) -> "Path":
         written = save_scores(loaded, scores)
     except FileExistsError as exc:
         raise TfbuilderError(str(exc)) from None
-    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
+    path = scores_path(
+        loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1
+    )
     if written != path:
         print(f"{path} exists: not overwriting it; wrote {written.name} instead", file=sys.stderr)
     return written
@@ -773,14 +954,27 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
     import time
 
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    from tfbuilder.use.sweeps import execute  # deferred: start-up time
     from tfbuilder.train.training import NonFiniteLoss  # deferred: start-up time
+    from tfbuilder.use.sweeps import execute  # deferred: start-up time
 
     console = console or Console(stderr=True)
     failed: list[str] = []
-    columns = (TextColumn("{task.description:<36}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description:<36}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         overall = progress.add_task("runs", total=len(todo))
         for index, run in enumerate(todo, 1):
@@ -791,7 +985,11 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
                 print(f"[{index}/{len(todo)}] {label}: {run.status} -> {run.dir}", file=sys.stderr, flush=True)
             start = time.perf_counter()
             try:
-                execute(run, bleu_beam=sweep.bleu_beam, on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total))
+                execute(
+                    run,
+                    bleu_beam=sweep.bleu_beam,
+                    on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total),
+                )
             except NonFiniteLoss as exc:
                 failed.append(f"{label} ({exc})")
             progress.refresh()  # the run's last state (a short run can end between ticks)
@@ -869,7 +1067,9 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     from tfbuilder.interop.hf import import_hf  # deferred: start-up time
 
     ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
-    print(f"wrote {ckpt.parent.parent} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})")
+    print(
+        f"wrote {ckpt.parent.parent} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})"
+    )
     return 0
 
 

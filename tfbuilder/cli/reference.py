@@ -32,9 +32,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tfbuilder import atomic, registry
-from tfbuilder.spec.recipe import _slot_family as recipe_slot_family  # the recipe module owns what a slot looks like
-from tfbuilder.spec.recipe import Recipe
 from tfbuilder.cli import commands as cli
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.spec.recipe import _slot_family as recipe_slot_family  # the recipe module owns what a slot looks like
 
 COMMAND = "python -m tfbuilder.cli.reference"
 DEFAULT_DIR = Path("docs") / "reference"

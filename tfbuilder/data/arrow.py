@@ -62,7 +62,11 @@ def check_fields(schema: Any, fields: tuple[str, ...], where: str, *, numbers: t
             if names is None or part not in names:
                 parent = ".".join(parts[:depth])
                 has = f"; it has {', '.join(map(repr, names[:20]))}" if names else ""
-                inside = f" in '{parent}' ({_kind(node)})" if parent and names is None else (f" in '{parent}'" if parent else "")
+                inside = (
+                    f" in '{parent}' ({_kind(node)})"
+                    if parent and names is None
+                    else (f" in '{parent}'" if parent else "")
+                )
                 raise DataError(f"{where}: no field '{dotted}' (data.columns): no '{part}'{inside}{has}")
             node = node.field(part).type
         if not _is_text(node) and not (dotted in numbers and _is_number(node)):
@@ -110,7 +114,9 @@ def _leaf(batch: Any, dotted: str) -> Any:
     return array
 
 
-def batch_rows(batches: Iterable[Any], fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def batch_rows(
+    batches: Iterable[Any], fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
     """The ``fields`` of every row of ``batches`` (Arrow record batches whose schema
     :func:`check_fields` accepted); a null value is an error naming ``where`` and its row. Numbers
     (of the fields in ``numbers``) are given as their JSON text, as JSON Lines labels are."""
@@ -154,7 +160,11 @@ def parquet_files(directory: Path, stem: str) -> list[Path]:
 
 def parquet_exists(directory: Path, stem: str) -> bool:
     single = directory / f"{stem}.parquet"
-    return single.exists() or single.is_symlink() or (directory.is_dir() and any(directory.glob(f"{_escape(stem)}-*.parquet")))
+    return (
+        single.exists()
+        or single.is_symlink()
+        or (directory.is_dir() and any(directory.glob(f"{_escape(stem)}-*.parquet")))
+    )
 
 
 def _escape(stem: str) -> str:
@@ -162,7 +172,9 @@ def _escape(stem: str) -> str:
     return "".join(f"[{c}]" if c in "*?[]" else c for c in stem)
 
 
-def parquet_rows(paths: list[Path], fields: tuple[str, ...], *, numbers: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+def parquet_rows(
+    paths: list[Path], fields: tuple[str, ...], *, numbers: tuple[str, ...] = ()
+) -> Iterator[tuple[str, ...]]:
     """The ``fields`` of every row of the Parquet files ``paths``, in order, a record batch at a time;
     only the columns that hold them are read."""
     pa = require("pyarrow", "parquet")
@@ -198,7 +210,9 @@ def _guarded(batches: Iterator[Any], where: str) -> Iterator[Any]:
         except StopIteration:
             return
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise DataError(f"cannot read {where}: damaged at row {start + 1:,} or after ({_first_line(exc)})") from None
+            raise DataError(
+                f"cannot read {where}: damaged at row {start + 1:,} or after ({_first_line(exc)})"
+            ) from None
         start += batch.num_rows
         yield batch
 
@@ -212,7 +226,11 @@ def load_saved(path: Path, split: str, key: str) -> Any:
     names the split (``data.splits.val``)."""
     datasets = require("datasets", "datasets")
     if not path.is_dir():
-        raise DataError(f"data directory {path} does not exist (data.path)" if not path.exists() else f"data.path {path} is a file, not a directory")
+        raise DataError(
+            f"data directory {path} does not exist (data.path)"
+            if not path.exists()
+            else f"data.path {path} is a file, not a directory"
+        )
     folder = path / split
     if not folder.is_dir():
         if (path / "state.json").is_file():
@@ -221,7 +239,9 @@ def load_saved(path: Path, split: str, key: str) -> Any:
                 f"folder at {path}/<split> ({key} is '{split}')"
             )
         has = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
-        raise DataError(f"no split '{split}' in {path} ({key}); it has {', '.join(map(repr, has)) or 'no saved splits'}")
+        raise DataError(
+            f"no split '{split}' in {path} ({key}); it has {', '.join(map(repr, has)) or 'no saved splits'}"
+        )
     try:
         return datasets.load_from_disk(str(folder))
     except Exception as exc:  # noqa: BLE001 (datasets and pyarrow raise many kinds for a damaged folder)
@@ -235,7 +255,9 @@ def load_hub(name: str, config: str | None, revision: str | None) -> Any:
     try:
         loaded = datasets.load_dataset(name, config, revision=revision)
     except Exception as exc:  # noqa: BLE001 (network, missing dataset or config: all reported the same way)
-        raise DataError(f"cannot load the dataset '{hub_label(name, config, revision)}' (data.hub): {_first_line(exc)}") from None
+        raise DataError(
+            f"cannot load the dataset '{hub_label(name, config, revision)}' (data.hub): {_first_line(exc)}"
+        ) from None
     if not isinstance(loaded, datasets.DatasetDict):
         raise DataError(f"the dataset '{hub_label(name, config, revision)}' has no splits (data.hub)")
     return loaded
@@ -256,7 +278,9 @@ def dataset_files(dataset: Any) -> tuple[Path, ...]:
     return tuple(Path(f["filename"]) for f in dataset.cache_files)
 
 
-def dataset_rows(dataset: Any, fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()) -> Callable[[], Iterator[tuple[str, ...]]]:
+def dataset_rows(
+    dataset: Any, fields: tuple[str, ...], where: str, *, numbers: tuple[str, ...] = ()
+) -> Callable[[], Iterator[tuple[str, ...]]]:
     """A function streaming the ``fields`` of every row of ``dataset`` (a ``datasets.Dataset``), in
     Arrow batches of ``BATCH`` rows; the schema is checked now."""
     check_fields(dataset.features.arrow_schema, fields, where, numbers=numbers)

@@ -139,7 +139,14 @@ class BucketBatchSampler:
         if self.shuffle:
             rng.shuffle(order)  # rng.permutation(n), without its 8-byte copy
         order = by_length(order, self.src_lens, self.tgt_lens)
-        bounds = cut(self.src_lens, self.tgt_lens, order, max_tokens=self.max_tokens, batch_size=self.batch_size, extra=self.extra)
+        bounds = cut(
+            self.src_lens,
+            self.tgt_lens,
+            order,
+            max_tokens=self.max_tokens,
+            batch_size=self.batch_size,
+            extra=self.extra,
+        )
         count = len(bounds) - 1
         picks = rng.permutation(count) if self.shuffle else np.arange(count)
         if self.world > 1:

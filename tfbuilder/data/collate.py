@@ -7,15 +7,17 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from tfbuilder.data.packing import Packed
-from tfbuilder.specials import LANGUAGE_MODEL_ADDED, OWN, TRANSLATION_ADDED, SpecialIds
-from tfbuilder.data.tokens import Split
 from tfbuilder.data.labels import positions
+from tfbuilder.data.packing import Packed
+from tfbuilder.data.tokens import Split
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED, OWN, TRANSLATION_ADDED, SpecialIds
 
 Batch = dict[str, torch.Tensor]
 
 
-def pad(rows: Sequence[Sequence[int] | np.ndarray], *, bos: bool = False, eos: bool = False, ids: SpecialIds = OWN) -> torch.Tensor:
+def pad(
+    rows: Sequence[Sequence[int] | np.ndarray], *, bos: bool = False, eos: bool = False, ids: SpecialIds = OWN
+) -> torch.Tensor:
     """Right-padded int64 (b, n) from ragged rows, adding <s> and/or </s> (the ids of ``ids``)."""
     extra = int(bos) + int(eos)
     out = np.full((len(rows), max(map(len, rows)) + extra), ids.pad, dtype=np.int64)
@@ -51,11 +53,19 @@ class Collate:
             return {"tokens": pad(src, bos=True, eos=True, ids=self.ids), "index": index}
         tgt = [self.split.tgt[i] for i in indices]
         ids = self.ids
-        return {"src": pad(src, eos=True, ids=ids), "tgt_in": pad(tgt, bos=True, ids=ids), "tgt_out": pad(tgt, eos=True, ids=ids), "index": index}
+        return {
+            "src": pad(src, eos=True, ids=ids),
+            "tgt_in": pad(tgt, bos=True, ids=ids),
+            "tgt_out": pad(tgt, eos=True, ids=ids),
+            "index": index,
+        }
 
 
 def labelled(
-    texts: Sequence[Sequence[int] | np.ndarray], pairs: Sequence[Sequence[int] | np.ndarray] | None = None, *, ids: SpecialIds = OWN
+    texts: Sequence[Sequence[int] | np.ndarray],
+    pairs: Sequence[Sequence[int] | np.ndarray] | None = None,
+    *,
+    ids: SpecialIds = OWN,
 ) -> Batch:
     """Texts of a sequence head: ``tokens`` <s> text </s> (and pair </s>), right-padded, with
     ``token_types`` 0 over <s> text </s> and 1 over pair </s> (BERT, Devlin et al. 2019, sec. 3);
@@ -63,7 +73,10 @@ def labelled(
     if pairs is None:
         tokens = pad(texts, bos=True, eos=True, ids=ids)
         return {"tokens": tokens, "token_types": torch.zeros_like(tokens)}
-    joined = [np.concatenate([np.asarray(a, dtype=np.int64), [ids.end], np.asarray(b, dtype=np.int64)]) for a, b in zip(texts, pairs)]
+    joined = [
+        np.concatenate([np.asarray(a, dtype=np.int64), [ids.end], np.asarray(b, dtype=np.int64)])
+        for a, b in zip(texts, pairs)
+    ]
     tokens = pad(joined, bos=True, eos=True, ids=ids)
     types = np.zeros(tokens.shape, dtype=np.int64)
     for r, a in enumerate(texts):
@@ -78,7 +91,6 @@ def lengths(split: Split) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
     if isinstance(split.src, Packed):
         return split.src.lengths, split.src.lengths, (0, 0)
     if split.labels is not None:  # <s> text </s> [pair </s>], one sequence
-
         total = positions(split)
         return total, total, (0, 0)
     if split.tgt is None:

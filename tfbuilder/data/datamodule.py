@@ -7,12 +7,12 @@ from collections.abc import Callable
 import lightning as L
 from torch.utils.data import DataLoader
 
-from tfbuilder.spec.sections import DataSection
-from tfbuilder.specials import OWN, SpecialIds
 from tfbuilder.data.batching import BucketBatchSampler
 from tfbuilder.data.collate import Collate, lengths
 from tfbuilder.data.packing import packed_splits
 from tfbuilder.data.prepare import Prepared
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.specials import OWN, SpecialIds
 
 
 class DataModule(L.LightningDataModule):

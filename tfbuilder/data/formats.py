@@ -86,7 +86,9 @@ def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterat
             raise DataError(f"{path} is empty")
         missing = [name for name in fields if name not in header]
         if missing:
-            raise DataError(f"{path}:1: no column {', '.join(repr(m) for m in missing)} in the header (data.columns); it has {', '.join(map(repr, header[:20]))}")
+            raise DataError(
+                f"{path}:1: no column {', '.join(repr(m) for m in missing)} in the header (data.columns); it has {', '.join(map(repr, header[:20]))}"
+            )
         columns = [header.index(name) for name in fields]
         for row in reader:
             if not row:
@@ -95,7 +97,9 @@ def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterat
                 raise DataError(f"{path}:{reader.line_num}: {len(row)} cells, but the header has {len(header)}")
             yield tuple(row[c] for c in columns)
     except csv.Error as exc:
-        raise DataError(f"{path}:{reader.line_num}: not a well-formed {'TSV' if delimiter == chr(9) else 'CSV'} row ({exc})") from None
+        raise DataError(
+            f"{path}:{reader.line_num}: not a well-formed {'TSV' if delimiter == chr(9) else 'CSV'} row ({exc})"
+        ) from None
     finally:
         _give_back_field_limit()
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tfbuilder.specials import LANGUAGE_MODEL_ADDED
 from tfbuilder.errors import DataError
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED
 
 SUFFIX = ".labels.json"
 INTEGER = re.compile(r"^[+-]?\d{1,18}$")
@@ -52,7 +52,12 @@ def read(store: Path, split: str) -> tuple[str, list[int], list[str]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         file, records, values = data["file"], data["records"], data["labels"]
-        if not (isinstance(file, str) and isinstance(records, list) and isinstance(values, list) and len(records) == len(values)):
+        if not (
+            isinstance(file, str)
+            and isinstance(records, list)
+            and isinstance(values, list)
+            and len(records) == len(values)
+        ):
             raise ValueError("unexpected content")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise DataError(f"the prepared data in {store} is damaged ({path.name}: {str(exc)[:120]})") from None
@@ -71,11 +76,15 @@ def names_of(values: list[str], classes: int, file: str) -> list[str]:
     if distinct and all(INTEGER.match(v) for v in distinct):
         wrong = sorted((v for v in distinct if not 0 <= int(v) < classes), key=int)
         if wrong:
-            raise DataError(f"{file}: integer labels are class ids 0..{classes - 1} (model.head.classes {classes}); found {_listed(wrong)}")
+            raise DataError(
+                f"{file}: integer labels are class ids 0..{classes - 1} (model.head.classes {classes}); found {_listed(wrong)}"
+            )
         return [str(i) for i in range(classes)]
     names = sorted(distinct)
     if len(names) != classes:
-        raise DataError(f"{file}: the training split has {len(names)} labels ({_listed(names)}), but model.head.classes is {classes}")
+        raise DataError(
+            f"{file}: the training split has {len(names)} labels ({_listed(names)}), but model.head.classes is {classes}"
+        )
     return names
 
 
@@ -88,7 +97,9 @@ def class_ids(values: list[str], records: list[int], names: list[str], file: str
     for i, value in enumerate(values):
         found = index.get(value)
         if found is None:
-            raise DataError(f"{file}: record {records[i]}: label {value[:80]!r} is not one of the model's labels ({_listed(names)})")
+            raise DataError(
+                f"{file}: record {records[i]}: label {value[:80]!r} is not one of the model's labels ({_listed(names)})"
+            )
         out[i] = found
     return out
 
@@ -102,7 +113,9 @@ def numbers(values: list[str], records: list[int], file: str) -> np.ndarray:
         except ValueError:
             number = math.nan
         if not math.isfinite(number):
-            raise DataError(f"{file}: record {records[i]}: label {value[:80]!r} is not a finite number (model.head.type regress)")
+            raise DataError(
+                f"{file}: record {records[i]}: label {value[:80]!r} is not a finite number (model.head.type regress)"
+            )
         out[i] = number
     return out
 

@@ -18,8 +18,8 @@ from itertools import islice
 from pathlib import Path
 
 from tfbuilder import atomic
-from tfbuilder.errors import TfbuilderError
 from tfbuilder.data import text
+from tfbuilder.errors import TfbuilderError
 
 SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}  # Multi30k's file stems
 
@@ -33,18 +33,32 @@ def records(directory: Path, stem: str, langs: tuple[str, str], *, limit: int | 
     return out
 
 
-def write(directory: str | Path, out: str | Path, *, langs: tuple[str, str] = ("de", "en"), splits: dict[str, str] = SPLITS, limit: int | None = None) -> dict[str, int]:
+def write(
+    directory: str | Path,
+    out: str | Path,
+    *,
+    langs: tuple[str, str] = ("de", "en"),
+    splits: dict[str, str] = SPLITS,
+    limit: int | None = None,
+) -> dict[str, int]:
     """Write ``<out>/<split>.jsonl`` for each split; returns the records per split. Existing files
     are never replaced."""
     directory, out = Path(directory), Path(out)
-    made = {name: records(directory, stem, langs, limit=limit) for name, stem in splits.items()}  # all read before anything is written
+    made = {
+        name: records(directory, stem, langs, limit=limit) for name, stem in splits.items()
+    }  # all read before anything is written
     taken = [out / f"{name}.jsonl" for name in made if (out / f"{name}.jsonl").exists()]
     if taken:
         raise TfbuilderError(f"{taken[0]} exists: not overwriting it; choose another output folder")
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in made.items():
         target = out / f"{name}.jsonl"
-        if atomic.write_new_text(target, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), what="records") is None:
+        if (
+            atomic.write_new_text(
+                target, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), what="records"
+            )
+            is None
+        ):
             raise TfbuilderError(f"{target} exists: not overwriting it; choose another output folder")
     return {name: len(rows) for name, rows in made.items()}
 
@@ -53,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tfbuilder.data.language_id", description=__doc__.splitlines()[0])
     p.add_argument("corpus", help="folder of the parallel text (Multi30k: train.de.gz, train.en.gz, ...)")
     p.add_argument("out", help="folder for train.jsonl, val.jsonl, test.jsonl (files there are never replaced)")
-    p.add_argument("--langs", nargs=2, default=["de", "en"], metavar=("A", "B"), help="the two language suffixes (default de en)")
+    p.add_argument(
+        "--langs", nargs=2, default=["de", "en"], metavar=("A", "B"), help="the two language suffixes (default de en)"
+    )
     p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N sentence pairs per split")
     args = p.parse_args(argv)
     try:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tfbuilder.spec.sections import DataSection
 from tfbuilder.data.tokenizers import EOS
 from tfbuilder.data.tokens import Split, StoredTokens, TokenArray
+from tfbuilder.spec.sections import DataSection
 
 
 class Packed:

@@ -18,15 +18,15 @@ from typing import Protocol, TextIO
 
 import numpy as np
 
-from tfbuilder.spec.sections import DataSection
-from tfbuilder.specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
 from tfbuilder.data import labels as label_files
 from tfbuilder.data import pretrained, store, synthetic
 from tfbuilder.data import tokenizers as toks
 from tfbuilder.data.readers import Row, SplitSource, chunks, split_sources
 from tfbuilder.data.tokenizers import Tokenizer
-from tfbuilder.errors import DataError
 from tfbuilder.data.tokens import Split, TokenArray, token_dtype
+from tfbuilder.errors import DataError
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
 
 log = logging.getLogger("tfbuilder")
 
@@ -54,7 +54,7 @@ class Vocab:
         return json.dumps({"src": self.src.to_json(), "tgt": self.tgt.to_json()})
 
     @classmethod
-    def from_json(cls, text: str) -> "Vocab":
+    def from_json(cls, text: str) -> Vocab:
         """The vocabulary :meth:`to_json` wrote; a :class:`DataError` for anything else (empty, damaged)."""
         try:
             data = json.loads(text)
@@ -86,7 +86,11 @@ CHUNK = 8192  # rows encoded at once: bounded memory, and large enough for the t
 
 
 def prepare(
-    data: DataSection, *, vocab: Vocab | None = None, model_vocab: int | None = None, say: Callable[[str], None] | None = None
+    data: DataSection,
+    *,
+    vocab: Vocab | None = None,
+    model_vocab: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Prepared:
     """Read, check and tokenize all splits, or open the store a previous call prepared; train the
     vocabulary unless one is given (resume, other ranks, scoring). ``say`` hears one line on what
@@ -98,7 +102,9 @@ def prepare(
         raise DataError(f"the tokenizer has {prepared.vocab.tgt.vocab_size} tokens but the model expects {model_vocab}")
     train = prepared.splits["train"]
     if train.dropped:
-        say(f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, or longer than data.max_len={data.max_len}")
+        say(
+            f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, or longer than data.max_len={data.max_len}"
+        )
     for name, split in prepared.splits.items():
         if len(split) == 0:
             raise DataError(f"the {name} split has no usable examples")
@@ -106,7 +112,9 @@ def prepare(
     if budget is not None and not data.packing:
         longest = max(positions(s) for s in prepared.splits.values())
         if longest > budget:
-            raise DataError(f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)")
+            raise DataError(
+                f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)"
+            )
     return prepared
 
 
@@ -121,19 +129,25 @@ def _generated(data: DataSection, sources: dict[str, SplitSource], vocab: Vocab 
         texts: list[list[str]] = [[] for _ in sides] if name != "train" else []
         info = _encode(source, vocab, sides, texts, max_len=data.max_len if name == "train" else None)
         arrays = [side.finish() for side in sides]
-        prepared.splits[name] = Split(arrays[0], arrays[1] if len(arrays) > 1 else None, info["dropped"], info["dropped_tokens"])
+        prepared.splits[name] = Split(
+            arrays[0], arrays[1] if len(arrays) > 1 else None, info["dropped"], info["dropped_tokens"]
+        )
         if texts:
             prepared.raw[name] = (texts[0], texts[1] if len(texts) > 1 else None)
     return prepared
 
 
-def _stored(data: DataSection, sources: dict[str, SplitSource], vocab: Vocab | None, say: Callable[[str], None]) -> Prepared:
+def _stored(
+    data: DataSection, sources: dict[str, SplitSource], vocab: Vocab | None, say: Callable[[str], None]
+) -> Prepared:
     """Open the store whose key matches, or prepare it (one process at a time per key)."""
     root = store.root(data).resolve()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise DataError(f"cannot create the prepared-data folder {root}: {exc.strerror or exc} (set data.cache)") from None
+        raise DataError(
+            f"cannot create the prepared-data folder {root}: {exc.strerror or exc} (set data.cache)"
+        ) from None
     given = vocab.to_json() if vocab is not None else None
     trained = store.key_material(data, sources, "train")
     candidates = [trained] if given is None else [trained, store.key_material(data, sources, store.vocab_hash(given))]
@@ -198,10 +212,21 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
         names = ["src", "tgt"] if source.paired else ["src"]
         sides = [store.SideWriter(tmp, f"{name}.{side}", dtype) for side in names]
         keep_text = source.paired and name != "train" and not source.labelled  # for BLEU
-        handles = [open(tmp / f"{name}.{side}.txt", "w", encoding="utf-8", newline="\n") for side in names] if keep_text else []
+        handles = (
+            [open(tmp / f"{name}.{side}.txt", "w", encoding="utf-8", newline="\n") for side in names]
+            if keep_text
+            else []
+        )
         labels = label_files.Collected() if source.labelled else None
         try:
-            info = _encode(source, vocab, sides, handles, max_len=data.max_len if name == "train" and not data.packing else None, labels=labels)
+            info = _encode(
+                source,
+                vocab,
+                sides,
+                handles,
+                max_len=data.max_len if name == "train" and not data.packing else None,
+                labels=labels,
+            )
             if labels is not None:
                 label_files.write(tmp, name, source.label or str(source.files[0]), labels)
         finally:
@@ -209,7 +234,12 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
                 side.close()
             for handle in handles:
                 handle.close()
-        splits[name] = {**info, "sides": names, "text": keep_text, "tokens": {n: s.tokens for n, s in zip(names, sides)}}
+        splits[name] = {
+            **info,
+            "sides": names,
+            "text": keep_text,
+            "tokens": {n: s.tokens for n, s in zip(names, sides)},
+        }
     return {
         "version": store.STORE_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -246,7 +276,7 @@ def _encode(
     texts: Sequence[list[str] | TextIO],
     *,
     max_len: int | None,
-    labels: "label_files.Collected | None" = None,
+    labels: label_files.Collected | None = None,
 ) -> dict:
     """Stream ``source`` through the tokenizer into ``sides`` (one per side), chunk by chunk, keeping
     the text in ``texts`` (lists or files) when given, and the labels of the examples kept in
@@ -265,7 +295,8 @@ def _encode(
                     texts[i].write("".join(line.replace("\n", " ") + "\n" for line in lines))
         encoded = [vocab.src.encode_batch(columns[0])] + ([vocab.tgt.encode_batch(columns[1])] if source.paired else [])
         keep = [
-            i for i in range(len(chunk))
+            i
+            for i in range(len(chunk))
             if all(ids[i] for ids in encoded) and (max_len is None or all(len(ids[i]) <= max_len for ids in encoded))
         ]
         if len(keep) < len(chunk):
@@ -337,12 +368,19 @@ def positions(split: Split) -> int:
 
 def summary_lines(prepared: Prepared) -> list[str]:
     """What ``tfbuilder prepare`` prints: where the store is, and each split's examples and tokens."""
-    where = f"store: {prepared.store}" if prepared.store else "generated in memory at every start (synthetic data): nothing is stored"
+    where = (
+        f"store: {prepared.store}"
+        if prepared.store
+        else "generated in memory at every start (synthetic data): nothing is stored"
+    )
     lines = [where]
     for name, split in prepared.splits.items():
         sides = [split.src] + ([split.tgt] if split.tgt is not None else [])
         tokens = " + ".join(f"{int(side.lengths.sum(dtype=np.int64)):,}" for side in sides)
-        lines.append(f"  {name:<6} {len(split):>12,} examples  {tokens} tokens" + (f"  ({split.dropped:,} left out)" if split.dropped else ""))
+        lines.append(
+            f"  {name:<6} {len(split):>12,} examples  {tokens} tokens"
+            + (f"  ({split.dropped:,} left out)" if split.dropped else "")
+        )
     if prepared.store:
         size = sum(f.stat().st_size for f in prepared.store.iterdir())
         lines.append(f"  {size / 2**20:,.1f} MiB on disk")

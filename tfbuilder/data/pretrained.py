@@ -12,12 +12,11 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from tfbuilder.errors import DataError
 from tfbuilder.spec.ports import Facts
 from tfbuilder.specials import CANDIDATES, COUNT, NEEDED, OWN, ROLES, SPECIAL_TOKENS, SpecialIds, lacking  # noqa: F401 (roles re-exported)
-from tfbuilder.errors import DataError
 
 MAX_TOKENIZER_BYTES = 256 << 20
 
@@ -52,17 +51,21 @@ class PretrainedTokenizer:
         self.vocab_size = tokenizer.get_vocab_size()
 
     @classmethod
-    def from_file(cls, path: str | Path, named: dict[str, str | None] | None = None) -> "PretrainedTokenizer":
+    def from_file(cls, path: str | Path, named: dict[str, str | None] | None = None) -> PretrainedTokenizer:
         return cls.from_str(read_text(path), named, where=str(path))
 
     @classmethod
-    def from_str(cls, text: str, named: dict[str, str | None] | None = None, *, where: str = "the tokenizer") -> "PretrainedTokenizer":
+    def from_str(
+        cls, text: str, named: dict[str, str | None] | None = None, *, where: str = "the tokenizer"
+    ) -> PretrainedTokenizer:
         from tokenizers import Tokenizer
 
         try:
             tok = Tokenizer.from_str(text)
         except Exception as exc:  # noqa: BLE001 (the tokenizers library raises plain Exceptions on bad files)
-            raise DataError(f"{where}: not a Hugging Face tokenizer.json ({(str(exc).splitlines() or ['?'])[0][:200]})") from None
+            raise DataError(
+                f"{where}: not a Hugging Face tokenizer.json ({(str(exc).splitlines() or ['?'])[0][:200]})"
+            ) from None
         return cls(tok, special_ids(find_specials(tok.token_to_id, named)))
 
     def encode(self, text: str) -> list[int]:
@@ -83,7 +86,7 @@ class PretrainedTokenizer:
         return self._tok.to_str()
 
     @classmethod
-    def from_saved(cls, data: dict) -> "PretrainedTokenizer":
+    def from_saved(cls, data: dict) -> PretrainedTokenizer:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(data["tokenizer"])
@@ -114,21 +117,26 @@ class SentencePieceTokenizer:
 
         found = find_specials(lookup, named)
         # SentencePiece's own ids, where it has them (its unknown token is always there).
-        for role, value in (("pad", self._sp.pad_id()), ("bos", self._sp.bos_id()), ("eos", self._sp.eos_id()), ("unk", self._sp.unk_id())):
+        for role, value in (
+            ("pad", self._sp.pad_id()),
+            ("bos", self._sp.bos_id()),
+            ("eos", self._sp.eos_id()),
+            ("unk", self._sp.unk_id()),
+        ):
             if not (named or {}).get(role) and value >= 0:
                 found[role] = value
         self.found = found
         self.specials = special_ids(found)
 
     @classmethod
-    def from_file(cls, path: str | Path, named: dict[str, str | None] | None = None) -> "SentencePieceTokenizer":
+    def from_file(cls, path: str | Path, named: dict[str, str | None] | None = None) -> SentencePieceTokenizer:
         try:
             return cls(read_bytes(path), named)
         except DataError as exc:
             raise DataError(f"{path}: {exc}") from None
 
     @classmethod
-    def train(cls, texts: Sequence[str], vocab_size: int) -> "SentencePieceTokenizer":
+    def train(cls, texts: Sequence[str], vocab_size: int) -> SentencePieceTokenizer:
         """A unigram model of ``vocab_size`` pieces with <pad> <s> </s> <unk> <mask> at ids 0-4."""
         import io
 
@@ -137,17 +145,33 @@ class SentencePieceTokenizer:
         out = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter([t for t in texts if t.strip()]), model_writer=out, vocab_size=vocab_size,
-                pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece=SPECIAL_TOKENS[0], bos_piece=SPECIAL_TOKENS[1],
-                eos_piece=SPECIAL_TOKENS[2], unk_piece=SPECIAL_TOKENS[3], user_defined_symbols=[SPECIAL_TOKENS[4]],
-                character_coverage=1.0, hard_vocab_limit=True, minloglevel=2, num_threads=1,
+                sentence_iterator=iter([t for t in texts if t.strip()]),
+                model_writer=out,
+                vocab_size=vocab_size,
+                pad_id=0,
+                bos_id=1,
+                eos_id=2,
+                unk_id=3,
+                pad_piece=SPECIAL_TOKENS[0],
+                bos_piece=SPECIAL_TOKENS[1],
+                eos_piece=SPECIAL_TOKENS[2],
+                unk_piece=SPECIAL_TOKENS[3],
+                user_defined_symbols=[SPECIAL_TOKENS[4]],
+                character_coverage=1.0,
+                hard_vocab_limit=True,
+                minloglevel=2,
+                num_threads=1,
             )
         except RuntimeError as exc:
             text = (str(exc).splitlines() or ["?"])[0]
-            raise DataError(f"SentencePiece could not train a {vocab_size}-piece vocabulary on the training text ({text[:200]}); lower data.tokenizer.vocab_size or add text") from None
+            raise DataError(
+                f"SentencePiece could not train a {vocab_size}-piece vocabulary on the training text ({text[:200]}); lower data.tokenizer.vocab_size or add text"
+            ) from None
         tok = cls(out.getvalue())
         if tok.specials != OWN or tok.vocab_size != vocab_size:  # what the trainer was told
-            raise DataError(f"SentencePiece made {tok.vocab_size} pieces with specials {tok.specials}, not {vocab_size} with tfbuilder's at ids 0-4")
+            raise DataError(
+                f"SentencePiece made {tok.vocab_size} pieces with specials {tok.specials}, not {vocab_size} with tfbuilder's at ids 0-4"
+            )
         return tok
 
     def encode(self, text: str) -> list[int]:
@@ -161,14 +185,20 @@ class SentencePieceTokenizer:
         return self._sp.decode([i for i in ids if i not in reserved]).strip()
 
     def to_json(self) -> str:
-        return json.dumps({"type": "sentencepiece", "model": base64.b64encode(self.model).decode("ascii"), "named": self.named_tokens()})
+        return json.dumps(
+            {
+                "type": "sentencepiece",
+                "model": base64.b64encode(self.model).decode("ascii"),
+                "named": self.named_tokens(),
+            }
+        )
 
     def named_tokens(self) -> dict[str, str | None]:
         """Each role's token, as a piece: what rebuilds the same specials."""
         return {role: (self._sp.id_to_piece(i) if i is not None else None) for role, i in self.found.items()}
 
     @classmethod
-    def from_saved(cls, data: dict) -> "SentencePieceTokenizer":
+    def from_saved(cls, data: dict) -> SentencePieceTokenizer:
         return cls(base64.b64decode(data["model"]), data.get("named"))
 
 
@@ -195,7 +225,11 @@ def read_text(path: str | Path) -> str:
 
 def load(kind: str, path: str | Path, named: dict[str, str | None] | None = None):
     """The tokenizer in the file ``path`` (``kind`` pretrained or sentencepiece)."""
-    return PretrainedTokenizer.from_file(path, named) if kind == "pretrained" else SentencePieceTokenizer.from_file(path, named)
+    return (
+        PretrainedTokenizer.from_file(path, named)
+        if kind == "pretrained"
+        else SentencePieceTokenizer.from_file(path, named)
+    )
 
 
 _facts: dict[tuple, Facts] = {}
@@ -214,9 +248,17 @@ def facts(kind: str, path: str | Path, named: dict[str, str | None] | None = Non
             tok = load(kind, path, named)
         except (DataError, ImportError):
             return None
-        found = tok.found if isinstance(tok, SentencePieceTokenizer) else {
-            "pad": tok.specials.pad, "bos": tok.specials.start, "eos": tok.specials.end, "unk": tok.specials.unk, "mask": tok.specials.mask,
-        }
+        found = (
+            tok.found
+            if isinstance(tok, SentencePieceTokenizer)
+            else {
+                "pad": tok.specials.pad,
+                "bos": tok.specials.start,
+                "eos": tok.specials.end,
+                "unk": tok.specials.unk,
+                "mask": tok.specials.mask,
+            }
+        )
         _facts[key] = Facts(tok.vocab_size, found)
     return _facts[key]
 

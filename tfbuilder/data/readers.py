@@ -15,11 +15,13 @@ from itertools import islice
 from pathlib import Path
 from typing import TypeVar
 
-from tfbuilder.spec.sections import DataSection
 from tfbuilder.data import arrow, formats, synthetic, text
 from tfbuilder.errors import DataError
+from tfbuilder.spec.sections import DataSection
 
-Row = tuple[str, "str | None"]  # (source or text, target or None); labelled data adds the label: (text, pair or None, label)
+Row = tuple[
+    str, "str | None"
+]  # (source or text, target or None); labelled data adds the label: (text, pair or None, label)
 T = TypeVar("T")
 
 
@@ -72,7 +74,9 @@ def _synthetic(data: DataSection, name: str, index: int) -> SplitSource:
     size = {"train": data.train_size, "val": data.val_size, "test": data.test_size}[name]
 
     def rows() -> Iterator[Row]:
-        src, tgt = synthetic.generate(data.task, n=size, symbols=data.symbols, lengths=data.lengths, seed=data.seed + index)
+        src, tgt = synthetic.generate(
+            data.task, n=size, symbols=data.symbols, lengths=data.lengths, seed=data.seed + index
+        )
         return zip(src, tgt)
 
     return SplitSource(name, (), rows, paired=True)
@@ -98,7 +102,9 @@ def _fields(data: DataSection) -> tuple[str, ...]:
 
 def _paired(data: DataSection) -> bool:
     """Whether rows have a second text: a translation's target, or a labelled pair."""
-    return data.type == "parallel" or (data.type == "labelled" and data.columns is not None and data.columns.text_pair is not None)
+    return data.type == "parallel" or (
+        data.type == "labelled" and data.columns is not None and data.columns.text_pair is not None
+    )
 
 
 def _numbers(data: DataSection, fields: tuple[str, ...]) -> tuple[str, ...]:
@@ -120,7 +126,9 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
             paths = tuple(arrow.parquet_files(directory, stem))
             read = partial(arrow.parquet_rows, list(paths), fields, numbers=numbers)
             label = str(paths[0]) if len(paths) == 1 else f"{directory}/{stem}-*.parquet"
-            out[name] = SplitSource(name, paths, _as_rows(read, paired, labelled), paired=paired, label=label, labelled=labelled)
+            out[name] = SplitSource(
+                name, paths, _as_rows(read, paired, labelled), paired=paired, label=label, labelled=labelled
+            )
             continue
         if name == "test" and not formats.exists(directory, stem, data.format):
             continue
@@ -129,7 +137,9 @@ def _records(data: DataSection, directory: Path, stems: dict[str, str]) -> dict[
             read = partial(formats.jsonl_rows, path, fields, numbers=numbers)
         else:
             read = partial(formats.table_rows, path, fields, delimiter="\t" if data.format == "tsv" else ",")
-        out[name] = SplitSource(name, (path,), _as_rows(read, paired, labelled), paired=paired, label=str(path), labelled=labelled)
+        out[name] = SplitSource(
+            name, (path,), _as_rows(read, paired, labelled), paired=paired, label=str(path), labelled=labelled
+        )
     return out
 
 
@@ -141,7 +151,9 @@ def _datasets(data: DataSection, stems: dict[str, str], say: Callable[[str], Non
     hub = data.hub
     loaded = None
     if hub is not None:
-        say(f"data: loading {arrow.hub_label(hub.name, hub.config, hub.revision)} with datasets.load_dataset (downloaded once into the Hugging Face cache)")
+        say(
+            f"data: loading {arrow.hub_label(hub.name, hub.config, hub.revision)} with datasets.load_dataset (downloaded once into the Hugging Face cache)"
+        )
         loaded = arrow.load_hub(hub.name, hub.config, hub.revision)
     out: dict[str, SplitSource] = {}
     for name, split in stems.items():
@@ -159,14 +171,20 @@ def _datasets(data: DataSection, stems: dict[str, str], say: Callable[[str], Non
             where = f"{folder / split}"
         read = arrow.dataset_rows(dataset, fields, where, numbers=_numbers(data, fields))
         out[name] = SplitSource(
-            name, arrow.dataset_files(dataset), _as_rows(read, paired, labelled), paired=paired, label=where,
+            name,
+            arrow.dataset_files(dataset),
+            _as_rows(read, paired, labelled),
+            paired=paired,
+            label=where,
             fingerprint=getattr(dataset, "_fingerprint", None),  # datasets' own content hash (no public accessor)
             labelled=labelled,
         )
     return out
 
 
-def _as_rows(read: Callable[[], Iterator[tuple[str, ...]]], paired: bool, labelled: bool = False) -> Callable[[], Iterator[Row]]:
+def _as_rows(
+    read: Callable[[], Iterator[tuple[str, ...]]], paired: bool, labelled: bool = False
+) -> Callable[[], Iterator[Row]]:
     def rows() -> Iterator[Row]:
         for values in read():
             if labelled:  # (text, pair or None, label)

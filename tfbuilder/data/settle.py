@@ -36,7 +36,9 @@ def settle(recipe: Recipe, prepared: Prepared) -> Recipe:
     for name, split in prepared.splits.items():
         file, records, values = read_back[name]
         if len(values) != len(split):
-            raise DataError(f"the prepared data in {prepared.store} is damaged ({name}: {len(values)} labels for {len(split)} examples)")
+            raise DataError(
+                f"the prepared data in {prepared.store} is damaged ({name}: {len(values)} labels for {len(split)} examples)"
+            )
         split.labels = numbers(values, records, file) if names is None else class_ids(values, records, names, file)
     check_positions(recipe, prepared)
     if names is None or head.labels == names:

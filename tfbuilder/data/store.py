@@ -36,11 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tfbuilder.spec.sections import DataSection
-from tfbuilder.data.readers import SplitSource
-from tfbuilder.errors import DataError
-from tfbuilder.data.tokens import Split, StoredTokens
 from tfbuilder.data.pretrained import read_bytes
+from tfbuilder.data.readers import SplitSource
+from tfbuilder.data.tokens import Split, StoredTokens
+from tfbuilder.errors import DataError
+from tfbuilder.spec.sections import DataSection
 
 STORE_VERSION = 1
 CACHE_ENV = "TFBUILDER_CACHE"
@@ -48,13 +48,37 @@ CACHE_ENV = "TFBUILDER_CACHE"
 # how it is read (batching, workers, blocks) or is not used for files (synthetic data); a test holds
 # that each field is in exactly one of the two lists.
 CONTENT_FIELDS = (
-    "type", "src_lang", "tgt_lang", "lang", "splits", "format", "columns", "hub", "max_len", "documents", "packing", "tokenizer",
+    "type",
+    "src_lang",
+    "tgt_lang",
+    "lang",
+    "splits",
+    "format",
+    "columns",
+    "hub",
+    "max_len",
+    "documents",
+    "packing",
+    "tokenizer",
 )
 # Content fields added since the first stores: in the key only when set, so that older stores keep their key.
 LATER_FIELDS = ("hub",)
 READING_FIELDS = (
-    "task", "symbols", "lengths", "train_size", "val_size", "test_size", "seed", "path", "mlm_probability",
-    "max_tokens", "batch_size", "workers", "block_size", "document_mask", "cache",
+    "task",
+    "symbols",
+    "lengths",
+    "train_size",
+    "val_size",
+    "test_size",
+    "seed",
+    "path",
+    "mlm_probability",
+    "max_tokens",
+    "batch_size",
+    "workers",
+    "block_size",
+    "document_mask",
+    "cache",
 )
 
 
@@ -72,7 +96,6 @@ def key_material(data: DataSection, sources: dict[str, SplitSource], tokenizer: 
     if fingerprints:  # Hugging Face datasets: their own content hash, beside the Arrow files
         material["fingerprints"] = fingerprints
     if data.tokenizer.path is not None:  # a given tokenizer: its content, wherever it lies
-
         try:
             material["tokenizer_file"] = hashlib.sha256(read_bytes(data.tokenizer.path)).hexdigest()
         except DataError:  # gone since: a checkpoint's vocabulary still opens its store; training says why
@@ -147,10 +170,17 @@ def open_store(path: Path) -> Opened:
         splits: dict[str, Split] = {}
         raw: dict[str, tuple[list[str], list[str] | None]] = {}
         for name, info in meta["splits"].items():
-            sides = [_map_side(path, f"{name}.{side}", dtype, info["examples"], info["tokens"][side]) for side in info["sides"]]
-            splits[name] = Split(sides[0], sides[1] if len(sides) > 1 else None, info["dropped"], info["dropped_tokens"])
+            sides = [
+                _map_side(path, f"{name}.{side}", dtype, info["examples"], info["tokens"][side])
+                for side in info["sides"]
+            ]
+            splits[name] = Split(
+                sides[0], sides[1] if len(sides) > 1 else None, info["dropped"], info["dropped_tokens"]
+            )
             if info.get("text"):
-                texts = [(path / f"{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1] for side in info["sides"]]
+                texts = [
+                    (path / f"{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1] for side in info["sides"]
+                ]
                 raw[name] = (texts[0], texts[1] if len(texts) > 1 else None)
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise DataError(f"the prepared data in {path} is damaged ({type(exc).__name__}: {str(exc)[:120]})") from None

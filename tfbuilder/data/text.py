@@ -64,7 +64,7 @@ def lines(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
     check_regular(path)
     number = 0
     try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             while True:
                 raw = f.readline(max_line_bytes + 1)
                 if not raw:

@@ -15,12 +15,16 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from tfbuilder.specials import SpecialIds
 
-from tfbuilder.data.pretrained import PretrainedTokenizer, SentencePieceTokenizer, char_hf_json, find_specials, special_ids
+from tfbuilder.data.pretrained import (
+    PretrainedTokenizer,
+    SentencePieceTokenizer,
+    char_hf_json,
+    find_specials,
+    special_ids,
+)
 from tfbuilder.errors import DataError  # noqa: F401 (re-exported: the data layer's error)
 from tfbuilder.spec.sections import SPECIAL_TOKENS
-from tfbuilder.specials import BOS, EOS, MASK, PAD, UNK  # noqa: F401 (re-exported: the ids 0-4)
-from tfbuilder.specials import SpecialIds
-from tfbuilder.specials import OWN
+from tfbuilder.specials import BOS, EOS, MASK, OWN, PAD, UNK, SpecialIds  # noqa: F401 (re-exported: the ids 0-4)
 
 
 class Tokenizer(Protocol):
@@ -44,12 +48,14 @@ class CharTokenizer:
         self._ids = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(chars)}
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "CharTokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int) -> CharTokenizer:
         """Keep the ``vocab_size - 5`` most frequent characters (ties broken by first appearance)."""
         counts = Counter(c for t in texts for c in t)
         keep = vocab_size - len(SPECIAL_TOKENS)
         if len(counts) < keep:
-            raise DataError(f"the training text has {len(counts)} distinct characters; vocab_size {vocab_size} needs {keep}")
+            raise DataError(
+                f"the training text has {len(counts)} distinct characters; vocab_size {vocab_size} needs {keep}"
+            )
         return cls("".join(c for c, _ in counts.most_common(keep)))
 
     def encode(self, text: str) -> list[int]:
@@ -81,7 +87,7 @@ class BPETokenizer:
         self.vocab_size = tokenizer.get_vocab_size()
 
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int) -> "BPETokenizer":
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         tok = Tokenizer(models.BPE())
@@ -103,7 +109,7 @@ class BPETokenizer:
         return cls(tok)
 
     @classmethod
-    def from_json(cls, text: str) -> "BPETokenizer":
+    def from_json(cls, text: str) -> BPETokenizer:
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_str(text))
@@ -128,19 +134,19 @@ class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` used as it is (imported models): its own ids and special tokens,
     which decoding skips. tfbuilder's start and end ids (1, 2) are not remapped onto it."""
 
-    def __init__(self, tokenizer, specials: "SpecialIds | None" = None):
+    def __init__(self, tokenizer, specials: SpecialIds | None = None):
         self._tok = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
         self.specials = specials  # the imported model's ids (batches are made with them); None: tfbuilder's
 
     @classmethod
-    def from_str(cls, text: str, specials: "SpecialIds | None" = None) -> "HFTokenizer":
+    def from_str(cls, text: str, specials: SpecialIds | None = None) -> HFTokenizer:
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_str(text), specials)
 
     @classmethod
-    def ids(cls, vocab_size: int, specials: "SpecialIds | None" = None) -> "HFTokenizer":
+    def ids(cls, vocab_size: int, specials: SpecialIds | None = None) -> HFTokenizer:
         """Text is ids written out ("15 7 0"): for a model imported without its tokenizer."""
         from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -148,7 +154,7 @@ class HFTokenizer:
         tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         return cls(tok, specials)
 
-    def named_specials(self) -> "SpecialIds":
+    def named_specials(self) -> SpecialIds:
         """The ids of the tokens this tokenizer names <pad>/[PAD], <s>/[CLS], </s>/[SEP], ... (see
         :mod:`tfbuilder.data.pretrained`)."""
 
@@ -176,14 +182,17 @@ def from_json(text: str) -> Tokenizer:
     data = json.loads(text) if isinstance(text, str) else None
     if not isinstance(data, dict):
         raise DataError("a tokenizer is a JSON object")
-    if data.get("type") == "char" and isinstance(data.get("chars"), str) and len(set(data["chars"])) == len(data["chars"]):
+    if (
+        data.get("type") == "char"
+        and isinstance(data.get("chars"), str)
+        and len(set(data["chars"])) == len(data["chars"])
+    ):
         return CharTokenizer(data["chars"])
     if data.get("type") == "bpe" and isinstance(data.get("tokenizer"), str):
         return BPETokenizer.from_json(data["tokenizer"])
     if data.get("type") == "hf":
         tok = HFTokenizer.from_str(data["tokenizer"])
         if data.get("specials") is not None:  # (runs imported before the ids travelled with it have none)
-
             try:
                 tok.specials = SpecialIds.from_dict(data["specials"], vocab_size=tok.vocab_size)
             except ValueError as exc:
@@ -203,7 +212,7 @@ def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
     return BPETokenizer.train(texts, vocab_size)
 
 
-def specials(tokenizer: Tokenizer) -> "SpecialIds":
+def specials(tokenizer: Tokenizer) -> SpecialIds:
     """The ids with a role in ``tokenizer``: its own (a given tokenizer), else tfbuilder's 0-4."""
 
     own = getattr(tokenizer, "specials", None)
@@ -215,4 +224,3 @@ def unknown(tokenizer: Tokenizer, text: str) -> list[str]:
     every byte)."""
     find = getattr(tokenizer, "unknown", None)
     return find(text) if find is not None else []
-

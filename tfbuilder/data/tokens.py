@@ -13,12 +13,11 @@ over an epoch).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
-import os
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -39,7 +38,7 @@ class TokenArray:
         self.lengths = lengths if lengths is not None else np.diff(offsets).astype(np.uint32)
 
     @classmethod
-    def from_rows(cls, rows: Sequence[Sequence[int]], dtype: np.dtype | type = np.int64) -> "TokenArray":
+    def from_rows(cls, rows: Sequence[Sequence[int]], dtype: np.dtype | type = np.int64) -> TokenArray:
         """An in-memory array of ``rows`` (lists of ids)."""
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -77,7 +76,7 @@ class Rows(Protocol):
 class _Offsets:
     """``offsets[i]`` of a stored side, read from its ``.idx`` file on demand (no copy in memory)."""
 
-    def __init__(self, owner: "StoredTokens"):
+    def __init__(self, owner: StoredTokens):
         self.owner = owner
 
     def __len__(self) -> int:

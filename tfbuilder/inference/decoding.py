@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tfbuilder.model.components.position import LearnedPosition
 
+from tfbuilder.model.components.position import LearnedPosition
 
 
 def reorder(cache: list[dict], rows: Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:
@@ -306,7 +306,7 @@ class _BeamSearch:
     finished: list[list[tuple[float, list[int]]]]  # per input: its nbest best ended (normalised score, ids), best first
 
     @classmethod
-    def start(cls, b: int, *, beam: int, nbest: int, alpha: float, limits: Tensor, start: int, end: int) -> "_BeamSearch":
+    def start(cls, b: int, *, beam: int, nbest: int, alpha: float, limits: Tensor, start: int, end: int) -> _BeamSearch:
         device = limits.device
         scores = torch.full((b, beam), float("-inf"), device=device)
         scores[:, 0] = 0.0  # all beams start identical: keep one
@@ -405,7 +405,9 @@ class _BeamSearch:
         log-probability; it ends with between step + 2 and limit tokens, so its normalised score is
         at most ``now`` over one of those penalties."""
         alive = self.alive
-        bound = torch.maximum(now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha))
+        bound = torch.maximum(
+            now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha)
+        )
         return last | (self.bar[alive] >= bound)
 
     def results(self) -> list[list[tuple[float, list[int]]]]:

@@ -49,13 +49,21 @@ class Ensemble(nn.Module):
         return torch.cat([memory for memory, _ in encoded], dim=-1), encoded[0][1]
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        *,
+        cache: list[dict] | None = None,
+        offset: int = 0,
     ) -> Tensor:
         """``tgt`` (b, i) -> the log of the members' mean next-token probabilities (b, i, vocab)."""
         memories = memory.split(self._widths, dim=-1)
         starts = [sum(self._layers[:k]) for k in range(len(self._layers))]
         logps = [
-            m.decode(tgt, mem, memory_mask, cache=None if cache is None else cache[s : s + n], offset=offset).float().log_softmax(-1)
+            m.decode(tgt, mem, memory_mask, cache=None if cache is None else cache[s : s + n], offset=offset)
+            .float()
+            .log_softmax(-1)
             for m, mem, s, n in zip(self.members, memories, starts, self._layers)
         ]
         return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))

@@ -48,7 +48,9 @@ def translate(
     instructions; log-probabilities are computed in float32 either way). ``model`` may be an
     :class:`~tfbuilder.inference.ensemble.Ensemble`."""
     search = Search(beam=beam, alpha=alpha, unk_penalty=unk_penalty, no_repeat_ngram=no_repeat_ngram)
-    for text, _ in translate_scored(model, vocab, lines, search=search, max_tokens=max_tokens, chunk=chunk, precision=precision):
+    for text, _ in translate_scored(
+        model, vocab, lines, search=search, max_tokens=max_tokens, chunk=chunk, precision=precision
+    ):
         yield text
 
 
@@ -57,7 +59,7 @@ def translate_scored(
     vocab: Vocab,
     lines: Iterable[str],
     *,
-    search: "Search",
+    search: Search,
     max_tokens: int = 6000,
     chunk: int = 512,
     precision: Precision = "32",
@@ -68,7 +70,9 @@ def translate_scored(
     for line in lines:
         buffer.append(line.rstrip("\n"))
         if len(buffer) >= chunk:
-            yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
+            yield from (
+                found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens)
+            )
             buffer = []
     if buffer:
         yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
@@ -132,7 +136,9 @@ def translate_batch(
     # Beams (and samples) multiply the decoder's batch: keep the budget about the same.
     width = search.nbest if search.sample else search.beam
     device = model_device(model)
-    for batch in pack(sizes, sizes, order, max_tokens=max(max_tokens // max(width, 1), max(sizes)), batch_size=batch_size):
+    for batch in pack(
+        sizes, sizes, order, max_tokens=max(max_tokens // max(width, 1), max(sizes)), batch_size=batch_size
+    ):
         src = decoding.source_batch(model, [ids[i] for i in batch]).to(device, non_blocking=True)
         for i, candidates in zip(batch, _search(model, src, search, generator)):
             out[i] = [(vocab.tgt.decode(hyp), score) for score, hyp in candidates]
@@ -143,8 +149,14 @@ def _search(model: nn.Module, src: torch.Tensor, search: Search, generator) -> l
     rules = search.rules
     if search.sample:
         return decoding.sample_translations(
-            model, src, n=search.nbest, temperature=search.temperature, top_k=search.top_k, top_p=search.top_p,
-            generator=generator, rules=rules,
+            model,
+            src,
+            n=search.nbest,
+            temperature=search.temperature,
+            top_k=search.top_k,
+            top_p=search.top_p,
+            generator=generator,
+            rules=rules,
         )
     if search.beam == 1:  # greedy: the most likely token each step (temperature 0), with its score
         return decoding.sample_translations(model, src, n=1, temperature=0.0, rules=rules)
@@ -158,7 +170,9 @@ def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
         if other.recipe.model.kind != "encoder_decoder" or loaded.recipe.model.kind != "encoder_decoder":
             raise ValueError(f"{other.describe()}: only translation (encoder_decoder) models can be ensembled")
         if other.vocab.to_json() != loaded.vocab.to_json():
-            raise ValueError(f"{other.describe()} has another vocabulary than {loaded.describe()}: models must share one to be ensembled")
+            raise ValueError(
+                f"{other.describe()} has another vocabulary than {loaded.describe()}: models must share one to be ensembled"
+            )
     return Ensemble([loaded.model, *(o.model for o in others)]).eval()
 
 
@@ -179,7 +193,9 @@ def check_positions(loaded: Loaded, prefix: int, max_new: int) -> None:
     if limit is None or prefix + max_new <= limit:
         return
     if prefix >= limit:
-        raise ValueError(f"the prompt takes {prefix} positions; the model's learned position table has {limit}: shorten the prompt")
+        raise ValueError(
+            f"the prompt takes {prefix} positions; the model's learned position table has {limit}: shorten the prompt"
+        )
     raise ValueError(
         f"the prompt ({prefix} positions) and --max-new {max_new} need {prefix + max_new} positions; the model's "
         f"learned position table has {limit}: give --max-new {limit - prefix} or less"

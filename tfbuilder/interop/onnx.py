@@ -55,7 +55,9 @@ def export_onnx(model: nn.Module, recipe: Recipe, path: Path) -> Path:
     try:
         import onnxruntime
     except ImportError:
-        raise TfbuilderError("ONNX export needs onnx, onnxscript and onnxruntime: pip install 'tfbuilder[onnx]'") from None
+        raise TfbuilderError(
+            "ONNX export needs onnx, onnxscript and onnxruntime: pip install 'tfbuilder[onnx]'"
+        ) from None
     model = model.eval()
     inputs = example_inputs(model, recipe.model.vocab_size)
     names = list(inputs)
@@ -63,8 +65,13 @@ def export_onnx(model: nn.Module, recipe: Recipe, path: Path) -> Path:
     shapes = tuple({0: batch, 1: torch.export.Dim(f"{name}_length", min=2, max=MAX_LENGTH)} for name in names)
     with torch.no_grad():
         program = torch.onnx.export(
-            _Forward(model).eval(), tuple(inputs.values()), input_names=names, output_names=["logits"],
-            dynamic_shapes=(shapes,), dynamo=True, verbose=False,
+            _Forward(model).eval(),
+            tuple(inputs.values()),
+            input_names=names,
+            output_names=["logits"],
+            dynamic_shapes=(shapes,),
+            dynamo=True,
+            verbose=False,
         )
     # Checked at a temporary name first: a graph that differs from PyTorch is never in place.
     tmp = atomic.temp_path(path).with_name(atomic.temp_path(path).name + ".onnx")

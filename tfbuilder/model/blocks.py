@@ -24,7 +24,13 @@ class Residual(nn.Module):
     """A sub-layer wrapped with dropout, a residual connection and a norm placed by ``placement``."""
 
     def __init__(
-        self, inner: nn.Module, norm: nn.Module, *, placement: Placement, dropout: float, norm_out: nn.Module | None = None
+        self,
+        inner: nn.Module,
+        norm: nn.Module,
+        *,
+        placement: Placement,
+        dropout: float,
+        norm_out: nn.Module | None = None,
     ):
         super().__init__()
         if (placement == "sandwich") != (norm_out is not None):

@@ -8,14 +8,22 @@ from typing import Literal
 from torch import nn
 
 from tfbuilder import registry
+from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.model.blocks import DecoderLayer, EncoderLayer, ParallelLayer, Residual, Stack
 from tfbuilder.model.components.position import AttentionPosition
-from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.model.heads import SequenceHead
+from tfbuilder.model.model import (
+    DecoderOnly,
+    Embedding,
+    EncoderDecoder,
+    EncoderOnly,
+    MLMHead,
+    OutputProjection,
+    token_embedding,
+)
 from tfbuilder.model.multi_token import MultiTokenPrediction, PredictionModule
-from tfbuilder.model.model import DecoderOnly, Embedding, EncoderDecoder, EncoderOnly, MLMHead, OutputProjection, token_embedding
-from tfbuilder.spec.recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
 from tfbuilder.registry import BuildContext, ComponentParams, StackShared
+from tfbuilder.spec.recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
 from tfbuilder.spec.sources import dotted_path
 
 
@@ -40,7 +48,9 @@ class _Builder:
         except (ValueError, TypeError) as exc:
             # A component refusing its params is a recipe problem: report it where it was written.
             loc = ("model",) + where
-            problem = self.recipe.problem(loc, str(exc)) if self.recipe is not None else Problem(str(exc), dotted_path(loc))
+            problem = (
+                self.recipe.problem(loc, str(exc)) if self.recipe is not None else Problem(str(exc), dotted_path(loc))
+            )
             raise RecipeError([problem]) from exc
 
     def norm(self, stack: StackSection | None, where: str, params: ComponentParams | None = None) -> nn.Module:
@@ -49,7 +59,13 @@ class _Builder:
         return self.component("norm", params, BuildContext(d_model=self.spec.d_model), (where, "norm"))
 
     def residual(
-        self, inner: nn.Module, stack: StackSection, where: str, *, norm: bool = True, norm_params: ComponentParams | None = None
+        self,
+        inner: nn.Module,
+        stack: StackSection,
+        where: str,
+        *,
+        norm: bool = True,
+        norm_params: ComponentParams | None = None,
     ) -> Residual:
         """``inner`` wrapped with its norm(s) (``norm_params``: a layer's own), dropout and residual;
         ``norm=False``: an identity for its input norm (the feed-forward of a parallel layer that
@@ -81,8 +97,13 @@ class _Builder:
         heads, head_dim = self.attention_shape(part)
         count = section.layers if layers is None else layers
         stack_ctx = BuildContext(
-            d_model=spec.d_model, causal=decoder, heads=heads, head_dim=head_dim, position=in_attention,
-            num_layers=count, shared=StackShared(),
+            d_model=spec.d_model,
+            causal=decoder,
+            heads=heads,
+            head_dim=head_dim,
+            position=in_attention,
+            num_layers=count,
+            shared=StackShared(),
         )
         built = []
         parallel = spec.block == "parallel"
@@ -91,9 +112,13 @@ class _Builder:
             cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, num_layers=count)
             own = spec.layer_components(part, index)  # the stack's, changed by pattern and overrides
             attention, ffn, norm = own["attention"], own["ffn"], own["norm"]
-            self_attn = self.residual(self.component("attention", attention, ctx, (part, "attention")), section, part, norm_params=norm)
+            self_attn = self.residual(
+                self.component("attention", attention, ctx, (part, "attention")), section, part, norm_params=norm
+            )
             own_norm = not (parallel and spec.parallel_norms == "shared")
-            ff = self.residual(self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm, norm_params=norm)
+            ff = self.residual(
+                self.component("ffn", ffn, ctx, (part, "ffn")), section, part, norm=own_norm, norm_params=norm
+            )
             if parallel:  # one-stack kinds only (validated): no cross-attention
                 built.append(ParallelLayer(self_attn=self_attn, ffn=ff, shared_norm=not own_norm))
                 continue
@@ -103,7 +128,9 @@ class _Builder:
             cross = None
             if spec.kind == "encoder_decoder":
                 where = (part, "cross_attention" if section.cross_attention else "attention")
-                cross = self.residual(self.component("attention", cross_params, cross_ctx, where), section, part, norm_params=norm)
+                cross = self.residual(
+                    self.component("attention", cross_params, cross_ctx, where), section, part, norm_params=norm
+                )
             built.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
         final = self.norm(section, part) if spec.uses_final_norm else None
         return Stack(built, final)
@@ -143,7 +170,9 @@ class _Builder:
     def output(self, tokens: nn.Embedding) -> OutputProjection:
         spec = self.spec
         scale = spec.d_model**-0.5 if spec.output_scale == "rsqrt_d_model" else spec.output_scale
-        out = OutputProjection(spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale, softcap=spec.logit_softcap)
+        out = OutputProjection(
+            spec.d_model, spec.vocab_size, bias=spec.head_bias, scale=scale, softcap=spec.logit_softcap
+        )
         if spec.tie_output:
             out.weight = tokens.weight
         else:
@@ -158,7 +187,13 @@ class _Builder:
         if head is None:
             return None
         dropout = spec.dropout if head.dropout is None else head.dropout
-        return SequenceHead(d_model=spec.d_model, outputs=head.outputs, pooling=head.pooling_for(spec.kind), dropout=dropout, pad_id=spec.pad_id)
+        return SequenceHead(
+            d_model=spec.d_model,
+            outputs=head.outputs,
+            pooling=head.pooling_for(spec.kind),
+            dropout=dropout,
+            pad_id=spec.pad_id,
+        )
 
     def model(self) -> nn.Module:
         model = self._model()
@@ -174,7 +209,10 @@ class _Builder:
                 src_tokens = tgt_tokens
             else:
                 src_tokens = token_embedding(spec.src_vocab_size or spec.vocab_size, spec.d_model)
-            src_embed, tgt_embed = self.embedding(src_tokens, part="encoder"), self.embedding(tgt_tokens, part="decoder")
+            src_embed, tgt_embed = (
+                self.embedding(src_tokens, part="encoder"),
+                self.embedding(tgt_tokens, part="decoder"),
+            )
             return EncoderDecoder(
                 src_embed=src_embed,
                 tgt_embed=tgt_embed,

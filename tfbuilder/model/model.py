@@ -1,10 +1,10 @@
 """Embeddings, output heads and the three model kinds. Plain ``nn.Module``s: no Lightning here.
 
-                 encoder_decoder                          decoder             encoder
-    src ids -> Embedding -> Stack(EncoderLayer)       ids -> Embedding     ids -> Embedding
-                                    | memory               |                    |
-    tgt ids -> Embedding -> Stack(DecoderLayer) -> Head    Stack(Decoder)       Stack(Encoder)
-                                                           -> Head              -> MLMHead
+             encoder_decoder                          decoder             encoder
+src ids -> Embedding -> Stack(EncoderLayer)       ids -> Embedding     ids -> Embedding
+                                | memory               |                    |
+tgt ids -> Embedding -> Stack(DecoderLayer) -> Head    Stack(Decoder)       Stack(Encoder)
+                                                       -> Head              -> MLMHead
 """
 
 from __future__ import annotations
@@ -15,10 +15,9 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from tfbuilder.model.dropout import Dropout
-
 from tfbuilder import masks
 from tfbuilder.model.blocks import Stack
+from tfbuilder.model.dropout import Dropout
 from tfbuilder.model.heads import SequenceHead
 from tfbuilder.model.multi_token import MultiTokenPrediction
 from tfbuilder.registry import AuxiliaryLoss
@@ -167,7 +166,13 @@ class EncoderDecoder(IncrementalDecoding, AuxiliaryLosses, nn.Module):
         return self.encoder(self.src_embed(src), mask=src_mask), src_mask
 
     def decode_features(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        *,
+        cache: list[dict] | None = None,
+        offset: int = 0,
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> the decoder's last hidden states (b, i, d).
         With ``cache`` (see :meth:`new_cache`), ``tgt`` continues the ``offset`` tokens fed before.
@@ -177,7 +182,13 @@ class EncoderDecoder(IncrementalDecoding, AuxiliaryLosses, nn.Module):
         return self.decoder(x, memory=memory, memory_mask=memory_mask, cache=cache)
 
     def decode(
-        self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, *, cache: list[dict] | None = None, offset: int = 0
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor | None,
+        *,
+        cache: list[dict] | None = None,
+        offset: int = 0,
     ) -> Tensor:
         """``tgt`` (b, i) and the encoder's output -> logits (b, i, vocab)."""
         return self.head(self.decode_features(tgt, memory, memory_mask, cache=cache, offset=offset))
@@ -198,7 +209,13 @@ class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
     kind: Kind = "decoder"
 
     def __init__(
-        self, *, embed: Embedding, decoder: Stack, head: nn.Module, pad_id: int | None, mtp: MultiTokenPrediction | None = None
+        self,
+        *,
+        embed: Embedding,
+        decoder: Stack,
+        head: nn.Module,
+        pad_id: int | None,
+        mtp: MultiTokenPrediction | None = None,
     ):
         super().__init__()
         self.embed = embed

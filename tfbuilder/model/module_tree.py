@@ -50,7 +50,12 @@ def tree(model: nn.Module, *, max_depth: int = 3) -> list[ModuleRow]:
             sizes = {count(c, f"{prefix}{n}.")[0] for n, c in children}
             if len(kinds) == 1 and len(sizes) == 1:
                 child_name, child = children[0]
-                visit(child, f"{child_name}..{children[-1][0]} (x{len(children)}, each)", f"{prefix}{child_name}.", depth + 1)
+                visit(
+                    child,
+                    f"{child_name}..{children[-1][0]} (x{len(children)}, each)",
+                    f"{prefix}{child_name}.",
+                    depth + 1,
+                )
                 return
         for child_name, child in children:
             visit(child, child_name, f"{prefix}{child_name}.", depth + 1)

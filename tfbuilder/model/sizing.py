@@ -87,7 +87,11 @@ def check_size(recipe: Recipe, parameters: int, *, training: bool = True) -> lis
     need = parameters * per + count_buffers(recipe) * 4
     have, what = machine_memory(recipe)
     if have and need > have:
-        purpose = "training needs about {} for weights, gradients, Adam's state and buffers" if training else "loading it needs about {}"
+        purpose = (
+            "training needs about {} for weights, gradients, Adam's state and buffers"
+            if training
+            else "loading it needs about {}"
+        )
         return [
             recipe.problem(
                 ("model",),

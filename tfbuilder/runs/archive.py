@@ -51,14 +51,18 @@ def check_archive(path: Path) -> None:
                 raise ArchiveError(f"damaged checkpoint {path}: {what} (not an archive torch.save wrote whole)")
             for entry in entries:
                 if entry.compress_type != zipfile.ZIP_STORED:
-                    raise ArchiveError(f"checkpoint {path} holds compressed entries ({entry.filename}): not one torch.save wrote")
+                    raise ArchiveError(
+                        f"checkpoint {path} holds compressed entries ({entry.filename}): not one torch.save wrote"
+                    )
                 if entry.file_size > info.st_size:
                     raise ArchiveError(f"damaged checkpoint {path}: entry {entry.filename} is larger than the file")
                 _check_crc(archive, entry, path)
     except zipfile.BadZipFile as exc:
         raise ArchiveError(f"damaged checkpoint {path}: {exc} (not a PyTorch zip archive, or truncated)") from None
     except (OSError, EOFError, ValueError, NotImplementedError, OverflowError, UnicodeDecodeError) as exc:
-        raise ArchiveError(f"damaged checkpoint {path}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}") from None
+        raise ArchiveError(
+            f"damaged checkpoint {path}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}"
+        ) from None
 
 
 def _check_crc(archive: zipfile.ZipFile, entry: zipfile.ZipInfo, path: Path) -> None:

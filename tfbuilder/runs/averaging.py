@@ -28,8 +28,13 @@ def average(paths: list[Path]) -> dict:
     sums = {k: v.double() for k, v in state.items() if v.is_floating_point()}
     for path in paths[1:]:
         other = read_checkpoint(path)
-        if other["tfbuilder"]["recipe"].get("model") != meta["recipe"].get("model") or other["tfbuilder"]["vocab"] != meta["vocab"]:
-            raise CheckpointError(f"{path} and {paths[0]} come from different recipes (model or vocabulary): not averaging them")
+        if (
+            other["tfbuilder"]["recipe"].get("model") != meta["recipe"].get("model")
+            or other["tfbuilder"]["vocab"] != meta["vocab"]
+        ):
+            raise CheckpointError(
+                f"{path} and {paths[0]} come from different recipes (model or vocabulary): not averaging them"
+            )
         weights = {k: v for k, v in other["state_dict"].items() if k.startswith("model.")}
         if weights.keys() != state.keys() or any(weights[k].shape != state[k].shape for k in state):
             raise CheckpointError(f"{path} and {paths[0]} hold different parameters: not averaging them")

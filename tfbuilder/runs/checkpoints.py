@@ -32,18 +32,16 @@ import torch
 import yaml
 from torch import nn
 
-from tfbuilder.errors import TfbuilderError
-from tfbuilder.runs.archive import ArchiveError, check_archive
-from tfbuilder.registry import missing
-from tfbuilder.devices import resolve
-from tfbuilder.model.builder import build_model
+from tfbuilder.atomic import write_text
 from tfbuilder.data.prepare import Vocab
-from tfbuilder.errors import DataError
-from tfbuilder.errors import RecipeError
+from tfbuilder.devices import resolve
+from tfbuilder.errors import DataError, RecipeError, TfbuilderError
+from tfbuilder.model.builder import build_model
+from tfbuilder.model.sizing import check_size, count_parameters
+from tfbuilder.registry import missing
+from tfbuilder.runs.archive import ArchiveError, check_archive
 from tfbuilder.spec.recipe import recipe_from_dict
 from tfbuilder.specials import OWN, SpecialIds
-from tfbuilder.model.sizing import check_size, count_parameters
-from tfbuilder.atomic import write_text
 
 RUN_DIR_ENV = "TFBUILDER_RUN_DIR"  # set by rank 0 so that the other ranks of a job share its run directory
 
@@ -152,11 +150,15 @@ def read_checkpoint(path: str | Path) -> dict:
     meta = data["tfbuilder"]
     if not isinstance(meta, dict) or not isinstance(meta.get("recipe"), dict) or not isinstance(meta.get("vocab"), str):
         raise CheckpointError(f"{path}: damaged checkpoint: its recipe or vocabulary is missing")
-    if not isinstance(data["state_dict"], dict) or not all(isinstance(v, torch.Tensor) for v in data["state_dict"].values()):
+    if not isinstance(data["state_dict"], dict) or not all(
+        isinstance(v, torch.Tensor) for v in data["state_dict"].values()
+    ):
         raise CheckpointError(f"{path}: damaged checkpoint: its weights are not a mapping of tensors")
 
     records = meta.get("components") or []
-    if not isinstance(records, list) or not all(isinstance(r, dict) and all(isinstance(v, (str, type(None))) for v in r.values()) for r in records):
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and all(isinstance(v, (str, type(None))) for v in r.values()) for r in records
+    ):
         raise CheckpointError(f"{path}: damaged checkpoint: its component records are not a list of names")
     absent = missing(records)
     if absent:
@@ -170,8 +172,8 @@ class Loaded:
     its recipe and its vocabulary."""
 
     model: nn.Module
-    recipe: "object"
-    vocab: "object"
+    recipe: object
+    vocab: object
     path: Path
     step: int
 
@@ -206,21 +208,39 @@ def load_checkpoint(
         vocab = Vocab.from_json(meta["vocab"])
     except DataError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
-    for side, tok, size in (("target", vocab.tgt, recipe.model.vocab_size), ("source", vocab.src, recipe.model.src_vocab_size)):
+    for side, tok, size in (
+        ("target", vocab.tgt, recipe.model.vocab_size),
+        ("source", vocab.src, recipe.model.src_vocab_size),
+    ):
         if size is not None and tok.vocab_size != size:
-            raise CheckpointError(f"{ckpt_path}: damaged checkpoint: its {side} vocabulary has {tok.vocab_size} tokens, its model {size}")
+            raise CheckpointError(
+                f"{ckpt_path}: damaged checkpoint: its {side} vocabulary has {tok.vocab_size} tokens, its model {size}"
+            )
     try:  # checkpoints written before the ids were recorded are tfbuilder's own
-        model.specials = SpecialIds.from_dict(meta["specials"], vocab_size=recipe.model.vocab_size) if "specials" in meta else OWN
+        model.specials = (
+            SpecialIds.from_dict(meta["specials"], vocab_size=recipe.model.vocab_size) if "specials" in meta else OWN
+        )
     except ValueError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
     state = {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
-    unfit = next((k for k, v in state.items() if v.is_complex() or (v.is_floating_point() and not bool(torch.isfinite(v).all()))), None)
+    unfit = next(
+        (
+            k
+            for k, v in state.items()
+            if v.is_complex() or (v.is_floating_point() and not bool(torch.isfinite(v).all()))
+        ),
+        None,
+    )
     if unfit is not None:
-        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the weights of {unfit} are not finite real numbers (NaN, inf or complex)")
+        raise CheckpointError(
+            f"{ckpt_path}: damaged checkpoint: the weights of {unfit} are not finite real numbers (NaN, inf or complex)"
+        )
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        raise CheckpointError(f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}"
+        ) from None
     step = data.get("global_step", 0)
     model = model.to(resolve(device)).eval()
     loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
@@ -228,7 +248,7 @@ def load_checkpoint(
     return loaded
 
 
-def _check_stored_size(recipe: "object", data: dict, ckpt_path: Path) -> None:
+def _check_stored_size(recipe: object, data: dict, ckpt_path: Path) -> None:
     """Before a stored recipe is built: its model has no more parameters than the checkpoint holds
     weights for, and fits this machine (both counted on the meta device, nothing allocated)."""
 
@@ -279,7 +299,7 @@ def step_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     """The kept ``step-<n>.ckpt`` files of a checkpoints folder, oldest first."""
     found = []
     for p in Path(ckpt_dir).glob(f"{STEP_PREFIX}*.ckpt"):
-        number = p.stem[len(STEP_PREFIX):]
+        number = p.stem[len(STEP_PREFIX) :]
         if number.isdigit():
             found.append((int(number), p))
     return sorted(found)
@@ -346,7 +366,7 @@ class RunLock:
         self.path = Path(run_dir) / "fit.lock"
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -356,7 +376,9 @@ class RunLock:
         except OSError:
             holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
-            raise RunDirError(f"{self.path.parent} is in use: a fit is training there ({holder}); wait for it, or choose another directory") from None
+            raise RunDirError(
+                f"{self.path.parent} is in use: a fit is training there ({holder}); wait for it, or choose another directory"
+            ) from None
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())

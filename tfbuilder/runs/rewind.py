@@ -44,7 +44,9 @@ class SetAside:
         shown = ", ".join(self.files[:8]) + (f" and {len(self.files) - 8} more" if len(self.files) > 8 else "")
         rows = f"{self.rows} metrics row{'s' if self.rows != 1 else ''}" if self.rows else ""
         what = "; ".join(x for x in (shown, rows) if x)
-        return f"resuming from step {step}: what the run did after it ({what}) was moved to {display_path(self.folder)}/"
+        return (
+            f"resuming from step {step}: what the run did after it ({what}) was moved to {display_path(self.folder)}/"
+        )
 
 
 def checkpoint_step(path: Path, known: dict[tuple[int, int], int]) -> int | None:

@@ -23,9 +23,14 @@ MAX_LABEL = 200  # characters of a label name
 class HeadSection(Section):
     """A sequence head: a class (``classify``) or a number (``regress``) for each text."""
 
-    type: Literal["classify", "regress"] = Field(description="classify (cross-entropy over classes) or regress (one number, squared error)")
+    type: Literal["classify", "regress"] = Field(
+        description="classify (cross-entropy over classes) or regress (one number, squared error)"
+    )
     classes: int | None = Field(
-        None, ge=2, le=MAX_CLASSES, description="classify: how many classes (or give labels); the training split must have exactly this many labels"
+        None,
+        ge=2,
+        le=MAX_CLASSES,
+        description="classify: how many classes (or give labels); the training split must have exactly this many labels",
     )
     labels: list[str] | None = Field(
         None,
@@ -40,7 +45,9 @@ class HeadSection(Section):
         "tokens), last (the last real token: decoders, the only one that has seen the whole text); "
         "default cls for an encoder, last for a decoder",
     )
-    dropout: float | None = Field(None, ge=0.0, lt=1.0, description="dropout on the pooled state; default model.dropout")
+    dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="dropout on the pooled state; default model.dropout"
+    )
 
     @field_validator("labels")
     @classmethod
@@ -49,23 +56,39 @@ class HeadSection(Section):
             return value
         for name in value:
             if not name.strip() or len(name) > MAX_LABEL:
-                raise PydanticCustomError("label_name", "a label is a non-blank name of at most {n} characters", {"n": MAX_LABEL})
+                raise PydanticCustomError(
+                    "label_name", "a label is a non-blank name of at most {n} characters", {"n": MAX_LABEL}
+                )
         twice = sorted({n for n in value if value.count(n) > 1})
         if twice:
-            raise PydanticCustomError("label_twice", "labels lists {names} more than once", {"names": ", ".join(map(repr, twice))})
+            raise PydanticCustomError(
+                "label_twice", "labels lists {names} more than once", {"names": ", ".join(map(repr, twice))}
+            )
         return value
 
     @model_validator(mode="after")
-    def _check(self) -> "HeadSection":
+    def _check(self) -> HeadSection:
         problems: list[tuple[tuple, str, Any]] = []
         if self.type == "regress":
             for name in ("classes", "labels"):
                 if getattr(self, name) is not None:
-                    problems.append(((name,), f"a regress head predicts one number: remove {name} (or use type: classify)", getattr(self, name)))
+                    problems.append(
+                        (
+                            (name,),
+                            f"a regress head predicts one number: remove {name} (or use type: classify)",
+                            getattr(self, name),
+                        )
+                    )
         elif self.classes is None and self.labels is None:
             problems.append((("classes",), "a classify head needs classes: N (or labels: [names])", None))
         elif self.labels is not None and self.classes is not None and self.classes != len(self.labels):
-            problems.append((("classes",), f"classes ({self.classes}) differs from the {len(self.labels)} labels given; leave it out", self.classes))
+            problems.append(
+                (
+                    ("classes",),
+                    f"classes ({self.classes}) differs from the {len(self.labels)} labels given; leave it out",
+                    self.classes,
+                )
+            )
         fail("HeadSection", problems)
         return self
 
@@ -84,9 +107,27 @@ class HeadSection(Section):
 def head_problems(head: HeadSection, kind: str) -> list[tuple[tuple, str, Any]]:
     """What is wrong with ``head`` on a model of ``kind`` (locations relative to ``model``)."""
     if kind == "encoder_decoder":
-        return [(("head",), "a sequence head reads one stack: use kind encoder or decoder (an encoder_decoder model translates)", head.type)]
+        return [
+            (
+                ("head",),
+                "a sequence head reads one stack: use kind encoder or decoder (an encoder_decoder model translates)",
+                head.type,
+            )
+        ]
     if head.pooling == "cls" and kind == "decoder":
-        return [(("head", "pooling"), "cls reads the first token, which in a decoder (causal attention) has seen only itself: use last or mean", "cls")]
+        return [
+            (
+                ("head", "pooling"),
+                "cls reads the first token, which in a decoder (causal attention) has seen only itself: use last or mean",
+                "cls",
+            )
+        ]
     if head.pooling == "last" and kind == "encoder":
-        return [(("head", "pooling"), "last is for decoders (the last token is the only one that has seen the whole text): an encoder uses cls or mean", "last")]
+        return [
+            (
+                ("head", "pooling"),
+                "last is for decoders (the last token is the only one that has seen the whole text): an encoder uses cls or mean",
+                "last",
+            )
+        ]
     return []

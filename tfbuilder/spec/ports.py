@@ -45,7 +45,9 @@ def provide_tokenizer_files(files: TokenizerFiles) -> None:
 
 def tokenizer_files() -> TokenizerFiles:
     if _tokenizer_files is None:
-        raise RuntimeError("no tokenizer-file reader is set up (tfbuilder/__init__.py provides tfbuilder.data.pretrained)")
+        raise RuntimeError(
+            "no tokenizer-file reader is set up (tfbuilder/__init__.py provides tfbuilder.data.pretrained)"
+        )
     return _tokenizer_files
 
 

@@ -25,11 +25,27 @@ from pydantic_core import PydanticCustomError
 
 from tfbuilder import registry
 from tfbuilder.errors import Problem, RecipeError, did_you_mean
-from tfbuilder.specials import lacking
-from tfbuilder.spec.head import HeadSection, head_problems
 from tfbuilder.registry import ComponentParams, ModelDims
-from tfbuilder.spec.sections import SPECIAL_COUNT, SPECIAL_TOKENS, SYNTHETIC_ALPHABET, DataSection, OptimSection, Section, TrainerSection, fail
-from tfbuilder.spec.sources import RECIPE_SECTIONS, Source, apply_overrides, check_bounds, dotted_path, load_source, merge
+from tfbuilder.spec.head import HeadSection, head_problems
+from tfbuilder.spec.sections import (
+    SPECIAL_COUNT,
+    SYNTHETIC_ALPHABET,
+    DataSection,
+    OptimSection,
+    Section,
+    TrainerSection,
+    fail,
+)
+from tfbuilder.spec.sources import (
+    RECIPE_SECTIONS,
+    Source,
+    apply_overrides,
+    check_bounds,
+    dotted_path,
+    load_source,
+    merge,
+)
+from tfbuilder.specials import lacking
 
 if TYPE_CHECKING:  # named in annotations only: the schema imports no tensors
     from tfbuilder.contracts import AttentionParams, AttentionShape
@@ -57,7 +73,9 @@ class _Dispatch:
             )
         name = value.get("type")
         if name is None:
-            raise PydanticCustomError("component_type_missing", "missing 'type' (one of: {names})", {"names": ", ".join(names)})
+            raise PydanticCustomError(
+                "component_type_missing", "missing 'type' (one of: {names})", {"names": ", ".join(names)}
+            )
         if not isinstance(name, str) or name not in names:
             raise PydanticCustomError(
                 "component_type_unknown",
@@ -115,14 +133,19 @@ class StackSection(Section):
     ffn: Ffn | None = Field(None, description="feed-forward sub-layer; default model.ffn")
     norm: Norm | None = Field(None, description="normalisation; default model.norm")
     kinds: dict[Annotated[str, Field(min_length=1, max_length=64)], LayerChanges] = Field(
-        default_factory=dict, max_length=64, description="named kinds of layer, each its changes to the stack's components (used by pattern)"
+        default_factory=dict,
+        max_length=64,
+        description="named kinds of layer, each its changes to the stack's components (used by pattern)",
     )
     pattern: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
-        None, min_length=1, max_length=1000,
+        None,
+        min_length=1,
+        max_length=1000,
         description="the kinds of consecutive layers, repeated over the depth: layer i is pattern[i % len(pattern)] (Gemma 2: [local, global]); default all alike",
     )
     overrides: dict[Annotated[int, Field(strict=False)], LayerChanges] = Field(
-        default_factory=dict, max_length=1000,
+        default_factory=dict,
+        max_length=1000,
         description="changes to single layers by index (from 0; negative from the end: -1 is the last), applied over the pattern's",
     )
 
@@ -143,14 +166,18 @@ class InitSection(Section):
     N(0, d^-1/2) embedding); ``std`` sets every linear and embedding weight to N(0, std), biases to 0."""
 
     std: float | None = Field(
-        None, gt=0.0, le=10.0, description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: each component's own"
+        None,
+        gt=0.0,
+        le=10.0,
+        description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: each component's own",
     )
     residual_scaling: bool = Field(
-        False, description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, Radford et al. 2019)"
+        False,
+        description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, Radford et al. 2019)",
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "InitSection":
+    def _check(self) -> InitSection:
         if self.residual_scaling and self.std is None:
             fail("InitSection", [(("residual_scaling",), "residual_scaling needs init.std", True)])
         return self
@@ -163,7 +190,10 @@ class MultiTokenSection(Section):
 
     depth: int = Field(1, ge=1, le=16, description="number D of extra tokens predicted (DeepSeek-V3: 1)")
     weight: float = Field(
-        0.3, gt=0.0, le=10.0, description="lambda: the modules' mean loss is added times this (DeepSeek-V3: 0.3, then 0.1)"
+        0.3,
+        gt=0.0,
+        le=10.0,
+        description="lambda: the modules' mean loss is added times this (DeepSeek-V3: 0.3, then 0.1)",
     )
 
 
@@ -180,10 +210,14 @@ class ModelSection(Section):
         None, ge=2, le=10_000_000, description="source vocabulary size when not shared; default vocab_size"
     )
     pad_id: int | None = Field(
-        0, ge=0, description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, Llama)"
+        0,
+        ge=0,
+        description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, Llama)",
     )
     d_model: int = Field(512, ge=1, le=65536, description="model width d_model")
-    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="P_drop: on embeddings+positions and every sub-layer output")
+    dropout: float = Field(
+        0.1, ge=0.0, lt=1.0, description="P_drop: on embeddings+positions and every sub-layer output"
+    )
     placement: Literal["post", "pre", "sandwich"] = Field(
         "post",
         description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + Norm(f(Norm(x))))",
@@ -194,7 +228,8 @@ class ModelSection(Section):
         description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
     )
     parallel_norms: Literal["shared", "separate"] = Field(
-        "shared", description="parallel blocks: one norm shared by both branches (GPT-J, PaLM) or one norm per branch (GPT-NeoX)"
+        "shared",
+        description="parallel blocks: one norm shared by both branches (GPT-J, PaLM) or one norm per branch (GPT-NeoX)",
     )
     share_embeddings: bool = Field(True, description="source and target share one embedding matrix (sec. 3.4)")
     tie_output: bool = Field(True, description="the pre-softmax projection reuses the target embedding (sec. 3.4)")
@@ -203,18 +238,24 @@ class ModelSection(Section):
     ffn: Ffn = Field(default_factory=_default("ffn", "mlp"), description="position-wise feed-forward")
     norm: Norm = Field(default_factory=_default("norm", "layernorm"), description="normalisation")
     embed_scale: PositiveFloat | Literal["sqrt_d_model"] = Field(
-        "sqrt_d_model", description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)"
+        "sqrt_d_model",
+        description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)",
     )
     output_scale: PositiveFloat | Literal["rsqrt_d_model"] = Field(
-        1.0, description="hidden states are multiplied by this before the output head: a number, or rsqrt_d_model (T5's d_model^-0.5 before its tied head)"
+        1.0,
+        description="hidden states are multiplied by this before the output head: a number, or rsqrt_d_model (T5's d_model^-0.5 before its tied head)",
     )
     token_types: int = Field(
         0, ge=0, le=1024, description="token-type (segment) embeddings added to the input (BERT: 2); 0: none"
     )
-    embed_norm: bool = Field(False, description="a norm (model.norm) after embeddings, positions and token types (BERT)")
+    embed_norm: bool = Field(
+        False, description="a norm (model.norm) after embeddings, positions and token types (BERT)"
+    )
     head_bias: bool = Field(False, description="learn a bias on the output projection (BERT's masked-LM head)")
     logit_softcap: float | None = Field(
-        None, gt=0.0, le=1e4,
+        None,
+        gt=0.0,
+        le=1e4,
         description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, arXiv:2408.00118: 30); default none",
     )
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
@@ -224,20 +265,31 @@ class ModelSection(Section):
         None, description="multi-token prediction modules trained beside the output head (kind decoder); default none"
     )
     head: HeadSection | None = Field(
-        None, description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)"
+        None,
+        description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)",
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelSection":
+    def _check(self) -> ModelSection:
         problems: list[tuple[tuple, str, Any]] = []
         needs = {"encoder_decoder": ("encoder", "decoder"), "decoder": ("decoder",), "encoder": ("encoder",)}[self.kind]
         for part in ("encoder", "decoder"):
             present = self.stack(part) is not None
             if part in needs and not present:
-                problems.append(((part,), f"kind '{self.kind}' needs {'an' if part == 'encoder' else 'a'} {part} section (e.g. {part}: {{layers: 6}})", None))
+                problems.append(
+                    (
+                        (part,),
+                        f"kind '{self.kind}' needs {'an' if part == 'encoder' else 'a'} {part} section (e.g. {part}: {{layers: 6}})",
+                        None,
+                    )
+                )
             elif part not in needs and present:
                 problems.append(
-                    ((part,), f"kind '{self.kind}' has no {part}; remove this section (or set {part}: null where inherited)", None)
+                    (
+                        (part,),
+                        f"kind '{self.kind}' has no {part}; remove this section (or set {part}: null where inherited)",
+                        None,
+                    )
                 )
         problems += self._layer_problems()
         if problems:
@@ -247,7 +299,13 @@ class ModelSection(Section):
             for field, message in params.check(dims):
                 problems.append((loc + (field,), message, getattr(params, field, None)))
         if self.src_vocab_size is not None and self.kind != "encoder_decoder":
-            problems.append((("src_vocab_size",), f"kind '{self.kind}' has one vocabulary; remove src_vocab_size", self.src_vocab_size))
+            problems.append(
+                (
+                    ("src_vocab_size",),
+                    f"kind '{self.kind}' has one vocabulary; remove src_vocab_size",
+                    self.src_vocab_size,
+                )
+            )
         if self.share_embeddings and self.src_vocab_size not in (None, self.vocab_size):
             problems.append(
                 (
@@ -257,25 +315,55 @@ class ModelSection(Section):
                 )
             )
         if self.mtp is not None and self.kind != "decoder":
-            problems.append((("mtp",), f"multi-token prediction is for decoder-only language models (kind decoder), not kind '{self.kind}'", None))
+            problems.append(
+                (
+                    ("mtp",),
+                    f"multi-token prediction is for decoder-only language models (kind decoder), not kind '{self.kind}'",
+                    None,
+                )
+            )
         if self.block == "parallel" and self.kind == "encoder_decoder":
-            problems.append((("block",), "parallel blocks are for one-stack models (kinds decoder and encoder): a decoder with cross-attention has no parallel form", self.block))
+            problems.append(
+                (
+                    ("block",),
+                    "parallel blocks are for one-stack models (kinds decoder and encoder): a decoder with cross-attention has no parallel form",
+                    self.block,
+                )
+            )
         if self.block == "parallel" and self.placement == "post":
-            problems.append((("placement",), "parallel blocks normalise before their branches: use placement pre or sandwich", self.placement))
+            problems.append(
+                (
+                    ("placement",),
+                    "parallel blocks normalise before their branches: use placement pre or sandwich",
+                    self.placement,
+                )
+            )
         if self.parallel_norms == "separate" and self.block != "parallel":
             problems.append((("parallel_norms",), "parallel_norms is for block: parallel", self.parallel_norms))
         if self.token_types and self.kind == "encoder_decoder":
-            problems.append((("token_types",), "token_types are for one-stack models (kinds decoder and encoder)", self.token_types))
+            problems.append(
+                (("token_types",), "token_types are for one-stack models (kinds decoder and encoder)", self.token_types)
+            )
         if self.pad_id is None and self.kind == "encoder_decoder":
-            problems.append((("pad_id",), "an encoder_decoder model needs pad_id (source padding must be masked)", None))
+            problems.append(
+                (("pad_id",), "an encoder_decoder model needs pad_id (source padding must be masked)", None)
+            )
         for name in ("vocab_size", "src_vocab_size"):
             size = getattr(self, name)
             if size is not None and self.pad_id is not None and self.pad_id >= size:
-                problems.append((("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id))
+                problems.append(
+                    (("pad_id",), f"pad_id ({self.pad_id}) must be smaller than {name} ({size})", self.pad_id)
+                )
         if self.head is not None:
             problems += head_problems(self.head, self.kind)
             if self.mtp is not None:
-                problems.append((("mtp",), "multi-token prediction trains next-token outputs; a model with a sequence head (model.head) has none", None))
+                problems.append(
+                    (
+                        ("mtp",),
+                        "multi-token prediction trains next-token outputs; a model with a sequence head (model.head) has none",
+                        None,
+                    )
+                )
         fail("ModelSection", problems)
         return self
 
@@ -302,13 +390,25 @@ class ModelSection(Section):
             for i, name in enumerate(stack.pattern or []):
                 if name not in stack.kinds:
                     known = ", ".join(kinds) if kinds else "none; define them under kinds"
-                    problems.append(((part, "pattern", i), f"unknown layer kind '{name}' (kinds: {known}){did_you_mean(name, kinds)}", name))
+                    problems.append(
+                        (
+                            (part, "pattern", i),
+                            f"unknown layer kind '{name}' (kinds: {known}){did_you_mean(name, kinds)}",
+                            name,
+                        )
+                    )
             for name in kinds:
                 if name not in (stack.pattern or []):
                     problems.append(((part, "kinds", name), f"kind '{name}' is not in {part}.pattern", None))
             for index in stack.overrides:
                 if not -stack.layers <= index < stack.layers:
-                    problems.append(((part, "overrides", index), f"no layer {index} in a stack of {stack.layers} layers (0 to {stack.layers - 1}, or -1 to -{stack.layers})", index))
+                    problems.append(
+                        (
+                            (part, "overrides", index),
+                            f"no layer {index} in a stack of {stack.layers} layers (0 to {stack.layers - 1}, or -1 to -{stack.layers})",
+                            index,
+                        )
+                    )
             base = self._stack_components(part)
             for loc, changes in self._changes(part):
                 for family in LAYER_FAMILIES:
@@ -325,15 +425,23 @@ class ModelSection(Section):
                         problems.append((loc + (family, "type"), exc.message(), change.get("type")))
                         continue
                     if family == "attention" and merged.shape(self.d_model) != base[family].shape(self.d_model):
-                        problems.append((loc + (family,), "a layer's heads and key width must be the stack's (positions inside attention are built for them)", None))
+                        problems.append(
+                            (
+                                loc + (family,),
+                                "a layer's heads and key width must be the stack's (positions inside attention are built for them)",
+                                None,
+                            )
+                        )
                     residual = [getattr(p, "value_residual", "none") for p in (merged, base[family])]
                     if family == "attention" and residual[0] != residual[1]:
-                        problems.append((
-                            loc + (family, "value_residual"),
-                            f"value_residual must be the stack's ({residual[1]}) in every layer (the first layer hands its values on); "
-                            "to leave some layers out (Sparse-ResFormer), give them value_lambdas: [0, 1]",
-                            residual[0],
-                        ))
+                        problems.append(
+                            (
+                                loc + (family, "value_residual"),
+                                f"value_residual must be the stack's ({residual[1]}) in every layer (the first layer hands its values on); "
+                                "to leave some layers out (Sparse-ResFormer), give them value_lambdas: [0, 1]",
+                                residual[0],
+                            )
+                        )
         return problems
 
     def layer_components(self, part: Literal["encoder", "decoder"], index: int) -> dict[str, ComponentParams]:
@@ -375,24 +483,33 @@ class ModelSection(Section):
             if stack is None:
                 continue
             cross = stack.cross_attention if isinstance(stack, DecoderSection) else None
-            for field, params in (("attention", stack.attention), ("cross_attention", cross), ("ffn", stack.ffn), ("norm", stack.norm)):
+            for field, params in (
+                ("attention", stack.attention),
+                ("cross_attention", cross),
+                ("ffn", stack.ffn),
+                ("norm", stack.norm),
+            ):
                 if params is not None:
                     found.append(((part, field), params))
             base = self._stack_components(part)
             for loc, changes in self._changes(part):  # (merged: checked already by _layer_problems)
-                found += [(loc + (f,), _merged(base[f], getattr(changes, f))) for f in LAYER_FAMILIES if getattr(changes, f) is not None]
+                found += [
+                    (loc + (f,), _merged(base[f], getattr(changes, f)))
+                    for f in LAYER_FAMILIES
+                    if getattr(changes, f) is not None
+                ]
         return found
 
-    def stack(self, part: Literal["encoder", "decoder"]) -> "StackSection | DecoderSection | None":
+    def stack(self, part: Literal["encoder", "decoder"]) -> StackSection | DecoderSection | None:
         """The ``part`` stack's section, None when the kind has no such stack."""
         return self.encoder if part == "encoder" else self.decoder
 
-    def self_attention(self, part: Literal["encoder", "decoder"]) -> "AttentionParams":
+    def self_attention(self, part: Literal["encoder", "decoder"]) -> AttentionParams:
         """The self-attention of the ``part`` stack (encoder or decoder): its own, else ``model.attention``."""
         stack = self.stack(part)
         return (stack.attention if stack is not None else None) or self.attention
 
-    def attention_shape(self, part: Literal["encoder", "decoder"]) -> "AttentionShape":
+    def attention_shape(self, part: Literal["encoder", "decoder"]) -> AttentionShape:
         """Heads and key width per head of the ``part`` stack's self-attention, from its params'
         contract: what its layers and the position module of the side feeding it are built for."""
         return self.self_attention(part).shape(self.d_model)
@@ -409,7 +526,8 @@ def _merged(base: ComponentParams, change: dict[str, Any]) -> ComponentParams:
     if not isinstance(name, str) or name not in registry.types(base.family):
         names = registry.types(base.family)
         raise PydanticCustomError(
-            "component_type_unknown", "unknown {family} type '{name}'{hint}",
+            "component_type_unknown",
+            "unknown {family} type '{name}'{hint}",
             {"family": base.family, "name": str(name), "hint": did_you_mean(str(name), names)},
         )
     data = {**base.model_dump(), **change} if name == base.type else dict(change)
@@ -426,7 +544,9 @@ class Recipe(Section):
         json_schema_extra={"not": {"pattern": "^\\.*$"}},  # what _not_dots checks, for editors
         description="run name (letters, digits, . _ -; not only dots)",
     )
-    extends: str | None = Field(None, description="a recipe this one extends (path relative to this file); merged on load")
+    extends: str | None = Field(
+        None, description="a recipe this one extends (path relative to this file); merged on load"
+    )
     model: ModelSection = Field(description="the architecture")
     data: DataSection | None = Field(None, description="training data")
     optim: OptimSection = Field(default_factory=OptimSection, description="optimisation")
@@ -447,7 +567,9 @@ class Recipe(Section):
         # The tokenizer decides the vocabulary: model.vocab_size may be left out when data says it.
         if isinstance(data, dict) and isinstance(data.get("model"), dict) and "vocab_size" not in data["model"]:
             try:
-                size = DataSection.model_validate(data["data"]).vocab_size if isinstance(data.get("data"), dict) else None
+                size = (
+                    DataSection.model_validate(data["data"]).vocab_size if isinstance(data.get("data"), dict) else None
+                )
             except ValidationError:
                 # The data section's own errors are reported where they are; its vocabulary may still
                 # be plain to see, and then a missing model.vocab_size would be a false second error.
@@ -455,7 +577,12 @@ class Recipe(Section):
             if size is not None:
                 data = {**data, "model": {**data["model"], "vocab_size": size}}
         # A given tokenizer decides the padding id too.
-        if isinstance(data, dict) and isinstance(data.get("model"), dict) and "pad_id" not in data["model"] and isinstance(data.get("data"), dict):
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("model"), dict)
+            and "pad_id" not in data["model"]
+            and isinstance(data.get("data"), dict)
+        ):
             try:
                 section = DataSection.model_validate(data["data"])
             except ValidationError:
@@ -465,56 +592,99 @@ class Recipe(Section):
         return data
 
     @model_validator(mode="after")
-    def _check(self) -> "Recipe":
+    def _check(self) -> Recipe:
         problems: list[tuple[tuple, str, Any]] = []
         if self.data is not None:
-            wanted = {"encoder_decoder": ("parallel", "synthetic"), "decoder": ("monolingual",), "encoder": ("monolingual",)}
+            wanted = {
+                "encoder_decoder": ("parallel", "synthetic"),
+                "decoder": ("monolingual",),
+                "encoder": ("monolingual",),
+            }
             if self.model.head is not None:  # one prediction per text: labelled texts
                 wanted = {kind: ("labelled",) for kind in wanted}
             if self.data.type == "labelled" and self.model.head is None and self.model.kind != "encoder_decoder":
                 problems.append(
-                    (("model", "head"), "labelled data trains a sequence head: set model.head: {type: classify, classes: N} or {type: regress}", None)
+                    (
+                        ("model", "head"),
+                        "labelled data trains a sequence head: set model.head: {type: classify, classes: N} or {type: regress}",
+                        None,
+                    )
                 )
             elif self.data.type not in wanted[self.model.kind]:
                 problems.append(
-                    (("data", "type"), f"a model of kind '{self.model.kind}' trains on {' or '.join(wanted[self.model.kind])} data", self.data.type)
+                    (
+                        ("data", "type"),
+                        f"a model of kind '{self.model.kind}' trains on {' or '.join(wanted[self.model.kind])} data",
+                        self.data.type,
+                    )
                 )
             size = self.data.vocab_size
             if size is not None and size != self.model.vocab_size:
                 problems.append(
-                    (("model", "vocab_size"), f"model.vocab_size ({self.model.vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's", self.model.vocab_size)
+                    (
+                        ("model", "vocab_size"),
+                        f"model.vocab_size ({self.model.vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's",
+                        self.model.vocab_size,
+                    )
                 )
             if size is not None and self.model.src_vocab_size not in (None, size):
                 # Each side's tokenizer has the data's vocabulary: a smaller source table cannot embed its ids.
                 problems.append(
-                    (("model", "src_vocab_size"), f"model.src_vocab_size ({self.model.src_vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's", self.model.src_vocab_size)
+                    (
+                        ("model", "src_vocab_size"),
+                        f"model.src_vocab_size ({self.model.src_vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's",
+                        self.model.src_vocab_size,
+                    )
                 )
             if self.model.share_embeddings and not self.data.tokenizer.shared and self.data.type == "parallel":
-                problems.append((("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True))
+                problems.append(
+                    (("model", "share_embeddings"), "share_embeddings needs data.tokenizer.shared: true", True)
+                )
             pad = self.data.pad_id
             if self.model.pad_id is not None and pad is not None and self.model.pad_id != pad:
                 # One pad id for masks, loss and batches: the data's tokenizers pad with <pad>.
                 problems.append(
-                    (("model", "pad_id"), f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data", self.model.pad_id)
+                    (
+                        ("model", "pad_id"),
+                        f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data",
+                        self.model.pad_id,
+                    )
                 )
             facts = self.data.tokenizer.facts()
             if facts is not None:
                 for why in lacking(facts.found, self.model.kind):
                     problems.append(
-                        (("data", "tokenizer", "path"), f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials", self.data.tokenizer.path)
+                        (
+                            ("data", "tokenizer", "path"),
+                            f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials",
+                            self.data.tokenizer.path,
+                        )
                     )
         monitor, head = self.trainer.monitor, self.model.head.type if self.model.head is not None else None
         wanted = {"val_f1": "classify", "val_mse": "regress"}.get(monitor)
         if wanted is not None and head != wanted:
-            problems.append((("trainer", "monitor"), f"{monitor} is a score of a {wanted} head (model.head: {{type: {wanted}}})", monitor))
+            problems.append(
+                (
+                    ("trainer", "monitor"),
+                    f"{monitor} is a score of a {wanted} head (model.head: {{type: {wanted}}})",
+                    monitor,
+                )
+            )
         if monitor == "val_acc" and head == "regress":
-            problems.append((("trainer", "monitor"), "a regress head has no accuracy: monitor val_mse or val_loss", monitor))
+            problems.append(
+                (("trainer", "monitor"), "a regress head has no accuracy: monitor val_mse or val_loss", monitor)
+            )
         if self.trainer.val_bleu and self.model.kind != "encoder_decoder":
             problems.append(
-                (("trainer", "val_bleu"), f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')", self.trainer.val_bleu)
+                (
+                    ("trainer", "val_bleu"),
+                    f"val_bleu translates, so it needs an encoder_decoder model (this one is '{self.model.kind}')",
+                    self.trainer.val_bleu,
+                )
             )
         fail("Recipe", problems)
         return self
+
     _path: Path | None = PrivateAttr(None)
 
     @property
@@ -577,7 +747,9 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return recipe
 
 
-def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *, base: str | Path = ".") -> Recipe:
+def recipe_from_dict(
+    data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), *, base: str | Path = "."
+) -> Recipe:
     """Validate a recipe given as data (built in Python, or the resolved recipe a checkpoint keeps),
     with ``overrides``; bounded like a recipe file. ``extends`` names a recipe file relative to
     ``base``. Raises :class:`RecipeError` whose problems carry dotted paths (no file or line: the
@@ -585,7 +757,9 @@ def recipe_from_dict(data: dict[str, Any], overrides: list[str] | tuple[str, ...
     import copy
 
     if not isinstance(data, dict):
-        raise RecipeError([Problem(f"a recipe is a dict of sections ({', '.join(RECIPE_SECTIONS)}), not {type(data).__name__}", "")])
+        raise RecipeError(
+            [Problem(f"a recipe is a dict of sections ({', '.join(RECIPE_SECTIONS)}), not {type(data).__name__}", "")]
+        )
     check_bounds(data, "the recipe")
     src = Source(copy.deepcopy(data))
     parent = src.data.pop("extends", None)
@@ -626,7 +800,9 @@ def translate(exc: ValidationError, src: Source) -> list[Problem]:
             key = loc[-1]
             cls = _model_at(loc[:-1], src.data)
             suggestions -= 1
-            message = f"unknown key '{key}'" + (did_you_mean(str(key), cls.model_fields) if cls and suggestions >= 0 else "")
+            message = f"unknown key '{key}'" + (
+                did_you_mean(str(key), cls.model_fields) if cls and suggestions >= 0 else ""
+            )
         elif kind == "missing":
             what = f"item [{loc[-1]}]" if isinstance(loc[-1], int) else f"required key '{loc[-1]}'"
             message = f"missing {what}"

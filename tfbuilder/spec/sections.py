@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tfbuilder.errors import did_you_mean
 from tfbuilder.spec.ports import tokenizer_files
-from tfbuilder.specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
 from tfbuilder.specials import COUNT as SPECIAL_COUNT
+from tfbuilder.specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
 
 MLM_PROBABILITY = 0.15  # BERT's share of tokens a masked LM predicts (Devlin et al. 2019, sec. 3.1)
 DEFAULT_BATCH_SIZE = 32  # sentences per batch when a recipe sets neither max_tokens nor batch_size
@@ -62,11 +71,30 @@ def no_nul(value: str | None) -> str | None:
 class SpecialNames(Section):
     """The special tokens of a given tokenizer, by name, where they are not the usual ones."""
 
-    pad: str | None = Field(None, min_length=1, max_length=200, description="the padding token (found by default: <pad>, [PAD])")
-    bos: str | None = Field(None, min_length=1, max_length=200, description="the start token (found by default: <s>, [CLS], <|startoftext|>, ...)")
-    eos: str | None = Field(None, min_length=1, max_length=200, description="the end token (found by default: </s>, [SEP], <|endoftext|>, ...)")
-    unk: str | None = Field(None, min_length=1, max_length=200, description="the unknown token (found by default: <unk>, [UNK])")
-    mask: str | None = Field(None, min_length=1, max_length=200, description="the mask token of a masked LM (found by default: <mask>, [MASK])")
+    pad: str | None = Field(
+        None, min_length=1, max_length=200, description="the padding token (found by default: <pad>, [PAD])"
+    )
+    bos: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the start token (found by default: <s>, [CLS], <|startoftext|>, ...)",
+    )
+    eos: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the end token (found by default: </s>, [SEP], <|endoftext|>, ...)",
+    )
+    unk: str | None = Field(
+        None, min_length=1, max_length=200, description="the unknown token (found by default: <unk>, [UNK])"
+    )
+    mask: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="the mask token of a masked LM (found by default: <mask>, [MASK])",
+    )
 
 
 class TokenizerSection(Section):
@@ -79,14 +107,20 @@ class TokenizerSection(Section):
         "model, trained on the data or given as path; pretrained: a Hugging Face tokenizer.json given as path",
     )
     path: str | None = Field(
-        None, min_length=1,
+        None,
+        min_length=1,
         description="pretrained: a tokenizer.json (HF tokenizers); sentencepiece: a .model file to use instead of "
         "training one (relative to the working directory)",
     )
     _tokenizer_path = field_validator("path")(no_nul)
-    specials: SpecialNames | None = Field(None, description="a given tokenizer's special tokens, where they are not the usual names")
+    specials: SpecialNames | None = Field(
+        None, description="a given tokenizer's special tokens, where they are not the usual names"
+    )
     vocab_size: int | None = Field(
-        None, ge=SPECIAL_COUNT + 1, le=10_000_000, description="vocabulary size, specials included (a given tokenizer's own when left out)"
+        None,
+        ge=SPECIAL_COUNT + 1,
+        le=10_000_000,
+        description="vocabulary size, specials included (a given tokenizer's own when left out)",
     )
     shared: bool = Field(True, description="one vocabulary for source and target (the paper, sec. 5.1)")
     sample: int | None = Field(
@@ -98,16 +132,30 @@ class TokenizerSection(Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "TokenizerSection":
+    def _check(self) -> TokenizerSection:
         problems: list[tuple[tuple, str, Any]] = []
         if self.type == "pretrained" and self.path is None:
             problems.append((("path",), "a pretrained tokenizer needs path: its tokenizer.json", None))
         if self.path is not None and self.type not in ("pretrained", "sentencepiece"):
-            problems.append((("path",), f"a {self.type} tokenizer is trained on the data; path is for pretrained or sentencepiece", self.path))
+            problems.append(
+                (
+                    ("path",),
+                    f"a {self.type} tokenizer is trained on the data; path is for pretrained or sentencepiece",
+                    self.path,
+                )
+            )
         if self.path is not None and not self.shared:
-            problems.append((("shared",), "a tokenizer file is one vocabulary for both sides: shared must be true", False))
+            problems.append(
+                (("shared",), "a tokenizer file is one vocabulary for both sides: shared must be true", False)
+            )
         if self.specials is not None and self.path is None:
-            problems.append((("specials",), "specials name the tokens of a given tokenizer (set path); a trained one has its own at ids 0-4", None))
+            problems.append(
+                (
+                    ("specials",),
+                    "specials name the tokens of a given tokenizer (set path); a trained one has its own at ids 0-4",
+                    None,
+                )
+            )
         fail("TokenizerSection", problems)
         return self
 
@@ -133,7 +181,9 @@ class SplitsSection(Section):
     """The splits: file stems (``<path>/<stem>.<lang>`` or ``<stem>.<lang>.gz``), or the split names of a
     Hugging Face dataset (``data.format: datasets``, such as ``validation``)."""
 
-    train: str = Field("train", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="training split")
+    train: str = Field(
+        "train", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="training split"
+    )
     val: str = Field("val", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="validation split")
     test: str = Field("test", min_length=1, max_length=255, json_schema_extra=STEM_SCHEMA, description="test split")
 
@@ -142,7 +192,9 @@ class SplitsSection(Section):
     def _plain_stem(cls, value: str) -> str:
         # A stem names files in data.path: no directories, no glob patterns, no escaping the directory.
         if set(value) & set("/\\*?[]\x00") or value.strip(".") == "":
-            raise PydanticCustomError("file_stem", "a split is a file stem such as 'train': no '/', '*', '?', '[', ']', and not '.' or '..'")
+            raise PydanticCustomError(
+                "file_stem", "a split is a file stem such as 'train': no '/', '*', '?', '[', ']', and not '.' or '..'"
+            )
         return value
 
 
@@ -150,13 +202,27 @@ class ColumnsSection(Section):
     """Which fields of a record hold the text (every ``data.format`` but text)."""
 
     source: str | None = Field(
-        None, min_length=1, max_length=255,
+        None,
+        min_length=1,
+        max_length=255,
         description="translation: the source field (JSON, Parquet, datasets: a dotted path into nested records such as translation.de)",
     )
     target: str | None = Field(None, min_length=1, max_length=255, description="translation: the target field")
-    text: str | None = Field(None, min_length=1, max_length=255, description="language models and labelled data: the text field")
-    text_pair: str | None = Field(None, min_length=1, max_length=255, description="labelled data: a second text read with the first (<s> text </s> pair </s>); optional")
-    label: str | None = Field(None, min_length=1, max_length=255, description="labelled data: the label field (a class name or integer; a number to regress)")
+    text: str | None = Field(
+        None, min_length=1, max_length=255, description="language models and labelled data: the text field"
+    )
+    text_pair: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="labelled data: a second text read with the first (<s> text </s> pair </s>); optional",
+    )
+    label: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="labelled data: the label field (a class name or integer; a number to regress)",
+    )
 
 
 # A Hub repository id: a name, or owner/name (letters, digits, '-', '_', '.').
@@ -166,10 +232,16 @@ HUB_NAME = r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$"
 class HubSection(Section):
     """A dataset on the Hugging Face Hub, loaded with ``datasets.load_dataset`` (``data.format: datasets``)."""
 
-    name: str = Field(min_length=1, max_length=200, pattern=HUB_NAME, description="the dataset's id on the Hub, such as wmt/wmt14")
-    config: str | None = Field(None, min_length=1, max_length=200, description="its configuration (subset), such as de-en")
+    name: str = Field(
+        min_length=1, max_length=200, pattern=HUB_NAME, description="the dataset's id on the Hub, such as wmt/wmt14"
+    )
+    config: str | None = Field(
+        None, min_length=1, max_length=200, description="its configuration (subset), such as de-en"
+    )
     revision: str | None = Field(
-        None, min_length=1, max_length=200,
+        None,
+        min_length=1,
+        max_length=200,
         description="a branch, tag or commit of the dataset's repository (default: its main branch); a commit pins the data",
     )
 
@@ -200,7 +272,9 @@ class DataSection(Section):
     src_lang: str | None = Field(None, description="source language suffix: train.<src_lang>[.gz]")
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
-    splits: SplitsSection = Field(default_factory=SplitsSection, description="file stems of the splits (format datasets: split names)")
+    splits: SplitsSection = Field(
+        default_factory=SplitsSection, description="file stems of the splits (format datasets: split names)"
+    )
     format: Literal["text", "jsonl", "csv", "tsv", "parquet", "datasets"] = Field(
         "text",
         description="text: <stem>.<lang>[.gz], one example per line; jsonl, csv, tsv: <stem>.<format>[.gz], records "
@@ -209,10 +283,14 @@ class DataSection(Section):
     )
     columns: ColumnsSection | None = Field(None, description="every format but text: the fields that hold the text")
     hub: HubSection | None = Field(
-        None, description="format datasets: a dataset on the Hugging Face Hub (instead of path), downloaded and cached by datasets"
+        None,
+        description="format datasets: a dataset on the Hugging Face Hub (instead of path), downloaded and cached by datasets",
     )
     max_len: int = Field(
-        256, ge=1, le=1_000_000, description="training examples longer than this (in tokens) are dropped (not with packing)"
+        256,
+        ge=1,
+        le=1_000_000,
+        description="training examples longer than this (in tokens) are dropped (not with packing)",
     )
     documents: Literal["lines", "paragraphs"] = Field(
         "lines", description="monolingual text: one document per line, or documents separated by blank lines"
@@ -251,7 +329,7 @@ class DataSection(Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "DataSection":
+    def _check(self) -> DataSection:
         problems: list[tuple[tuple, str, Any]] = []
         if self.type == "synthetic":
             if self.task is None:
@@ -259,55 +337,113 @@ class DataSection(Section):
             if not 1 <= self.lengths[0] <= self.lengths[1]:
                 problems.append((("lengths",), f"lengths must satisfy 1 <= min <= max, got {list(self.lengths)}", None))
             elif self.lengths[1] > MAX_SYNTHETIC_LEN:
-                problems.append((("lengths",), f"synthetic lengths are at most {MAX_SYNTHETIC_LEN:,}, got {self.lengths[1]:,}", None))
+                problems.append(
+                    (
+                        ("lengths",),
+                        f"synthetic lengths are at most {MAX_SYNTHETIC_LEN:,}, got {self.lengths[1]:,}",
+                        None,
+                    )
+                )
             else:
                 biggest = max(self.train_size, self.val_size, self.test_size) * self.lengths[1]
                 if biggest > MAX_SYNTHETIC_TOKENS:
                     problems.append(
-                        (("train_size",), f"a split of up to {biggest:,} synthetic tokens is more than the {MAX_SYNTHETIC_TOKENS:,} generated in memory", None)
+                        (
+                            ("train_size",),
+                            f"a split of up to {biggest:,} synthetic tokens is more than the {MAX_SYNTHETIC_TOKENS:,} generated in memory",
+                            None,
+                        )
                     )
             if self.tokenizer.type != "char":
                 problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
         else:
             if self.format == "datasets":
                 if self.path is None and self.hub is None:
-                    problems.append((("path",), f"{self.type} data in format datasets needs a path (a save_to_disk folder) or hub", None))
+                    problems.append(
+                        (
+                            ("path",),
+                            f"{self.type} data in format datasets needs a path (a save_to_disk folder) or hub",
+                            None,
+                        )
+                    )
                 elif self.path is not None and self.hub is not None:
-                    problems.append((("hub",), "set path (a save_to_disk folder) or hub (a dataset on the Hub), not both; path: null drops an inherited one", self.hub.name))
+                    problems.append(
+                        (
+                            ("hub",),
+                            "set path (a save_to_disk folder) or hub (a dataset on the Hub), not both; path: null drops an inherited one",
+                            self.hub.name,
+                        )
+                    )
             elif self.path is None:
                 problems.append((("path",), f"{self.type} data needs a path", None))
             if self.format == "text" and self.type == "labelled":
-                problems.append((("format",), "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, and columns.text and columns.label", self.format))
+                problems.append(
+                    (
+                        ("format",),
+                        "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, and columns.text and columns.label",
+                        self.format,
+                    )
+                )
             elif self.format == "text":
                 needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
                 for lang in needed:
                     if getattr(self, lang) is None:
                         problems.append(((lang,), f"{self.type} data needs {lang}", None))
                 if self.columns is not None:
-                    problems.append((("columns",), "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets", None))
+                    problems.append(
+                        (
+                            ("columns",),
+                            "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets",
+                            None,
+                        )
+                    )
             else:
                 fields = {"parallel": ("source", "target"), "labelled": ("text", "label")}.get(self.type, ("text",))
                 optional = ("text_pair",) if self.type == "labelled" else ()
                 columns = self.columns or ColumnsSection()
-                named = {"source": columns.source, "target": columns.target, "text": columns.text, "text_pair": columns.text_pair, "label": columns.label}
+                named = {
+                    "source": columns.source,
+                    "target": columns.target,
+                    "text": columns.text,
+                    "text_pair": columns.text_pair,
+                    "label": columns.label,
+                }
                 for name in fields:
                     if named[name] is None:
-                        problems.append((("columns", name), f"{self.type} data in format {self.format} needs columns.{name}", None))
+                        problems.append(
+                            (("columns", name), f"{self.type} data in format {self.format} needs columns.{name}", None)
+                        )
                 for name, value in named.items():
                     if value is not None and name not in fields + optional:
                         problems.append((("columns", name), f"{self.type} data has no {name} column", value))
                 if self.documents != "lines":
-                    problems.append((("documents",), "documents separated by blank lines are plain text (format: text)", self.documents))
+                    problems.append(
+                        (
+                            ("documents",),
+                            "documents separated by blank lines are plain text (format: text)",
+                            self.documents,
+                        )
+                    )
             if self.tokenizer.vocab_size is None and not self.tokenizer.given:
                 problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
             facts = self.tokenizer.facts()
             if facts is None and self.tokenizer.given and self.tokenizer.vocab_size is None:
                 # (A resolved recipe, as checkpoints keep it, carries the size: it loads without the file.)
                 named = self.tokenizer.specials.model_dump() if self.tokenizer.specials else None
-                problems.append((("tokenizer", "path"), tokenizer_files().unreadable(self.tokenizer.type, self.tokenizer.path, named), self.tokenizer.path))
+                problems.append(
+                    (
+                        ("tokenizer", "path"),
+                        tokenizer_files().unreadable(self.tokenizer.type, self.tokenizer.path, named),
+                        self.tokenizer.path,
+                    )
+                )
             if facts is not None and self.tokenizer.vocab_size not in (None, facts.vocab_size):
                 problems.append(
-                    (("tokenizer", "vocab_size"), f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; leave vocab_size out", self.tokenizer.vocab_size)
+                    (
+                        ("tokenizer", "vocab_size"),
+                        f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; leave vocab_size out",
+                        self.tokenizer.vocab_size,
+                    )
                 )
         if self.hub is not None and self.format != "datasets":
             problems.append((("hub",), "hub names a Hugging Face dataset: set format to datasets", self.hub.name))
@@ -363,7 +499,9 @@ class MuonSection(Section):
     """Muon's settings (Jordan et al. 2024; torch.optim.Muon), for optim.optimizer: muon."""
 
     lr: float | None = Field(
-        None, gt=0.0, le=10.0,
+        None,
+        gt=0.0,
+        le=10.0,
         description="Muon's peak learning rate (the reference: 0.02 with adjust_lr original); its schedule is optim.schedule's times lr / optim.lr; default optim.lr",
     )
     momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of the update before orthogonalisation")
@@ -390,28 +528,37 @@ class OptimSection(Section):
     betas: tuple[StrictFloat, StrictFloat] = Field((0.9, 0.98), strict=False, description="Adam beta1, beta2")
     eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
     weight_decay: float = Field(
-        0.0, ge=0.0,
+        0.0,
+        ge=0.0,
         description="decoupled weight decay (adamw) of weight matrices and embedding tables; biases, norm gains and learned scalars are not decayed",
     )
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
     z_loss: float = Field(
-        0.0, ge=0.0, le=1.0,
+        0.0,
+        ge=0.0,
+        le=1.0,
         description="weight w of the auxiliary z-loss w * log(Z)^2 per target token, Z the softmax normaliser (PaLM, Chowdhery et al. 2022: 1e-4); 0: off",
     )
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
     accumulate: int = Field(
-        1, ge=1, le=65_536,
+        1,
+        ge=1,
+        le=65_536,
         description="batches per optimizer step; the step averages the loss over all their target tokens, like one batch this many times larger",
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "OptimSection":
+    def _check(self) -> OptimSection:
         problems = [
-            (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b) for i, b in enumerate(self.betas) if not 0 <= b < 1
+            (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b)
+            for i, b in enumerate(self.betas)
+            if not 0 <= b < 1
         ]
         if self.optimizer != "muon" and self.muon != MuonSection():
-            problems.append((("muon",), f"muon settings apply to optimizer: muon (this recipe's is {self.optimizer})", None))
+            problems.append(
+                (("muon",), f"muon settings apply to optimizer: muon (this recipe's is {self.optimizer})", None)
+            )
         fail("OptimSection", problems)
         return self
 
@@ -419,13 +566,21 @@ class OptimSection(Section):
 class TrainerSection(Section):
     """What Lightning's Trainer is told, and where runs go."""
 
-    max_steps: int = Field(100_000, ge=1, le=1_000_000_000, description="optimizer steps to train (the paper: 100k base, 300k big)")
-    max_epochs: int | None = Field(None, ge=1, le=1_000_000, description="stop after this many passes over the data, if sooner")
-    max_minutes: float | None = Field(None, gt=0, le=525_600, description="stop after this much wall time, if sooner (at most a year)")
+    max_steps: int = Field(
+        100_000, ge=1, le=1_000_000_000, description="optimizer steps to train (the paper: 100k base, 300k big)"
+    )
+    max_epochs: int | None = Field(
+        None, ge=1, le=1_000_000, description="stop after this many passes over the data, if sooner"
+    )
+    max_minutes: float | None = Field(
+        None, gt=0, le=525_600, description="stop after this much wall time, if sooner (at most a year)"
+    )
     val_every: int = Field(1000, ge=1, description="validate (and checkpoint) every this many steps")
     val_batches: int | None = Field(None, ge=1, description="validate on at most this many batches")
     val_bleu: int = Field(
-        0, ge=0, description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off"
+        0,
+        ge=0,
+        description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off",
     )
     monitor: Literal["val_loss", "val_bleu", "val_acc", "val_f1", "val_mse"] = Field(
         "val_loss",
@@ -433,32 +588,54 @@ class TrainerSection(Section):
         "val_acc (higher), and for a sequence head val_f1 (higher; classify) or val_mse (lower; regress)",
     )
     patience: int | None = Field(
-        None, ge=1, le=1_000_000, description="stop after this many validations without improvement of monitor; unset: never"
+        None,
+        ge=1,
+        le=1_000_000,
+        description="stop after this many validations without improvement of monitor; unset: never",
     )
     keep_last: int = Field(
-        0, ge=0, le=1000, description="also keep the N most recent validated checkpoints as checkpoints/step-<n>.ckpt (for tfbuilder average)"
+        0,
+        ge=0,
+        le=1000,
+        description="also keep the N most recent validated checkpoints as checkpoints/step-<n>.ckpt (for tfbuilder average)",
     )
-    log_every: int = Field(50, ge=1, description="log training metrics (and check the loss is finite) every this many steps")
+    log_every: int = Field(
+        50, ge=1, description="log training metrics (and check the loss is finite) every this many steps"
+    )
     precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
-    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field("auto", description="device kind (auto: a GPU when present)")
-    devices: Annotated[int, Field(ge=1, le=4096)] | Annotated[list[Annotated[int, Field(ge=0, le=4095)]], Field(min_length=1, max_length=4096)] | Literal["auto"] = Field(
-        "auto", description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is the second GPU)"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field(
+        "auto", description="device kind (auto: a GPU when present)"
+    )
+    devices: (
+        Annotated[int, Field(ge=1, le=4096)]
+        | Annotated[list[Annotated[int, Field(ge=0, le=4095)]], Field(min_length=1, max_length=4096)]
+        | Literal["auto"]
+    ) = Field(
+        "auto",
+        description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is the second GPU)",
     )
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
     num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
-    compile: bool = Field(False, description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)")
+    compile: bool = Field(
+        False,
+        description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)",
+    )
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     _output_path = field_validator("output")(no_nul)
-    logger: Literal["csv", "tensorboard"] = Field("csv", description="an older spelling: tensorboard is loggers: [tensorboard]")
+    logger: Literal["csv", "tensorboard"] = Field(
+        "csv", description="an older spelling: tensorboard is loggers: [tensorboard]"
+    )
     loggers: list[LoggerName] = Field(
-        default_factory=list, max_length=len(LOGGER_NAMES),
+        default_factory=list,
+        max_length=len(LOGGER_NAMES),
         description="where metrics go besides metrics.csv (always written): any of tensorboard, wandb, mlflow "
         "(Lightning's loggers; wandb and mlflow are the extras of the same names), each given the resolved recipe",
     )
     progress: bool = Field(
-        True, description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)"
+        True,
+        description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)",
     )
     threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         "auto",
@@ -473,14 +650,23 @@ class TrainerSection(Section):
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @model_validator(mode="after")
-    def _check(self) -> "TrainerSection":
+    def _check(self) -> TrainerSection:
         twice = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
         if twice:
             fail("TrainerSection", [(("loggers",), f"loggers names {', '.join(twice)} twice", self.loggers)])
         if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
             fail("TrainerSection", [(("devices",), f"devices {self.devices} names a device twice", self.devices)])
         if self.monitor == "val_bleu" and not self.val_bleu:
-            fail("TrainerSection", [(("monitor",), "monitor: val_bleu needs trainer.val_bleu: N (sentences translated at each validation)", self.monitor)])
+            fail(
+                "TrainerSection",
+                [
+                    (
+                        ("monitor",),
+                        "monitor: val_bleu needs trainer.val_bleu: N (sentences translated at each validation)",
+                        self.monitor,
+                    )
+                ],
+            )
         return self
 
 

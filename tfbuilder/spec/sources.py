@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from tfbuilder.errors import Problem, RecipeError
-from tfbuilder.errors import printable
+from tfbuilder.errors import Problem, RecipeError, printable
 
 _PLAIN_TAGS = tuple(
     f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "str", "int", "float", "bool", "null", "timestamp")
@@ -112,7 +111,9 @@ class _Budget:
         self.open: set[int] = set()
 
 
-def _construct(node: yaml.Node, file: str, path: Key, src: Source, problems: list[Problem], budget: _Budget | None = None) -> Any:
+def _construct(
+    node: yaml.Node, file: str, path: Key, src: Source, problems: list[Problem], budget: _Budget | None = None
+) -> Any:
     """Turn a composed node into plain data, recording marks; duplicate keys are errors.
 
     Bounded: at most MAX_DEPTH levels and MAX_VALUES values however aliases multiply them, and a
@@ -120,14 +121,30 @@ def _construct(node: yaml.Node, file: str, path: Key, src: Source, problems: lis
     budget = budget or _Budget()
     budget.values -= 1
     if budget.values < 0:
-        raise RecipeError([Problem(f"YAML aliases expand this recipe to more than {MAX_VALUES:,} values", dotted_path(path), *_pos(file, node))])
+        raise RecipeError(
+            [
+                Problem(
+                    f"YAML aliases expand this recipe to more than {MAX_VALUES:,} values",
+                    dotted_path(path),
+                    *_pos(file, node),
+                )
+            ]
+        )
     if len(path) > MAX_DEPTH:
         raise RecipeError([Problem(f"nested deeper than {MAX_DEPTH} levels", "", *_pos(file, node))])
     if id(node) in budget.open:
-        raise RecipeError([Problem("recursive YAML alias: this value contains itself", dotted_path(path), *_pos(file, node))])
+        raise RecipeError(
+            [Problem("recursive YAML alias: this value contains itself", dotted_path(path), *_pos(file, node))]
+        )
     src.values[path] = _mark(file, node)
     if node.tag not in _PLAIN_TAGS:
-        problems.append(Problem(f"YAML tag {_quote(node.tag)} is not allowed: recipes are plain data", dotted_path(path), *_pos(file, node)))
+        problems.append(
+            Problem(
+                f"YAML tag {_quote(node.tag)} is not allowed: recipes are plain data",
+                dotted_path(path),
+                *_pos(file, node),
+            )
+        )
         return None
     if isinstance(node, yaml.ScalarNode):
         return _scalar_at(node, file, path, problems)
@@ -140,7 +157,9 @@ def _construct(node: yaml.Node, file: str, path: Key, src: Source, problems: lis
         budget.open.discard(id(node))
 
 
-def _construct_mapping(node: yaml.MappingNode, file: str, path: Key, src: Source, problems: list[Problem], budget: _Budget) -> dict:
+def _construct_mapping(
+    node: yaml.MappingNode, file: str, path: Key, src: Source, problems: list[Problem], budget: _Budget
+) -> dict:
     out: dict[Any, Any] = {}
     owned: set[str] = set()
     # YAML merge keys (`<<: *base`) as yaml.safe_load reads them, but without changing the node:
@@ -148,13 +167,19 @@ def _construct_mapping(node: yaml.MappingNode, file: str, path: Key, src: Source
     for key_node, value_node, inherited in _pairs(node, file, path, problems, budget, depth=0):
         key = _scalar(key_node) if isinstance(key_node, yaml.ScalarNode) and key_node.tag in _PLAIN_TAGS else None
         if not isinstance(key, (str, int, float, bool)):
-            problems.append(Problem("keys must be plain scalars (text or numbers)", dotted_path(path), *_pos(file, key_node)))
+            problems.append(
+                Problem("keys must be plain scalars (text or numbers)", dotted_path(path), *_pos(file, key_node))
+            )
             continue
         key = str(key) if not isinstance(key, str) else key
         if key in out and key in owned and not inherited:
             first = src.keys[path + (key,)]
             problems.append(
-                Problem(f"duplicate key {_quote(key)} (first at line {first.line})", dotted_path(path + (key,)), *_pos(file, key_node))
+                Problem(
+                    f"duplicate key {_quote(key)} (first at line {first.line})",
+                    dotted_path(path + (key,)),
+                    *_pos(file, key_node),
+                )
             )
             continue
         if not inherited:
@@ -164,11 +189,15 @@ def _construct_mapping(node: yaml.MappingNode, file: str, path: Key, src: Source
     return out
 
 
-def _pairs(node: yaml.MappingNode, file: str, path: Key, problems: list[Problem], budget: _Budget, depth: int) -> list[tuple]:
+def _pairs(
+    node: yaml.MappingNode, file: str, path: Key, problems: list[Problem], budget: _Budget, depth: int
+) -> list[tuple]:
     """``(key, value, inherited)`` in construction order: merged-in pairs first (the first mapping
     named by ``<<`` wins), then the mapping's own (which override them)."""
     if depth > MAX_DEPTH:
-        raise RecipeError([Problem(f"YAML merge keys nested deeper than {MAX_DEPTH} levels", dotted_path(path), *_pos(file, node))])
+        raise RecipeError(
+            [Problem(f"YAML merge keys nested deeper than {MAX_DEPTH} levels", dotted_path(path), *_pos(file, node))]
+        )
     merged: list[tuple] = []
     own: list[tuple] = []
     for key_node, value_node in node.value:
@@ -178,10 +207,16 @@ def _pairs(node: yaml.MappingNode, file: str, path: Key, problems: list[Problem]
         sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
         for source in reversed(sources):  # later sources first, so that earlier ones override them
             if not isinstance(source, yaml.MappingNode):
-                problems.append(Problem("a merge key (<<) takes a mapping or a list of mappings", dotted_path(path), *_pos(file, source)))
+                problems.append(
+                    Problem(
+                        "a merge key (<<) takes a mapping or a list of mappings", dotted_path(path), *_pos(file, source)
+                    )
+                )
                 continue
             if id(source) in budget.open or source is node:
-                raise RecipeError([Problem("recursive YAML alias in a merge key", dotted_path(path), *_pos(file, source))])
+                raise RecipeError(
+                    [Problem("recursive YAML alias in a merge key", dotted_path(path), *_pos(file, source))]
+                )
             budget.open.add(id(source))
             try:
                 merged += [(k, v, True) for k, v, _ in _pairs(source, file, path, problems, budget, depth + 1)]
@@ -189,7 +224,15 @@ def _pairs(node: yaml.MappingNode, file: str, path: Key, problems: list[Problem]
                 budget.open.discard(id(source))
             budget.values -= len(source.value)
             if budget.values < 0:
-                raise RecipeError([Problem(f"YAML aliases expand this recipe to more than {MAX_VALUES:,} values", dotted_path(path), *_pos(file, node))])
+                raise RecipeError(
+                    [
+                        Problem(
+                            f"YAML aliases expand this recipe to more than {MAX_VALUES:,} values",
+                            dotted_path(path),
+                            *_pos(file, node),
+                        )
+                    ]
+                )
     return merged + own
 
 
@@ -197,7 +240,9 @@ def _scalar_at(node: yaml.ScalarNode, file: str, path: Key, problems: list[Probl
     try:
         return _scalar(node)
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
-        reason = "a number too large to read" if "digits" in str(exc) or "limit" in str(exc) else f"unreadable value ({exc})"
+        reason = (
+            "a number too large to read" if "digits" in str(exc) or "limit" in str(exc) else f"unreadable value ({exc})"
+        )
         problems.append(Problem(reason, dotted_path(path), *_pos(file, node)))
         return None
 
@@ -265,7 +310,9 @@ def parse_yaml(text: str, file: str) -> Source:
         before = text[: exc.position]
         line, col = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
         what = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
-        raise RecipeError([Problem(f"YAML error: special character {what} is not allowed", "", file, line, col)]) from None
+        raise RecipeError(
+            [Problem(f"YAML error: special character {what} is not allowed", "", file, line, col)]
+        ) from None
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RecipeError([Problem(f"YAML error: {first}", "", file, 1, 1)]) from None
@@ -282,7 +329,9 @@ def parse_yaml(text: str, file: str) -> Source:
     if problems:
         raise RecipeError(problems)
     if not isinstance(data, dict):
-        raise RecipeError([Problem("a recipe must be a mapping of sections (model, data, optim, trainer)", "", file, 1, 1)])
+        raise RecipeError(
+            [Problem("a recipe must be a mapping of sections (model, data, optim, trainer)", "", file, 1, 1)]
+        )
     src.data = data
     return src
 
@@ -332,7 +381,9 @@ def load_source(path: str | Path) -> Source:
             src.data.pop("extends", None)
             break
         if not isinstance(parent_name, str) or not parent_name.strip():
-            raise RecipeError([src.problem(("extends",), "extends must be a path to another recipe (relative to this one)")])
+            raise RecipeError(
+                [src.problem(("extends",), "extends must be a path to another recipe (relative to this one)")]
+            )
         if "\x00" in parent_name:
             raise RecipeError([src.problem(("extends",), "a path cannot hold a NUL byte")])
         parent_path = path.parent / parent_name
@@ -375,7 +426,9 @@ def _read_one(path: Path, *, via: Problem | None, first: bool) -> Source:
         else:
             reason = f"not UTF-8 text (byte {exc.start:,})"
         if via is not None:  # report it where the parent is named
-            raise RecipeError([Problem(f"extends {shown}, which cannot be read: {reason}", via.path, via.file, via.line, via.col)]) from None
+            raise RecipeError(
+                [Problem(f"extends {shown}, which cannot be read: {reason}", via.path, via.file, via.line, via.col)]
+            ) from None
         raise RecipeError([Problem(f"cannot read recipe: {reason}", "", shown, 1, 1)]) from None
     try:
         src = parse_yaml(text, shown)
@@ -389,7 +442,9 @@ def _read_one(path: Path, *, via: Problem | None, first: bool) -> Source:
         if via is not None:
             raise RecipeError([_not_a_recipe(via, shown)])
         if not any(difflib.get_close_matches(str(key), RECIPE_SECTIONS, n=1, cutoff=0.6) for key in src.data):
-            raise RecipeError([Problem(f"not a recipe: none of its top-level keys is {', '.join(RECIPE_SECTIONS)}", "", shown, 1, 1)])
+            raise RecipeError(
+                [Problem(f"not a recipe: none of its top-level keys is {', '.join(RECIPE_SECTIONS)}", "", shown, 1, 1)]
+            )
     return src
 
 
@@ -399,7 +454,11 @@ def _looks_like_yaml_recipe(text: str) -> bool:
 
 def _not_a_recipe(via: Problem, shown: str) -> Problem:
     return Problem(
-        f"extends {shown}, which is not a recipe (no {', '.join(RECIPE_SECTIONS[1:])} section)", via.path, via.file, via.line, via.col
+        f"extends {shown}, which is not a recipe (no {', '.join(RECIPE_SECTIONS[1:])} section)",
+        via.path,
+        via.file,
+        via.line,
+        via.col,
     )
 
 
@@ -492,7 +551,17 @@ def _parse_override(text: str) -> _Override:
     if not sep or not key:
         raise RecipeError([Problem("an override must look like dotted.key=value", "", label, 1, 1)])
     if key.count(".") >= MAX_DEPTH:  # checked before splitting: a 20,000-part path is refused at once
-        raise RecipeError([Problem(f"the key path has {key.count('.') + 1:,} parts; a recipe is nested at most {MAX_DEPTH} levels", "", label[:200], 1, 1)])
+        raise RecipeError(
+            [
+                Problem(
+                    f"the key path has {key.count('.') + 1:,} parts; a recipe is nested at most {MAX_DEPTH} levels",
+                    "",
+                    label[:200],
+                    1,
+                    1,
+                )
+            ]
+        )
     parts = tuple(int(p) if p.isdigit() else p for p in key.split("."))
     if any(p == "" for p in parts):
         raise RecipeError([Problem("empty key in the dotted path", key, label, 1, 1)])
@@ -522,7 +591,9 @@ def _container(src: Source, override: _Override) -> dict | list:
             created = override.parts[: i + 1]
             src.values[created] = src.keys[created] = Mark(override.label, 1, 1)
         if not isinstance(nxt, (dict, list)):
-            raise override.problem(f"cannot set {override.key}: {dotted_path(override.parts[: i + 1])} is not a mapping")
+            raise override.problem(
+                f"cannot set {override.key}: {dotted_path(override.parts[: i + 1])} is not a mapping"
+            )
         node = nxt
     return node
 

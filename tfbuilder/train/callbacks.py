@@ -160,8 +160,10 @@ class RunGuard(Callback):
             torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
         first = int(bad)  # the one host sync, every log_every steps and before every checkpoint
         if first:
-            raise NonFiniteLoss(f"the loss became non-finite at step {first}; training stopped. {self.kept()} "
-                                "Lower the learning rate or set optim.grad_clip.")
+            raise NonFiniteLoss(
+                f"the loss became non-finite at step {first}; training stopped. {self.kept()} "
+                "Lower the learning rate or set optim.grad_clip."
+            )
 
     def kept(self) -> str:
         if self.kept_step is None:
@@ -177,8 +179,10 @@ class RunGuard(Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
         loss = metrics.get("val_loss")
         if loss is not None and not math.isfinite(loss):
-            raise NonFiniteLoss(f"the validation loss became {loss} at step {step}; training stopped. {self.kept()} "
-                                "Lower the learning rate or set optim.grad_clip.")
+            raise NonFiniteLoss(
+                f"the validation loss became {loss} at step {step}; training stopped. {self.kept()} "
+                "Lower the learning rate or set optim.grad_clip."
+            )
         score = metrics.get(self.monitor)
         improved = score is not None and (
             self.best_score is None or (score < self.best_score if self.mode == "min" else score > self.best_score)
@@ -191,7 +195,10 @@ class RunGuard(Callback):
             self.best_val_loss = loss
         self.last_step, self.last_metrics = step, metrics
         if self.patience is not None and self.stale >= self.patience:
-            self.stop(trainer, f"early stopping: {self.monitor} did not improve for {self.stale} validations (patience {self.patience})")
+            self.stop(
+                trainer,
+                f"early stopping: {self.monitor} did not improve for {self.stale} validations (patience {self.patience})",
+            )
         if self.signum is not None:
             self.stop(trainer, "interrupted")
         self.save(trainer, step, improved=improved)

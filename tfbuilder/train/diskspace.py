@@ -12,8 +12,8 @@ from pathlib import Path
 from shutil import disk_usage
 
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.runs.checkpoints import display_path
 from tfbuilder.model.sizing import count_parameters
+from tfbuilder.runs.checkpoints import display_path
 
 BYTES_PER_PARAMETER = 12  # fp32 weights + Adam's exp_avg and exp_avg_sq
 OVERHEAD = 64 * 1024  # recipe, vocabulary, optimizer and loop state, archive entries
@@ -24,7 +24,7 @@ class DiskFull(TfbuilderError):
     """Not enough free space for a run's checkpoints (exit 2): nothing written is lost."""
 
 
-def checkpoint_bytes(recipe: "object") -> int:
+def checkpoint_bytes(recipe: object) -> int:
     """About how many bytes one checkpoint of ``recipe`` takes (counted on the meta device)."""
 
     return BYTES_PER_PARAMETER * count_parameters(recipe) + OVERHEAD
@@ -46,13 +46,17 @@ def size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def check_free(recipe: "object", run_dir: Path, *, resumed: bool) -> None:
+def check_free(recipe: object, run_dir: Path, *, resumed: bool) -> None:
     """Refuse to start when the run's checkpoints cannot fit where they go."""
     each = checkpoint_bytes(recipe)
     keep = recipe.trainer.keep_last
     # A resumed run already holds its kept checkpoints: it needs room for the one being written
     # and a best.ckpt older than the kept ones.
-    count, why = (2, "one being written and a best.ckpt") if resumed else (keep + 2, f"keep_last {keep}, a best.ckpt and one being written")
+    count, why = (
+        (2, "one being written and a best.ckpt")
+        if resumed
+        else (keep + 2, f"keep_last {keep}, a best.ckpt and one being written")
+    )
     need, free = count * each, free_bytes(run_dir)
     if free < need:
         raise DiskFull(

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfbuilder.atomic import write_text
+from tfbuilder.errors import TfbuilderError
 from tfbuilder.spec.sections import LOGGER_NAMES
 from tfbuilder.train.metrics_log import MetricsCSV
-from tfbuilder.errors import TfbuilderError
-from tfbuilder.atomic import write_text
 
 if TYPE_CHECKING:  # annotations only: validating a recipe needs no Lightning
     from lightning.pytorch.loggers.logger import Logger
@@ -93,19 +93,25 @@ def _make(name: str, recipe: Recipe, run_dir: Path) -> Logger:
     if name == "tensorboard":  # beside metrics.csv, where `tensorboard --logdir <output>` finds it
         from lightning.pytorch.loggers import TensorBoardLogger
 
-        return TensorBoardLogger(save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name, default_hp_metric=False)
+        return TensorBoardLogger(
+            save_dir=str(run_dir.parent.parent), name=run_dir.parent.name, version=run_dir.name, default_hp_metric=False
+        )
     if name == "wandb":
         from lightning.pytorch.loggers import WandbLogger
 
         # W&B keeps its local files in the run directory (or WANDB_DIR); WANDB_MODE=offline and WANDB_PROJECT apply.
         return WandbLogger(
-            name=run_name, save_dir=os.environ.get("WANDB_DIR") or str(run_dir), project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT)
+            name=run_name,
+            save_dir=os.environ.get("WANDB_DIR") or str(run_dir),
+            project=os.environ.get("WANDB_PROJECT", WANDB_PROJECT),
         )
     from lightning.pytorch.loggers import MLFlowLogger
 
     # MLFLOW_TRACKING_URI says where (a server, or file:<folder>); unset: ./mlruns.
     return MLFlowLogger(
-        experiment_name=recipe.name, run_name=run_name, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
+        experiment_name=recipe.name,
+        run_name=run_name,
+        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI"),
         tags={"tfbuilder.run_dir": str(run_dir.resolve())},
     )
 
@@ -136,10 +142,19 @@ def where(logger: Logger) -> dict[str, Any] | None:
     record: dict[str, Any] = {"logger": kind}
     if kind == "WandbLogger":
         run = logger.experiment
-        record.update(id=getattr(run, "id", None), url=getattr(run, "url", None), project=getattr(run, "project", None),
-                      dir=getattr(run, "dir", None), offline=bool(getattr(getattr(run, "settings", None), "_offline", False)))
+        record.update(
+            id=getattr(run, "id", None),
+            url=getattr(run, "url", None),
+            project=getattr(run, "project", None),
+            dir=getattr(run, "dir", None),
+            offline=bool(getattr(getattr(run, "settings", None), "_offline", False)),
+        )
     elif kind == "MLFlowLogger":
-        record.update(run_id=logger.run_id, experiment_id=logger.experiment_id, tracking_uri=getattr(logger, "_tracking_uri", None))
+        record.update(
+            run_id=logger.run_id,
+            experiment_id=logger.experiment_id,
+            tracking_uri=getattr(logger, "_tracking_uri", None),
+        )
     else:
         record.update(log_dir=getattr(logger, "log_dir", None))
     return record

@@ -34,7 +34,9 @@ class MetricsCSV(Logger):
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 self._columns = list(reader.fieldnames or [])
-                self._rows = [r for r in reader if None not in r and None not in r.values()]  # a row torn by an older version is dropped
+                self._rows = [
+                    r for r in reader if None not in r and None not in r.values()
+                ]  # a row torn by an older version is dropped
 
     @property
     def name(self) -> str:
@@ -58,7 +60,10 @@ class MetricsCSV(Logger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        row = {"step": self.step_of() if self.step_of is not None else step, **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": self.step_of() if self.step_of is not None else step,
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self._pending.append(row)
 
     @rank_zero_only

@@ -14,8 +14,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from tfbuilder.data.packing import segments
 from tfbuilder import masks
+from tfbuilder.data.packing import segments
 from tfbuilder.model.model import OutputProjection
 from tfbuilder.model.multi_token import targets_ahead
 from tfbuilder.spec.sections import MLM_PROBABILITY
@@ -42,8 +42,17 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float, ignore: int, pieces: int, grad: bool,
-        softcap: float | None = None, z_loss: float = 0.0,
+        ctx,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        target: Tensor,
+        epsilon: float,
+        ignore: int,
+        pieces: int,
+        grad: bool,
+        softcap: float | None = None,
+        z_loss: float = 0.0,
     ):
         vocab = weight.shape[0]
         chunk = -(-x.shape[0] // pieces)  # a fixed number of pieces: compiled graphs stay shape-generic
@@ -123,7 +132,9 @@ def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear
     return transform, linear
 
 
-def head_loss(head: nn.Module, hidden: Tensor, target: Tensor, *, epsilon: float, ignore: int, z_loss: float = 0.0) -> Result:
+def head_loss(
+    head: nn.Module, hidden: Tensor, target: Tensor, *, epsilon: float, ignore: int, z_loss: float = 0.0
+) -> Result:
     """Label-smoothed cross-entropy of ``head(hidden)`` (..., d) against ``target`` (...), where
     targets equal to ``ignore`` do not count, plus ``z_loss * log(Z)^2`` per target (PaLM); logits are
     soft-capped where the output projection says so (Gemma 2)."""
@@ -183,7 +194,9 @@ def causal_lm(
     return Result(result.loss + extra, result.nll, result.correct, result.tokens)
 
 
-def multi_token_loss(model: nn.Module, hidden: Tensor, tokens: Tensor, *, epsilon: float, mask: Tensor | None = None) -> Tensor:
+def multi_token_loss(
+    model: nn.Module, hidden: Tensor, tokens: Tensor, *, epsilon: float, mask: Tensor | None = None
+) -> Tensor:
     """DeepSeek-V3's multi-token prediction loss (arXiv:2412.19437, eq. 24-25): ``weight / D`` times
     the sum over depths k of the mean cross-entropy of predicting ``tokens[:, i + k + 1]`` from
     depth k's states, through the model's output head. ``hidden`` (b, n, d): the trunk's states."""
@@ -191,7 +204,9 @@ def multi_token_loss(model: nn.Module, hidden: Tensor, tokens: Tensor, *, epsilo
     fill = 0 if model.pad_id is None else model.pad_id
     states = mtp(hidden, tokens, embed=model.embed, fill=fill, mask=mask)
     losses = [
-        head_loss(model.head, h, targets_ahead(tokens, k, hidden.shape[1], ignore=ignore), epsilon=epsilon, ignore=ignore).loss
+        head_loss(
+            model.head, h, targets_ahead(tokens, k, hidden.shape[1], ignore=ignore), epsilon=epsilon, ignore=ignore
+        ).loss
         for k, h in enumerate(states, start=1)
     ]
     return mtp.weight / len(losses) * torch.stack(losses).sum()
@@ -236,7 +251,9 @@ def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> in
     """Target tokens a batch of a ``kind`` model feeds its objective (the masked LM: every real token,
     not only the masked ones it predicts), from host-side ids: counting on an accelerator would make the
     host wait for it. Throughput (tokens/s) counts these; losses and metrics divide by ``Result.tokens``."""
-    ids = {"encoder_decoder": lambda: batch["tgt_out"], "decoder": lambda: batch["tokens"][:, 1:]}.get(kind, lambda: batch["tokens"])()
+    ids = {"encoder_decoder": lambda: batch["tgt_out"], "decoder": lambda: batch["tokens"][:, 1:]}.get(
+        kind, lambda: batch["tokens"]
+    )()
     return int(ids.numel() if pad_id is None else (ids != pad_id).sum())
 
 
@@ -254,4 +271,11 @@ def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tenso
     if kind == "decoder":
         return partial(causal_lm, epsilon=epsilon, documents=documents, z_loss=z_loss)
     probability = data.mlm_probability if data is not None else MLM_PROBABILITY
-    return partial(masked_lm, epsilon=epsilon, probability=probability, vocab_size=recipe.model.vocab_size, documents=documents, z_loss=z_loss)
+    return partial(
+        masked_lm,
+        epsilon=epsilon,
+        probability=probability,
+        vocab_size=recipe.model.vocab_size,
+        documents=documents,
+        z_loss=z_loss,
+    )

@@ -68,7 +68,10 @@ def build_optimizer(model: nn.Module, optim: OptimSection) -> torch.optim.Optimi
     if optim.optimizer != "muon":
         params = list(model.parameters())
         groups = [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": optim.weight_decay if optim.optimizer == "adamw" else 0.0},
+            {
+                "params": [p for p in params if p.ndim >= 2],
+                "weight_decay": optim.weight_decay if optim.optimizer == "adamw" else 0.0,
+            },
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
         ]
         cls = torch.optim.AdamW if optim.optimizer == "adamw" else torch.optim.Adam
@@ -90,7 +93,10 @@ def build_optimizer(model: nn.Module, optim: OptimSection) -> torch.optim.Optimi
             {"params": [p for _, p in rest if p.ndim >= 2], "weight_decay": optim.weight_decay},
             {"params": [p for _, p in rest if p.ndim < 2], "weight_decay": 0.0},
         ],
-        lr=1.0, betas=optim.betas, eps=optim.eps, fused=True,
+        lr=1.0,
+        betas=optim.betas,
+        eps=optim.eps,
+        fused=True,
     )
     return MuonWithAdamW(muon, adamw)
 
@@ -99,7 +105,10 @@ def describe_split(model: nn.Module) -> list[str]:
     """Lines for ``tfbuilder show``: which parameters each optimizer of the Muon split gets."""
     hidden, rest = muon_split(model)
     lines = []
-    for label, named in (("muon (2-D weights of the stacks)", hidden), ("adamw (embeddings, head, norms, biases, scalars)", rest)):
+    for label, named in (
+        ("muon (2-D weights of the stacks)", hidden),
+        ("adamw (embeddings, head, norms, biases, scalars)", rest),
+    ):
         count = sum(p.numel() for _, p in named)
         kinds = sorted({_kind(name) for name, _ in named})
         lines.append(f"{label}: {len(named)} tensors, {count:,} parameters")

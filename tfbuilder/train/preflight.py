@@ -24,12 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from tfbuilder.errors import DataError, Problem, RecipeError
 from tfbuilder.model.sizing import build_located, check_size, count_parameters, max_positions, specials, with_layers
-from tfbuilder.train import loggers
-from tfbuilder.errors import DataError
-from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.spec.recipe import ModelSection, Recipe
 from tfbuilder.spec.sources import dotted_path
+from tfbuilder.train import loggers
 
 TRIAL_VOCAB = 64  # the trial model's vocabulary (the real one only widens the embedding and the head)
 TRIAL_LENGTH = 8
@@ -42,7 +41,9 @@ def check(recipe: Recipe, *, environment: bool = True) -> int:
     problems = check_lengths(recipe)
     parameters = count_parameters(recipe)
     if environment:
-        problems += check_size(recipe, parameters) + check_launcher(recipe) + loggers.check(recipe) + check_tokenizer(recipe)
+        problems += (
+            check_size(recipe, parameters) + check_launcher(recipe) + loggers.check(recipe) + check_tokenizer(recipe)
+        )
     if problems:
         raise RecipeError(problems)
     trial_step(recipe)
@@ -63,7 +64,9 @@ def check_lengths(recipe: Recipe) -> list[Problem]:
     if limit is None or data is None:
         return []
     extra = specials(recipe.model.kind)
-    longest, where = (data.lengths[1], ("data", "lengths")) if data.type == "synthetic" else (data.max_len, ("data", "max_len"))
+    longest, where = (
+        (data.lengths[1], ("data", "lengths")) if data.type == "synthetic" else (data.max_len, ("data", "max_len"))
+    )
     if longest + extra <= limit:
         return []
     return [
@@ -111,8 +114,17 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
 
 def check_tokenizer(recipe: Recipe) -> list[Problem]:
     """A SentencePiece tokenizer needs its package (an optional extra)."""
-    if recipe.data is not None and recipe.data.tokenizer.type == "sentencepiece" and not loggers.installed("sentencepiece"):
-        return [recipe.problem(("data", "tokenizer", "type"), "a sentencepiece tokenizer needs the sentencepiece package: pip install 'tfbuilder[sentencepiece]'")]
+    if (
+        recipe.data is not None
+        and recipe.data.tokenizer.type == "sentencepiece"
+        and not loggers.installed("sentencepiece")
+    ):
+        return [
+            recipe.problem(
+                ("data", "tokenizer", "type"),
+                "a sentencepiece tokenizer needs the sentencepiece package: pip install 'tfbuilder[sentencepiece]'",
+            )
+        ]
     return []
 
 
@@ -160,9 +172,13 @@ def trial_step(recipe: Recipe) -> None:
         src = torch.randint(5, max(6, spec.src_vocab_size or spec.vocab_size), (2, n), generator=generator).to(device)
         model.train()
         logits = model(src, ids) if spec.kind == "encoder_decoder" else model(ids)
-        expected = (2, n, spec.vocab_size) if spec.head is None else (2, spec.head.outputs)  # a sequence head: one output per text
+        expected = (
+            (2, n, spec.vocab_size) if spec.head is None else (2, spec.head.outputs)
+        )  # a sequence head: one output per text
         if tuple(logits.shape) != expected:
-            raise RecipeError([recipe.problem(("model",), f"the model gives logits of shape {tuple(logits.shape)}, not {expected}")])
+            raise RecipeError(
+                [recipe.problem(("model",), f"the model gives logits of shape {tuple(logits.shape)}, not {expected}")]
+            )
         logits.float().square().mean().backward()
     except RecipeError:
         raise

@@ -147,9 +147,15 @@ class Progress(Callback):
         step = trainer.global_step
         begin = f"from step {step:,}" if step else "from step 0"
         self.say(f"run directory: {self.run_dir}")
-        self.say(f"training {begin} to at most {trainer.max_steps:,} steps" + _limit(trainer) + (f"; {self.detail}" if self.detail else ""))
+        self.say(
+            f"training {begin} to at most {trainer.max_steps:,} steps"
+            + _limit(trainer)
+            + (f"; {self.detail}" if self.detail else "")
+        )
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         if not trainer.is_global_zero or self.quiet:
             return
         now = time.monotonic()
@@ -177,8 +183,18 @@ class Progress(Callback):
         if not trainer.is_global_zero or trainer.sanity_checking:
             return
         metrics = trainer.callback_metrics
-        formats = {"val_loss": "{:.4f}", "val_ppl": "{:.2f}", "val_acc": "{:.2%}", "val_bleu": "{:.2f}", "val_f1": "{:.4f}", "val_mse": "{:.4f}", "val_pearson": "{:.4f}"}
-        shown = {name: f"{name} {form.format(float(metrics[name]))}" for name, form in formats.items() if name in metrics}
+        formats = {
+            "val_loss": "{:.4f}",
+            "val_ppl": "{:.2f}",
+            "val_acc": "{:.2%}",
+            "val_bleu": "{:.2f}",
+            "val_f1": "{:.4f}",
+            "val_mse": "{:.4f}",
+            "val_pearson": "{:.4f}",
+        }
+        shown = {
+            name: f"{name} {form.format(float(metrics[name]))}" for name, form in formats.items() if name in metrics
+        }
         self.validation = "  ".join(shown[name] for name in ("val_loss", "val_bleu") if name in shown)
         self.say(f"validation at step {trainer.global_step:,}: " + ", ".join(shown.values()))
 

@@ -28,42 +28,42 @@ from lightning.pytorch.loggers.logger import Logger
 from torch import nn
 
 from tfbuilder import atomic, devices, registry, torch_state
-from tfbuilder.version import __version__
-from tfbuilder.train import diskspace, loggers, memory, objectives, preflight, stopping
-from tfbuilder.model.builder import build_model
-from tfbuilder.train.callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
-from tfbuilder.data.settle import settle
 from tfbuilder.data.datamodule import DataModule
 from tfbuilder.data.prepare import Prepared, Vocab, prepare
+from tfbuilder.data.settle import settle
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.train.heads import metrics as head_metrics
-from tfbuilder.train.heads import transfer
-from tfbuilder.train.metrics_log import MetricsCSV
-from tfbuilder.train.progress import Progress
-from tfbuilder.spec.recipe import Recipe
-from tfbuilder.runs.rewind import ABANDONED, checkpoint_step, set_aside
+from tfbuilder.inference.translate import translate
+from tfbuilder.model.builder import build_model
+from tfbuilder.runs import vocab_files
 from tfbuilder.runs.checkpoints import (
     RUN_DIR_ENV,
-    check_foreign,
     CheckpointError,
     Interrupted,
     RunDirError,
     RunLock,
+    check_foreign,
+    display_path,
     find_checkpoint,
     fits,
     is_empty,
     model_state,
-    display_path,
     new_run_dir,
     read_checkpoint,
     run_dir_of,
     write_recipe,
 )
-from tfbuilder.train.optimizers import build_optimizer
-from tfbuilder.train.schedules import learning_rate
-from tfbuilder.inference.translate import translate
+from tfbuilder.runs.rewind import ABANDONED, checkpoint_step, set_aside
 from tfbuilder.spec.diffing import MISSING, differences
-from tfbuilder.runs import vocab_files
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.train import diskspace, loggers, memory, objectives, preflight, stopping
+from tfbuilder.train.callbacks import AtomicCheckpointIO, NonFiniteLoss, RunGuard
+from tfbuilder.train.heads import metrics as head_metrics
+from tfbuilder.train.heads import transfer
+from tfbuilder.train.metrics_log import MetricsCSV
+from tfbuilder.train.optimizers import build_optimizer
+from tfbuilder.train.progress import Progress
+from tfbuilder.train.schedules import learning_rate
+from tfbuilder.version import __version__
 
 log = logging.getLogger("tfbuilder")
 
@@ -103,7 +103,9 @@ class Task(L.LightningModule):
         self.started = time.perf_counter() if started is None else started
         self.objective = objectives.objective(recipe, epsilon=recipe.optim.label_smoothing)
         self._val = torch.zeros(3, dtype=torch.float64)
-        self.head = recipe.model.head  # a sequence head's scores: sums over the validation (tfbuilder.train.heads.metrics)
+        self.head = (
+            recipe.model.head
+        )  # a sequence head's scores: sums over the validation (tfbuilder.train.heads.metrics)
         self._head_sums: torch.Tensor | None = None
         self._clock = 0.0
         self._tokens_per_s = 0.0
@@ -190,14 +192,18 @@ class Task(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self._val = torch.zeros(3, dtype=torch.float64, device=self.device)
         if self.head is not None:
-            self._head_sums = torch.zeros(head_metrics.size(self.head.type, self.head.outputs), dtype=torch.float64, device=self.device)
+            self._head_sums = torch.zeros(
+                head_metrics.size(self.head.type, self.head.outputs), dtype=torch.float64, device=self.device
+            )
 
     def validation_step(self, batch, batch_idx: int) -> None:
         result = self.objective(self.model, batch)
         # Summed on the device; read once, when the validation ends.
         self._val += torch.stack([result.nll.double(), result.correct.double(), result.tokens.double()])
         if self._head_sums is not None:
-            self._head_sums += head_metrics.batch_sums(self.head.type, result.outputs, batch["labels"], self.head.outputs)
+            self._head_sums += head_metrics.batch_sums(
+                self.head.type, result.outputs, batch["labels"], self.head.outputs
+            )
 
     def on_validation_epoch_end(self) -> None:
         nll, correct, tokens = self.trainer.strategy.reduce(self._val, reduce_op="sum").tolist()
@@ -217,7 +223,6 @@ class Task(L.LightningModule):
         """sacreBLEU of greedy translations of ``bleu_lines`` (every rank computes the same score)."""
         import sacrebleu
 
-
         sources, references = self.bleu_lines
         hypotheses = list(translate(self.model, self.vocab, sources, beam=1))
         self.model.train(self.training)
@@ -227,7 +232,9 @@ class Task(L.LightningModule):
     def configure_optimizers(self):
         optim, trainer = self.recipe.optim, self.recipe.trainer
         optimizer = build_optimizer(self.model, optim)
-        rate = learning_rate(optim.schedule, d_model=self.recipe.model.d_model, lr=optim.lr, max_steps=trainer.max_steps)
+        rate = learning_rate(
+            optim.schedule, d_model=self.recipe.model.d_model, lr=optim.lr, max_steps=trainer.max_steps
+        )
         # LambdaLR multiplies the base lr (1.0) by rate(step); the paper counts steps from 1.
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step + 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -289,11 +296,20 @@ class Summary:
     last_val_step: int | None = None  # = last.ckpt
     stopped: str = "max_steps"
     history: list[dict] = field(default_factory=list)  # every invocation: new, resumes, with what changed
-    head_scores: dict[str, float] | None = None  # a sequence head's last validation: val_acc, val_f1 or val_mse, val_pearson
-    peak_memory_mb: float | None = None  # this invocation's peak: GPU memory allocated, or the process's resident memory on a CPU
+    head_scores: dict[str, float] | None = (
+        None  # a sequence head's last validation: val_acc, val_f1 or val_mse, val_pearson
+    )
+    peak_memory_mb: float | None = (
+        None  # this invocation's peak: GPU memory allocated, or the process's resident memory on a CPU
+    )
 
     def lines(self) -> list[str]:
-        best = "n/a" if self.best_val_loss is None else f"{self.best_val_loss:.4f}" + ("" if self.head_scores is not None else f" (perplexity {self.best_val_ppl:.2f})")
+        best = (
+            "n/a"
+            if self.best_val_loss is None
+            else f"{self.best_val_loss:.4f}"
+            + ("" if self.head_scores is not None else f" (perplexity {self.best_val_ppl:.2f})")
+        )
         rows = [
             ("run directory", display_path(self.run_dir)),
             ("steps", f"{self.steps:,} ({self.stopped})"),
@@ -303,14 +319,26 @@ class Summary:
         if self.head_scores is not None:
             rows += [(f"last validation {SCORE_NAMES[k]}", f"{v:.4f}") for k, v in self.head_scores.items()]
         else:
-            rows.append(("last validation accuracy", "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens"))
+            rows.append(
+                (
+                    "last validation accuracy",
+                    "n/a" if self.last_val_acc is None else f"{self.last_val_acc:.2%} of target tokens",
+                )
+            )
         if self.last_val_bleu is not None:
             rows.append(("last validation BLEU", f"{self.last_val_bleu:.2f} (greedy, subset)"))
-        rows += [("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)")]
+        rows += [
+            ("tokens/s (training steps)", f"{self.tokens_per_s:,.0f} (mean of {self.train_tokens:,} target tokens)")
+        ]
         if self.peak_memory_mb is not None:
             rows.append(("peak memory", f"{self.peak_memory_mb:,.0f} MiB"))
         if self.best_checkpoint:
-            rows.append(("best checkpoint", f"{display_path(self.best_checkpoint)} (step {self.best_step}, {self.monitor} {self.best_score:.4f})"))
+            rows.append(
+                (
+                    "best checkpoint",
+                    f"{display_path(self.best_checkpoint)} (step {self.best_step}, {self.monitor} {self.best_score:.4f})",
+                )
+            )
         else:
             rows.append(("best checkpoint", "n/a"))
         rows.append(("last checkpoint", f"{display_path(self.last_checkpoint)} (step {self.last_val_step})"))
@@ -334,7 +362,9 @@ def _world(recipe: Recipe) -> int:
     return devices.count(recipe.trainer.devices, gpu=_accelerated(recipe)) * recipe.trainer.num_nodes
 
 
-def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int, logger: list[Logger]) -> L.Trainer:
+def _trainer(
+    recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int, logger: list[Logger]
+) -> L.Trainer:
     t, optim = recipe.trainer, recipe.optim
     try:
         trainer = L.Trainer(
@@ -362,7 +392,11 @@ def _trainer(recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps
             plugins=[AtomicCheckpointIO()],
             default_root_dir=str(run_dir),
         )
-    except (ValueError, RuntimeError, MisconfigurationException) as exc:  # e.g. a precision or accelerator this machine lacks
+    except (
+        ValueError,
+        RuntimeError,
+        MisconfigurationException,
+    ) as exc:  # e.g. a precision or accelerator this machine lacks
         raise TfbuilderError(f"trainer: {exc}") from None
     for csv in (each for each in logger if isinstance(each, MetricsCSV)):
         # Rows are numbered from the optimizer step itself (step n logged as n - 1, as Lightning numbers
@@ -388,11 +422,20 @@ def _probe(recipe: Recipe) -> None:
     t = recipe.trainer
     if isinstance(t.devices, list) and not _accelerated(recipe):
         where = "accelerator: cpu" if t.accelerator == "cpu" else "this machine has no GPU"
-        raise TfbuilderError(f"trainer.devices {t.devices} names GPUs by index, but training runs on the CPU ({where}): give a number of processes")
+        raise TfbuilderError(
+            f"trainer.devices {t.devices} names GPUs by index, but training runs on the CPU ({where}): give a number of processes"
+        )
     try:
         L.Trainer(
-            accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, num_nodes=t.num_nodes, precision=t.precision,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            accelerator=t.accelerator,
+            devices=t.devices,
+            strategy=t.strategy,
+            num_nodes=t.num_nodes,
+            precision=t.precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
         )
     except (TypeError, ValueError, RuntimeError, MisconfigurationException) as exc:
         raise TfbuilderError(f"trainer: {exc}") from None
@@ -409,7 +452,12 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
     if "optimizer_states" not in ckpt or "loops" not in ckpt:
         raise CheckpointError(f"{ckpt_path} holds weights only (an average?): start a new run from it with --init-from")
     recorded = ckpt["tfbuilder"].get("run_dir")
-    if recorded and run_dir.parent.name == ABANDONED and Path(recorded) == run_dir.parent.parent.resolve() and not force:
+    if (
+        recorded
+        and run_dir.parent.name == ABANDONED
+        and Path(recorded) == run_dir.parent.parent.resolve()
+        and not force
+    ):
         raise RunDirError(
             f"{ckpt_path} belongs to the history that a resume from an earlier step set aside in {display_path(run_dir)}: "
             f"give --force to continue it there as a run of its own, or start a new run from its weights with "
@@ -442,7 +490,11 @@ def quiet_lightning() -> Iterator[None]:
     display and the summary say what happens. Warnings about the user's setup still show. The
     loggers' levels and the warnings filters are given back afterwards, so a notebook that calls
     ``fit`` keeps its own logging."""
-    names = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero", "lightning.pytorch.accelerators.cuda")
+    names = (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.accelerators.cuda",
+    )
     levels = {name: logging.getLogger(name).level for name in names}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -518,14 +570,25 @@ def fit(
     ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
     extra = _extras(callbacks, loggers)
     with torch_state.kept(), quiet_lightning():
-        return _fit(recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step, extra=extra)
+        return _fit(
+            recipe,
+            resume=resume,
+            run_dir=run_dir,
+            init_from=init_from,
+            force=force,
+            restart=restart,
+            on_step=on_step,
+            extra=extra,
+        )
 
 
 def _extras(callbacks: Sequence[Callback], loggers: Sequence[Logger]) -> tuple[list[Callback], list[Logger]]:
     """``fit``'s callbacks and loggers, each checked to be what Lightning takes (a clear error, not one from deep inside Lightning)."""
     for what, items, cls in (("callbacks", callbacks, Callback), ("loggers", loggers, Logger)):
         if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
-            raise TfbuilderError(f"fit({what}=...) takes a list of Lightning {cls.__name__} objects, not {type(items).__name__}")
+            raise TfbuilderError(
+                f"fit({what}=...) takes a list of Lightning {cls.__name__} objects, not {type(items).__name__}"
+            )
         for i, item in enumerate(items):
             if not isinstance(item, cls):
                 raise TfbuilderError(f"fit({what}=...)[{i}] is a {type(item).__name__}, not a Lightning {cls.__name__}")
@@ -548,7 +611,14 @@ def _fit(
     try:
         with stopping.raising():  # a signal before training starts unwinds start-up (RunGuard handles those during it)
             return _start_and_train(
-                recipe, resume=resume, run_dir=run_dir, init_from=init_from, force=force, restart=restart, on_step=on_step, at=at,
+                recipe,
+                resume=resume,
+                run_dir=run_dir,
+                init_from=init_from,
+                force=force,
+                restart=restart,
+                on_step=on_step,
+                at=at,
                 extra=extra,
             )
     except stopping.Stop as stop:
@@ -599,7 +669,9 @@ def _start_and_train(
 ) -> Summary:
     preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
     start = time.perf_counter()
-    origin = at.origin = _origin(recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart)
+    origin = at.origin = _origin(
+        recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart
+    )
     rank_zero = rank_zero_only.rank == 0
     lock = None
     if rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
@@ -640,13 +712,20 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
         # Padding would be indistinguishable from a token, and would count as a target.
-        raise TfbuilderError("model.pad_id is null (no padding token): train with data.batch_size: 1, or set model.pad_id")
+        raise TfbuilderError(
+            "model.pad_id is null (no padding token): train with data.batch_size: 1, or set model.pad_id"
+        )
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
 
 
 def _origin(
-    recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None, run_dir: str | Path | None, force: bool,
+    recipe: Recipe,
+    *,
+    resume: str | Path | None,
+    init_from: str | Path | None,
+    run_dir: str | Path | None,
+    force: bool,
     restart: bool = False,
 ) -> _Origin:
     """Read (and check) what the fit starts from; nothing is written."""
@@ -657,20 +736,32 @@ def _origin(
         run_dir = _resume_dir(ckpt_path, source, force=force)
         meta = source["tfbuilder"]
         changed = _changes(meta["recipe"], recipe.to_dict())
-        invocation.update(kind="resume", checkpoint=str(ckpt_path), from_step=int(source.get("global_step", 0)), changed=changed)
+        invocation.update(
+            kind="resume", checkpoint=str(ckpt_path), from_step=int(source.get("global_step", 0)), changed=changed
+        )
         if meta.get("run_dir") and Path(meta["run_dir"]) != run_dir.resolve():
             invocation["adopted_from"] = meta["run_dir"]
         vocab = Vocab.from_json(meta["vocab"])
-        return _Origin(invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab)
+        return _Origin(
+            invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab
+        )
     if run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        origin = _shared_run_dir(invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]), restart=restart)
+        origin = _shared_run_dir(
+            invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]), restart=restart
+        )
     else:
         origin = _Origin(invocation)
     if init_from is not None:
         source = read_checkpoint(init_from)
-        invocation.update(kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0)))
+        invocation.update(
+            kind="init_from", init_from=str(find_checkpoint(init_from)), source_step=int(source.get("global_step", 0))
+        )
         # The weights' token ids mean these tokens.
-        origin.source, origin.source_path, origin.vocab = source, init_from, Vocab.from_json(source["tfbuilder"]["vocab"])
+        origin.source, origin.source_path, origin.vocab = (
+            source,
+            init_from,
+            Vocab.from_json(source["tfbuilder"]["vocab"]),
+        )
     return origin
 
 
@@ -758,7 +849,9 @@ def _start_over(run_dir: Path) -> None:
     stale = run_dir / "metrics.csv"
     if stale.exists():
         kept = atomic.move_new(stale, str(run_dir / "metrics.interrupted-{}.csv"))
-        _say(f"{display_path(run_dir)} stopped before its first checkpoint: starting over; its metrics were kept as {kept.name}")
+        _say(
+            f"{display_path(run_dir)} stopped before its first checkpoint: starting over; its metrics were kept as {kept.name}"
+        )
     empty = run_dir / "checkpoints"
     if empty.is_dir() and is_empty(empty):
         empty.rmdir()
@@ -805,7 +898,10 @@ def _train(start: _Start) -> Summary:
     threads = devices.threads(t.threads)
     torch.set_num_threads(threads)
     shown = Progress(
-        run_dir=display_path(run_dir), every=t.log_every, read_every=t.log_every if accelerated else 1, quiet=not t.progress,
+        run_dir=display_path(run_dir),
+        every=t.log_every,
+        read_every=t.log_every if accelerated else 1,
+        quiet=not t.progress,
         detail=f"{threads} CPU thread{'s' if threads > 1 else ''} (trainer.threads: {t.threads})",
     )
     callbacks: list[Callback] = [guard, shown] + ([StepHook(on_step)] if on_step else []) + start.callbacks
@@ -813,7 +909,9 @@ def _train(start: _Start) -> Summary:
     metrics_to = built + start.loggers
     trainer = _trainer(recipe, run_dir, callbacks, max_steps, metrics_to)
     if trainer.is_global_zero:
-        loggers.start(metrics_to, recipe, run_dir)  # before the first step: a tracker that cannot start stops the run here
+        loggers.start(
+            metrics_to, recipe, run_dir
+        )  # before the first step: a tracker that cannot start stops the run here
     ours = RUN_DIR_ENV not in os.environ
     os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
     gpu = accelerated and torch.cuda.is_available()
@@ -829,9 +927,15 @@ def _train(start: _Start) -> Summary:
             raise
         what = display_path(exc.path) if run_dir not in exc.path.parents else str(exc.path.relative_to(run_dir))
         each = diskspace.checkpoint_bytes(recipe) if exc.path.suffix == ".ckpt" else None  # else metrics, a summary
-        again = f"then continue with: tfbuilder fit --resume {run_dir}" if guard.kept_step is not None else "then run the same command again"
+        again = (
+            f"then continue with: tfbuilder fit --resume {run_dir}"
+            if guard.kept_step is not None
+            else "then run the same command again"
+        )
         free = f"Free at least {diskspace.size(2 * each)} there" if each is not None else "Free some space there"
-        raise diskspace.DiskFull(f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} {free}, {again}") from None
+        raise diskspace.DiskFull(
+            f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} {free}, {again}"
+        ) from None
     finally:
         if ours:
             os.environ.pop(RUN_DIR_ENV, None)
@@ -867,8 +971,12 @@ def _train(start: _Start) -> Summary:
         stopped=stopped,
         history=task.history + [{**invocation, "to_step": trainer.global_step}],
         peak_memory_mb=memory.peak_mb(gpu),
-        head_scores=None if recipe.model.head is None else {
-            k: v for k, v in guard.last_metrics.items() if k in SCORE_NAMES and math.isfinite(v)  # Pearson's r of a constant: none
+        head_scores=None
+        if recipe.model.head is None
+        else {
+            k: v
+            for k, v in guard.last_metrics.items()
+            if k in SCORE_NAMES and math.isfinite(v)  # Pearson's r of a constant: none
         },
     )
     if trainer.is_global_zero:

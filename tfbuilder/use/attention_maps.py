@@ -18,16 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from tfbuilder import atomic
-from tfbuilder.model.blocks import DecoderLayer
 from tfbuilder.contracts import Attention
-from tfbuilder.data.tokenizers import Tokenizer
-from tfbuilder.specials import BOS, EOS, SPECIAL_TOKENS
+from tfbuilder.data.tokenizers import Tokenizer, specials
 from tfbuilder.devices import model_device
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.runs.checkpoints import Loaded
-from tfbuilder.data.tokenizers import specials
-from tfbuilder.specials import OWN
 from tfbuilder.inference.decoding import greedy
+from tfbuilder.model.blocks import DecoderLayer
+from tfbuilder.runs.checkpoints import Loaded
+from tfbuilder.specials import BOS, EOS, OWN, SPECIAL_TOKENS
 
 METADATA_KEY = "tfbuilder:weights"
 _SPECIAL = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", ...
@@ -55,7 +53,9 @@ def attention_weights(model: nn.Module, tokens: Tensor, tgt: Tensor | None = Non
     modules = attention_modules(model)
     lacking = sorted({type(m).__name__ for m in modules.values() if not m.keeps_weights})
     if lacking:
-        raise AttentionMapError(f"attention of type {', '.join(lacking)} does not keep its weights (keeps_weights is False)")
+        raise AttentionMapError(
+            f"attention of type {', '.join(lacking)} does not keep its weights (keeps_weights is False)"
+        )
     was_training = model.training
     model.eval()
     for module in modules.values():
@@ -147,6 +147,8 @@ def write_maps(
         fig = plot(w, queries, keys, title=f"{part} layer {layer[1:]}: {title}")
         path = out_dir / f"{name}.png"
         metadata = {METADATA_KEY: json.dumps(w.tolist())}
-        atomic.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=metadata), what="attention map")
+        atomic.write_atomic(
+            path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=metadata), what="attention map"
+        )
         written.append(path)
     return written

@@ -3,10 +3,10 @@ Translating is :mod:`tfbuilder.inference.translate`. No Lightning here."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -14,17 +14,16 @@ from typing import Literal
 import numpy as np
 import torch
 
-from tfbuilder.train import objectives
+from tfbuilder.atomic import write_new_text, write_text
 from tfbuilder.data.batching import pack
 from tfbuilder.data.collate import Collate, lengths
 from tfbuilder.data.packing import packed_splits
 from tfbuilder.data.prepare import prepare
 from tfbuilder.devices import model_device
 from tfbuilder.inference.ensemble import Ensemble
-from tfbuilder.runs.checkpoints import Loaded, run_dir_of, scores_file
 from tfbuilder.inference.translate import Precision, Search, ensemble_of, translate_scored
-from tfbuilder.atomic import write_text
-from tfbuilder.atomic import write_new_text
+from tfbuilder.runs.checkpoints import Loaded, run_dir_of, scores_file
+from tfbuilder.train import objectives
 
 
 @dataclass
@@ -98,7 +97,11 @@ def evaluate_outputs(
     nll = tokens = correct = 0.0
     torch.manual_seed(0)  # the masked-LM objective draws its masks
     # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
-    unpadded = {"max_tokens": None, "batch_size": 1} if recipe.model.pad_id is None else {"max_tokens": max_tokens, "batch_size": None}
+    unpadded = (
+        {"max_tokens": None, "batch_size": 1}
+        if recipe.model.pad_id is None
+        else {"max_tokens": max_tokens, "batch_size": None}
+    )
     by_length = np.lexsort((tgt_sizes, src_sizes))
     for batch_ids in pack(src_sizes, tgt_sizes, by_length, extra=extra, **unpadded):
         batch = {k: v.to(device, non_blocking=True) for k, v in collate(batch_ids).items()}
@@ -114,7 +117,9 @@ def evaluate_outputs(
     if kind == "encoder_decoder":
         sources, references = prepared.raw[split]
         start = time.perf_counter()
-        found = list(translate_scored(model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision))
+        found = list(
+            translate_scored(model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision)
+        )
         scores.seconds_decoding = time.perf_counter() - start
         scores.beam = search.beam
         scores.precision = precision
@@ -154,7 +159,9 @@ def _text_scores(scores: Scores, hypotheses: list[str], references: list[str], d
     scores.chrf = sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score
 
 
-def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precision = "32", *, ensemble: int = 1) -> Path:
+def scores_path(
+    loaded: Loaded, split: str, beam: int | None, precision: Precision = "32", *, ensemble: int = 1
+) -> Path:
     """Where :func:`save_scores` writes: :func:`tfbuilder.runs.checkpoints.scores_file` of the checkpoint's run
     directory (the checkpoint's own folder for a loose file); an ensemble of ``ensemble`` models led
     by this checkpoint is named ``<checkpoint>-ensemble<N>``."""
@@ -163,7 +170,9 @@ def scores_path(loaded: Loaded, split: str, beam: int | None, precision: Precisi
     return scores_file(run_dir, split, name, beam=beam, precision=precision)
 
 
-def write_outputs(outputs: Sequence[Output], path: str | Path, *, layout: Literal["plain", "fairseq"] = "plain") -> None:
+def write_outputs(
+    outputs: Sequence[Output], path: str | Path, *, layout: Literal["plain", "fairseq"] = "plain"
+) -> None:
     """Write translations in the split's order, atomically: ``plain``, one hypothesis per line;
     ``fairseq``, fairseq-generate's layout: per example ``S-i`` (source), ``T-i`` (reference) and
     ``H-i`` (score, hypothesis), tab-separated, i from 0."""
@@ -172,7 +181,8 @@ def write_outputs(outputs: Sequence[Output], path: str | Path, *, layout: Litera
         text = "".join(f"{o.hypothesis}\n" for o in outputs)
     else:
         text = "".join(
-            f"S-{i}\t{o.source}\nT-{i}\t{o.reference}\nH-{i}\t{o.score:.4f}\t{o.hypothesis}\n" for i, o in enumerate(outputs)
+            f"S-{i}\t{o.source}\nT-{i}\t{o.reference}\nH-{i}\t{o.score:.4f}\t{o.hypothesis}\n"
+            for i, o in enumerate(outputs)
         )
     write_text(Path(path), text, what="translations")
 
@@ -185,7 +195,9 @@ def save_scores(loaded: Loaded, scores: Scores) -> Path:
     and never over an earlier file: when :func:`scores_path` is taken, the next free
     ``<name>-<n>.json``. Returns the path written (compare it with :func:`scores_path` to tell)."""
 
-    path = scores_path(loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1)
+    path = scores_path(
+        loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1
+    )
     text = json.dumps(asdict(scores), indent=2)
     for n in range(1, MAX_SCORE_COPIES):
         candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")

@@ -20,18 +20,17 @@ import numpy as np
 import torch
 
 from tfbuilder.data import formats, text
-from tfbuilder.data.settle import settle
 from tfbuilder.data.batching import pack
 from tfbuilder.data.collate import Collate, labelled, lengths
 from tfbuilder.data.prepare import prepare
 from tfbuilder.data.readers import chunks
-from tfbuilder.errors import DataError
+from tfbuilder.data.settle import settle
 from tfbuilder.devices import model_device
-from tfbuilder.errors import TfbuilderError
-from tfbuilder.train.heads import metrics
+from tfbuilder.errors import DataError, TfbuilderError
 from tfbuilder.model.sizing import max_positions
 from tfbuilder.runs.checkpoints import Loaded
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED
+from tfbuilder.train.heads import metrics
 from tfbuilder.train.objectives import objective
 
 BATCH = 64  # texts per forward pass
@@ -41,7 +40,9 @@ DIGITS = 6  # probabilities are written rounded to this many decimals
 def _head(loaded: Loaded):
     head = loaded.recipe.model.head
     if head is None:
-        raise TfbuilderError(f"{loaded.describe()} has no sequence head (model.head): it predicts tokens, not labels; see tfbuilder generate or translate")
+        raise TfbuilderError(
+            f"{loaded.describe()} has no sequence head (model.head): it predicts tokens, not labels; see tfbuilder generate or translate"
+        )
     return head
 
 
@@ -65,11 +66,15 @@ def read_inputs(loaded: Loaded, path: str | Path) -> Iterator[tuple[str, str | N
     columns = loaded.recipe.data.columns if loaded.recipe.data is not None else None
     if fmt == "text":
         if columns is not None and columns.text_pair is not None:
-            raise TfbuilderError(f"--input {path}: the model reads pairs ({columns.text} and {columns.text_pair}): give a .jsonl, .csv or .tsv file")
+            raise TfbuilderError(
+                f"--input {path}: the model reads pairs ({columns.text} and {columns.text_pair}): give a .jsonl, .csv or .tsv file"
+            )
         yield from ((line, None) for line in text.lines(path))
         return
     if columns is None or columns.text is None:
-        raise TfbuilderError(f"--input {path}: the checkpoint's recipe names no data.columns.text to read from {fmt} records")
+        raise TfbuilderError(
+            f"--input {path}: the checkpoint's recipe names no data.columns.text to read from {fmt} records"
+        )
     fields = (columns.text,) + ((columns.text_pair,) if columns.text_pair else ())
     if fmt == "jsonl":
         rows = formats.jsonl_rows(path, fields)
@@ -156,11 +161,17 @@ def score(loaded: Loaded, split: str = "test", *, max_tokens: int = 8000) -> Hea
     sizes, _, _ = lengths(examples)
     nll = 0.0
     sums = torch.zeros(metrics.size(head.type, head.outputs), dtype=torch.float64)
-    budget = {"max_tokens": max(max_tokens, int(sizes.max())), "batch_size": None} if recipe.model.pad_id is not None else {"max_tokens": None, "batch_size": 1}
+    budget = (
+        {"max_tokens": max(max_tokens, int(sizes.max())), "batch_size": None}
+        if recipe.model.pad_id is not None
+        else {"max_tokens": None, "batch_size": 1}
+    )
     for ids in pack(sizes, sizes, np.argsort(sizes, kind="stable"), **budget):
         batch = {k: v.to(device) for k, v in collate(ids).items()}
         result = loss_of(model, batch)
         nll += float(result.nll)
         sums += metrics.batch_sums(head.type, result.outputs, batch["labels"], head.outputs).cpu()
     found = metrics.scores(head.type, sums, head.outputs)
-    return HeadScores(split, len(examples), nll / max(len(examples), 1), {k: v for k, v in found.items() if not math.isnan(v)})
+    return HeadScores(
+        split, len(examples), nll / max(len(examples), 1), {k: v for k, v in found.items() if not math.isnan(v)}
+    )

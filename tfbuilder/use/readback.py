@@ -71,7 +71,11 @@ def read_json(path: Path, *, what: str) -> dict[str, Any]:
     try:
         data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
-        reason = f"line {exc.lineno} column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else "not JSON text"
+        reason = (
+            f"line {exc.lineno} column {exc.colno}: {exc.msg}"
+            if isinstance(exc, json.JSONDecodeError)
+            else "not JSON text"
+        )
         raise DamagedFile(f"damaged {what} {path}: {reason}") from None
     if not isinstance(data, dict):
         raise DamagedFile(f"damaged {what} {path}: not a JSON object")

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfbuilder.spec.diffing import MISSING, differences
-from tfbuilder.errors import RecipeError, TfbuilderError
-from tfbuilder.use.readback import DamagedFile, metric, number, read_json, read_metrics
-from tfbuilder.spec.recipe import Recipe, load_recipe
-from tfbuilder.runs.checkpoints import scores_file
-from tfbuilder.model.builder import build_model, count_parameters
 from tfbuilder.atomic import write_atomic, write_text
+from tfbuilder.errors import RecipeError, TfbuilderError
+from tfbuilder.model.builder import build_model, count_parameters
+from tfbuilder.runs.checkpoints import scores_file
+from tfbuilder.spec.diffing import MISSING, differences
+from tfbuilder.spec.recipe import Recipe, load_recipe
+from tfbuilder.use.readback import DamagedFile, metric, number, read_json, read_metrics
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -49,7 +49,9 @@ class RunResult:
     seconds: float
     exact_match: float | None = None  # percent of validation outputs equal to their reference
     peak_memory_mb: float | None = None  # the run's peak memory (summary.json; absent in older runs)
-    head_scores: dict[str, float] = field(default_factory=dict)  # a sequence head's last validation (val_acc, val_f1, val_mse, val_pearson)
+    head_scores: dict[str, float] = field(
+        default_factory=dict
+    )  # a sequence head's last validation (val_acc, val_f1, val_mse, val_pearson)
     val_curve: list[tuple[int, float]] = field(default_factory=list)
     train_curve: list[tuple[int, float]] = field(default_factory=list)
 
@@ -76,7 +78,9 @@ class Row:
 
     def perplexities(self) -> list[float]:
         # Of language models and translation; a sequence head's loss is per text, not per token.
-        return [math.exp(min(r.best_val_loss, 50)) for r in self.runs if r.best_val_loss is not None and not r.head_scores]
+        return [
+            math.exp(min(r.best_val_loss, 50)) for r in self.runs if r.best_val_loss is not None and not r.head_scores
+        ]
 
     def head(self, key: str, scale: float = 1.0) -> list[float]:
         """A sequence head's score ``key`` of each run that has it."""
@@ -136,7 +140,6 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     raises (:class:`RecipeError`, :class:`DamagedFile`); damaged scores or metrics are left out with a warning."""
     import torch
 
-
     recipe = load_recipe(run_dir / "recipe.yaml")  # bounded like any recipe file
     summary_path = run_dir / "summary.json"
     summary = read_json(summary_path, what="run summary")
@@ -146,7 +149,9 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     speed = number(summary, "tokens_per_s", summary_path, what="run summary", optional=True)
     peak = number(summary, "peak_memory_mb", summary_path, what="run summary", optional=True)
     saved_head = summary.get("head_scores") if isinstance(summary.get("head_scores"), dict) else {}
-    head_scores = {k: number(saved_head, k, summary_path, what="run summary") for k in HEAD_KEYS if saved_head.get(k) is not None}
+    head_scores = {
+        k: number(saved_head, k, summary_path, what="run summary") for k in HEAD_KEYS if saved_head.get(k) is not None
+    }
     with torch.device("meta"):
         parameters = count_parameters(build_model(recipe))
     bleu = exact = None
@@ -291,10 +296,36 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
     write_text(paths["report.csv"], table.getvalue(), what="report")
     table = io.StringIO(newline="")
     writer = csv.writer(table)
-    writer.writerow(["recipe", "seed", "run_dir", "parameters", "steps", "best_val_loss", "bleu", "exact_match", "tokens_per_s", "wall_s"])
+    writer.writerow(
+        [
+            "recipe",
+            "seed",
+            "run_dir",
+            "parameters",
+            "steps",
+            "best_val_loss",
+            "bleu",
+            "exact_match",
+            "tokens_per_s",
+            "wall_s",
+        ]
+    )
     for row in rows:
         for r in row.runs:
-            writer.writerow([r.name, r.seed, r.dir, r.parameters, r.steps, r.best_val_loss, r.bleu, r.exact_match, r.tokens_per_s, r.seconds])
+            writer.writerow(
+                [
+                    r.name,
+                    r.seed,
+                    r.dir,
+                    r.parameters,
+                    r.steps,
+                    r.best_val_loss,
+                    r.bleu,
+                    r.exact_match,
+                    r.tokens_per_s,
+                    r.seconds,
+                ]
+            )
     write_text(paths["runs.csv"], table.getvalue(), what="report")
     figure = plot_curves(rows, title=title)
     write_atomic(paths["curves.png"], lambda f: figure.savefig(f, format="png", dpi=110), what="plot")
@@ -313,7 +344,7 @@ def _legend(beam: int) -> str:
     )
 
 
-def plot_curves(rows: list[Row], *, title: str) -> "Figure":
+def plot_curves(rows: list[Row], *, title: str) -> Figure:
     """Validation (left) and training (right) loss against steps: mean over seeds, band = min..max."""
     from matplotlib import colormaps
     from matplotlib.figure import Figure  # no pyplot: no global state, the caller's backend untouched

@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Literal
 
 from tfbuilder import atomic
-from tfbuilder.spec.diffing import MISSING, differences
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.spec.recipe import Recipe, load_recipe, recipe_from_dict
-from tfbuilder.runs.checkpoints import default_checkpoint, is_empty
+from tfbuilder.runs.checkpoints import default_checkpoint, is_empty, load_checkpoint
 from tfbuilder.runs.checkpoints import scores_file as checkpoint_scores
-from tfbuilder.use.evaluation import evaluate, save_scores
-from tfbuilder.runs.checkpoints import load_checkpoint
+from tfbuilder.spec.diffing import MISSING, differences
+from tfbuilder.spec.recipe import Recipe, load_recipe, recipe_from_dict
 from tfbuilder.train import training
+from tfbuilder.use.evaluation import evaluate, save_scores
 
 Status = Literal["finished", "evaluate", "resume", "new"]
 # Keys that say where and how a run is shown, not what it trains: they may differ between invocations.
@@ -130,7 +129,9 @@ def status(run: Run, bleu_beam: int | None) -> Status:
                 "give the sweep another --out, or move that directory away"
             )
     if (run.dir / "summary.json").exists():
-        needs_scores = bleu_beam is not None and _translates(run.recipe) and not scores_file(run.dir, bleu_beam).exists()
+        needs_scores = (
+            bleu_beam is not None and _translates(run.recipe) and not scores_file(run.dir, bleu_beam).exists()
+        )
         return "evaluate" if needs_scores else "finished"
     if (run.dir / "checkpoints" / "last.ckpt").exists():
         return "resume"

@@ -23,7 +23,13 @@ FAMILIES = {
     "T5ForConditionalGeneration": "t5",
     "LlamaForCausalLM": "llama",
 }
-ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+}
 HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
 
 
@@ -59,7 +65,9 @@ def _int(cfg: dict, field: str, default: Any = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UnsupportedConfig(f"config.json: {field}: expected a positive integer, got {shown(value)}")
     if value > MAX_SIZE:
-        raise UnsupportedConfig(f"config.json: {field}: {value:.3g} is larger than any model tfbuilder builds (at most {MAX_SIZE:,})")
+        raise UnsupportedConfig(
+            f"config.json: {field}: {value:.3g} is larger than any model tfbuilder builds (at most {MAX_SIZE:,})"
+        )
     return value
 
 
@@ -92,7 +100,9 @@ def family_of(cfg: dict) -> str:
     model_type = cfg.get("model_type")
     if isinstance(model_type, str) and model_type in FAMILIES.values():
         return model_type
-    raise UnsupportedConfig(f"config.json: architectures: missing, and model_type {shown(model_type)} is not one of gpt2, bert, t5, llama")
+    raise UnsupportedConfig(
+        f"config.json: architectures: missing, and model_type {shown(model_type)} is not one of gpt2, bert, t5, llama"
+    )
 
 
 def _activation(cfg: dict, field: str, default: str) -> str:
@@ -130,7 +140,12 @@ def _gpt2(cfg: dict) -> dict:
         "position": {"type": "learned", "max_len": _int(cfg, "n_positions", 1024)},
         "attention": {"type": "multihead", "heads": heads, "dropout": _float(cfg, "attn_pdrop", 0.1), "bias": True},
         # n_inner: transformers' own default for GPT-2 is 4 * n_embd (a fact of GPT-2, not tfbuilder's default).
-        "ffn": {"type": "mlp", "hidden": _int(cfg, "n_inner", 4 * d), "activation": _activation(cfg, "activation_function", "gelu_new"), "bias": True},
+        "ffn": {
+            "type": "mlp",
+            "hidden": _int(cfg, "n_inner", 4 * d),
+            "activation": _activation(cfg, "activation_function", "gelu_new"),
+            "bias": True,
+        },
         "norm": {"type": "layernorm", "eps": _float(cfg, "layer_norm_epsilon", 1e-5)},
         "init": {"std": _float(cfg, "initializer_range", 0.02), "residual_scaling": True},
         "decoder": {"layers": _int(cfg, "n_layer")},
@@ -158,7 +173,12 @@ def _bert(cfg: dict) -> dict:
         "head_bias": True,
         "tie_output": _require(cfg, "tie_word_embeddings", (True, False), True),
         "position": {"type": "learned", "max_len": _int(cfg, "max_position_embeddings", 512)},
-        "attention": {"type": "multihead", "heads": heads, "dropout": _float(cfg, "attention_probs_dropout_prob", 0.1), "bias": True},
+        "attention": {
+            "type": "multihead",
+            "heads": heads,
+            "dropout": _float(cfg, "attention_probs_dropout_prob", 0.1),
+            "bias": True,
+        },
         "ffn": {"type": "mlp", "hidden": _int(cfg, "intermediate_size"), "activation": "gelu", "bias": True},
         "norm": {"type": "layernorm", "eps": _float(cfg, "layer_norm_eps", 1e-12)},
         "init": {"std": _float(cfg, "initializer_range", 0.02)},
@@ -177,7 +197,9 @@ def _t5(cfg: dict) -> dict:
         raise UnsupportedConfig(f"config.json: pad_token_id: expected an id, got {pad!r}")
     start = cfg.get("decoder_start_token_id", pad)
     if start != pad:
-        raise UnsupportedConfig(f"config.json: decoder_start_token_id: {start!r} is not supported (T5 starts with pad_token_id, {pad})")
+        raise UnsupportedConfig(
+            f"config.json: decoder_start_token_id: {start!r} is not supported (T5 starts with pad_token_id, {pad})"
+        )
     d_kv, heads = _int(cfg, "d_kv", 64), _int(cfg, "num_heads")
     layers = _int(cfg, "num_layers")
     return {
@@ -197,7 +219,14 @@ def _t5(cfg: dict) -> dict:
             "buckets": _int(cfg, "relative_attention_num_buckets", 32),
             "max_distance": _int(cfg, "relative_attention_max_distance", 128),
         },
-        "attention": {"type": "multihead", "heads": heads, "key_dim": d_kv, "value_dim": d_kv, "bias": False, "scale": 1.0},
+        "attention": {
+            "type": "multihead",
+            "heads": heads,
+            "key_dim": d_kv,
+            "value_dim": d_kv,
+            "bias": False,
+            "scale": 1.0,
+        },
         "ffn": {"type": "mlp", "hidden": _int(cfg, "d_ff"), "activation": "relu", "bias": False},
         "norm": {"type": "rmsnorm", "eps": _float(cfg, "layer_norm_epsilon", 1e-6)},
         "encoder": {"layers": layers},
@@ -218,7 +247,13 @@ def _llama(cfg: dict) -> dict:
         raise UnsupportedConfig(f"config.json: num_attention_heads: hidden_size ({d}) is not divisible by it ({heads})")
     head_dim = _int(cfg, "head_dim", d // heads)  # transformers' own default for Llama (not tfbuilder's)
     kv = _int(cfg, "num_key_value_heads", heads)
-    attention = {"type": "multihead", "heads": heads, "key_dim": head_dim, "value_dim": head_dim, "bias": bool(cfg.get("attention_bias", False))}
+    attention = {
+        "type": "multihead",
+        "heads": heads,
+        "key_dim": head_dim,
+        "value_dim": head_dim,
+        "bias": bool(cfg.get("attention_bias", False)),
+    }
     if kv != heads:
         attention["kv_heads"] = kv
     if _float(cfg, "attention_dropout", 0.0):
@@ -248,39 +283,87 @@ def to_config(model: ModelSection, family: str) -> dict:
     att, ffn, norm, pos = m.attention, m.ffn, m.norm, m.position
     if family == "gpt2":
         return {
-            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": m.vocab_size,
-            "n_embd": m.d_model, "n_layer": m.decoder.layers, "n_head": att.heads, "n_inner": getattr(ffn, "hidden", None),
-            "n_positions": getattr(pos, "max_len", 1024), "activation_function": HF_ACTIVATION.get(getattr(ffn, "activation", ""), "?"),
-            "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": getattr(att, "dropout", 0.0),
-            "layer_norm_epsilon": getattr(norm, "eps", 1e-5), "initializer_range": m.init.std or 0.02,
-            "tie_word_embeddings": m.tie_output, "scale_attn_weights": True, "bos_token_id": m.vocab_size - 1, "eos_token_id": m.vocab_size - 1,
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": m.vocab_size,
+            "n_embd": m.d_model,
+            "n_layer": m.decoder.layers,
+            "n_head": att.heads,
+            "n_inner": getattr(ffn, "hidden", None),
+            "n_positions": getattr(pos, "max_len", 1024),
+            "activation_function": HF_ACTIVATION.get(getattr(ffn, "activation", ""), "?"),
+            "resid_pdrop": m.dropout,
+            "embd_pdrop": m.dropout,
+            "attn_pdrop": getattr(att, "dropout", 0.0),
+            "layer_norm_epsilon": getattr(norm, "eps", 1e-5),
+            "initializer_range": m.init.std or 0.02,
+            "tie_word_embeddings": m.tie_output,
+            "scale_attn_weights": True,
+            "bos_token_id": m.vocab_size - 1,
+            "eos_token_id": m.vocab_size - 1,
         }
     if family == "bert":
         return {
-            "architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": m.vocab_size,
-            "hidden_size": m.d_model, "num_hidden_layers": m.encoder.layers, "num_attention_heads": att.heads,
-            "intermediate_size": getattr(ffn, "hidden", None), "hidden_act": "gelu", "hidden_dropout_prob": m.dropout,
-            "attention_probs_dropout_prob": getattr(att, "dropout", 0.0), "max_position_embeddings": getattr(pos, "max_len", 512),
-            "type_vocab_size": m.token_types, "layer_norm_eps": getattr(norm, "eps", 1e-12), "pad_token_id": m.pad_id,
-            "initializer_range": m.init.std or 0.02, "tie_word_embeddings": m.tie_output, "position_embedding_type": "absolute",
+            "architectures": ["BertForMaskedLM"],
+            "model_type": "bert",
+            "vocab_size": m.vocab_size,
+            "hidden_size": m.d_model,
+            "num_hidden_layers": m.encoder.layers,
+            "num_attention_heads": att.heads,
+            "intermediate_size": getattr(ffn, "hidden", None),
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": m.dropout,
+            "attention_probs_dropout_prob": getattr(att, "dropout", 0.0),
+            "max_position_embeddings": getattr(pos, "max_len", 512),
+            "type_vocab_size": m.token_types,
+            "layer_norm_eps": getattr(norm, "eps", 1e-12),
+            "pad_token_id": m.pad_id,
+            "initializer_range": m.init.std or 0.02,
+            "tie_word_embeddings": m.tie_output,
+            "position_embedding_type": "absolute",
         }
     if family == "t5":
         return {
-            "architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": m.vocab_size,
-            "d_model": m.d_model, "d_kv": att.key_dim, "d_ff": getattr(ffn, "hidden", None), "num_layers": m.encoder.layers,
-            "num_decoder_layers": m.decoder.layers, "num_heads": att.heads,
-            "relative_attention_num_buckets": getattr(pos, "buckets", 32), "relative_attention_max_distance": getattr(pos, "max_distance", 128),
-            "dropout_rate": m.dropout, "layer_norm_epsilon": getattr(norm, "eps", 1e-6), "feed_forward_proj": "relu",
-            "is_encoder_decoder": True, "pad_token_id": m.pad_id, "decoder_start_token_id": m.pad_id, "eos_token_id": 1,
-            "tie_word_embeddings": True, "scale_decoder_outputs": True,
+            "architectures": ["T5ForConditionalGeneration"],
+            "model_type": "t5",
+            "vocab_size": m.vocab_size,
+            "d_model": m.d_model,
+            "d_kv": att.key_dim,
+            "d_ff": getattr(ffn, "hidden", None),
+            "num_layers": m.encoder.layers,
+            "num_decoder_layers": m.decoder.layers,
+            "num_heads": att.heads,
+            "relative_attention_num_buckets": getattr(pos, "buckets", 32),
+            "relative_attention_max_distance": getattr(pos, "max_distance", 128),
+            "dropout_rate": m.dropout,
+            "layer_norm_epsilon": getattr(norm, "eps", 1e-6),
+            "feed_forward_proj": "relu",
+            "is_encoder_decoder": True,
+            "pad_token_id": m.pad_id,
+            "decoder_start_token_id": m.pad_id,
+            "eos_token_id": 1,
+            "tie_word_embeddings": True,
+            "scale_decoder_outputs": True,
         }
     kv = getattr(att, "kv_heads", None) or att.heads
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": m.vocab_size,
-        "hidden_size": m.d_model, "intermediate_size": getattr(ffn, "hidden", None), "num_hidden_layers": m.decoder.layers,
-        "num_attention_heads": att.heads, "num_key_value_heads": kv, "head_dim": att.shape(m.d_model).key_dim,
-        "hidden_act": "silu", "rms_norm_eps": getattr(norm, "eps", 1e-6), "attention_bias": att.bias,
-        "attention_dropout": getattr(att, "dropout", 0.0), "mlp_bias": getattr(ffn, "bias", False),
-        "rope_parameters": {"rope_type": "default", "rope_theta": getattr(pos, "base", 10000.0)}, "rope_theta": getattr(pos, "base", 10000.0),
-        "tie_word_embeddings": m.tie_output, "initializer_range": m.init.std or 0.02, "max_position_embeddings": 2048,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.d_model,
+        "intermediate_size": getattr(ffn, "hidden", None),
+        "num_hidden_layers": m.decoder.layers,
+        "num_attention_heads": att.heads,
+        "num_key_value_heads": kv,
+        "head_dim": att.shape(m.d_model).key_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": getattr(norm, "eps", 1e-6),
+        "attention_bias": att.bias,
+        "attention_dropout": getattr(att, "dropout", 0.0),
+        "mlp_bias": getattr(ffn, "bias", False),
+        "rope_parameters": {"rope_type": "default", "rope_theta": getattr(pos, "base", 10000.0)},
+        "rope_theta": getattr(pos, "base", 10000.0),
+        "tie_word_embeddings": m.tie_output,
+        "initializer_range": m.init.std or 0.02,
+        "max_position_embeddings": 2048,
     }

@@ -15,22 +15,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tfbuilder import atomic
-from tfbuilder.version import __version__
+from tfbuilder.contracts import default_ffn_hidden, default_head_dim
+from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.tokenizers import HFTokenizer
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.interop.hf import weights
 from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_config
 from tfbuilder.interop.hf.specials import config_ids, special_ids
-from tfbuilder.specials import filled
+from tfbuilder.interop.onnx import export_onnx
 from tfbuilder.model.builder import build_model
-from tfbuilder.data.prepare import Vocab
-from tfbuilder.data.tokenizers import HFTokenizer
+from tfbuilder.model.components.ffn import glu_hidden
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.runs import vocab_files
-from tfbuilder.model.components.ffn import glu_hidden
-from tfbuilder.contracts import default_ffn_hidden, default_head_dim
-from tfbuilder.spec.recipe import ModelSection, recipe_from_dict
 from tfbuilder.runs.checkpoints import load_checkpoint, write_recipe
-from tfbuilder.interop.onnx import export_onnx
+from tfbuilder.spec.recipe import ModelSection, recipe_from_dict
+from tfbuilder.specials import filled
+from tfbuilder.version import __version__
 
 if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
     from tfbuilder.data.prepare import Vocab
@@ -85,8 +85,13 @@ def tokenizer_config(raw: str, specials) -> dict:
 
     tok = Tokenizer.from_str(raw)
     config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    for name, i in (("bos_token", specials.start), ("eos_token", specials.end), ("pad_token", specials.pad),
-                    ("unk_token", specials.unk), ("mask_token", specials.mask)):
+    for name, i in (
+        ("bos_token", specials.start),
+        ("eos_token", specials.end),
+        ("pad_token", specials.pad),
+        ("unk_token", specials.unk),
+        ("mask_token", specials.mask),
+    ):
         token = tok.id_to_token(i) if i is not None else None
         if token is not None:
             config[name] = token
@@ -97,12 +102,13 @@ def _recipe_name(hf_dir: Path) -> str:
     return re.sub(r"[^\w.\-]", "-", hf_dir.resolve().name) or "imported"
 
 
-def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, Recipe, torch.nn.Module, Vocab]:
+def load_hf(
+    hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[str, Recipe, torch.nn.Module, Vocab]:
     """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory.
     ``overrides`` (``--set``) may add what a config does not say (data, optim, trainer), not change the model."""
     load_file = _safetensors().load_file
     from safetensors import SafetensorError
-
 
     hf_dir = Path(hf_dir)
     cfg = _read_json(hf_dir / "config.json", MAX_CONFIG_BYTES)
@@ -115,7 +121,9 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
     for override in overrides:
         if override.split("=", 1)[0].strip().split(".")[0] in ("model", "name", "extends"):
-            raise TfbuilderError(f"--set {override}: the model comes from config.json and its weights; set data, optim or trainer keys")
+            raise TfbuilderError(
+                f"--set {override}: the model comes from config.json and its weights; set data, optim or trainer keys"
+            )
     recipe = recipe_from_dict({"name": _recipe_name(hf_dir), "model": model_section}, overrides)
     _check_size(recipe, config)  # before the weights are read or the model is built
     try:
@@ -125,7 +133,9 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     weights_file = hf_dir / "model.safetensors"
     if not weights_file.is_file():
         sharded = (hf_dir / "model.safetensors.index.json").is_file()
-        raise TfbuilderError(f"{weights_file} not found" + (" (sharded checkpoints are not supported)" if sharded else ""))
+        raise TfbuilderError(
+            f"{weights_file} not found" + (" (sharded checkpoints are not supported)" if sharded else "")
+        )
     try:
         theirs = load_file(str(weights_file))
     except (SafetensorError, OSError) as exc:
@@ -143,7 +153,9 @@ def load_hf(hf_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         except Exception as exc:  # the tokenizers library raises plain Exceptions on bad files
             raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
         if tok.vocab_size > recipe.model.vocab_size:
-            raise TfbuilderError(f"{tok_file} has {tok.vocab_size} tokens; the model has only {recipe.model.vocab_size}")
+            raise TfbuilderError(
+                f"{tok_file} has {tok.vocab_size} tokens; the model has only {recipe.model.vocab_size}"
+            )
         # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's
         # named tokens for the roles the config leaves out (BERT's [CLS] and [SEP]); a model without
         # a pad token (GPT-2, Llama) keeps batching as before.
@@ -260,7 +272,9 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         rules = weights.rules(family, loaded.recipe.model)
         tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
         atomic.write_by_name(
-            out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}), what="weights"
+            out / "model.safetensors",
+            lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}),
+            what="weights",
         )
         config = {**to_config(loaded.recipe.model, family), **config_ids(model.specials, family)}
         atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
@@ -269,7 +283,9 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         if raw is not None:
             atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
             config = tokenizer_config(raw, model.specials)
-            atomic.write_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n", what="tokenizer config")
+            atomic.write_text(
+                out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n", what="tokenizer config"
+            )
             written += [out / "tokenizer.json", out / "tokenizer_config.json"]
         elif hasattr(loaded.vocab.tgt, "model"):  # SentencePiece: its model file, as save_pretrained keeps it
             sp_model = loaded.vocab.tgt.model

@@ -4,8 +4,8 @@ export. A model keeps its own ids (T5 starts its decoder from its pad id, GPT-2 
 
 from __future__ import annotations
 
-from tfbuilder.specials import SpecialIds
 from tfbuilder.interop.hf.configs import UnsupportedConfig, shown
+from tfbuilder.specials import SpecialIds
 
 # What each family's config.json leaves unsaid (the values transformers assumes).
 _DEFAULTS = {

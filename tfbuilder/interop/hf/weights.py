@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor, nn
 
-from tfbuilder.model.blocks import Residual
 from tfbuilder.interop.hf.configs import UnsupportedConfig
+from tfbuilder.model.blocks import Residual
 
 if TYPE_CHECKING:
     from tfbuilder.spec.recipe import ModelSection
@@ -65,7 +65,9 @@ def _bert(m: ModelSection) -> list[Rule]:
     for i in range(m.encoder.layers):
         ours, theirs = f"encoder.layers.{i}", f"bert.encoder.layer.{i}"
         att = f"{theirs}.attention"
-        out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{att}.self.query", f"{att}.self.key", f"{att}.self.value"], bias=True)
+        out += _fused(
+            f"{ours}.self_attn.inner.to_qkv", [f"{att}.self.query", f"{att}.self.key", f"{att}.self.value"], bias=True
+        )
         out += _linear(f"{ours}.self_attn.inner.to_out", f"{att}.output.dense")
         out += _linear(f"{ours}.self_attn.norm", f"{att}.output.LayerNorm")
         out += _linear(f"{ours}.ffn.inner.ff_in", f"{theirs}.intermediate.dense")

@@ -13,9 +13,8 @@ from torch import Tensor, nn
 
 from tfbuilder import masks
 from tfbuilder.contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
-from tfbuilder.registry import BuildContext, ModelDims, register
 from tfbuilder.model.components.position import AttentionPosition
-
+from tfbuilder.registry import BuildContext, ModelDims, register
 
 Lambda = Annotated[float, Field(ge=-100.0, le=100.0)]
 
@@ -52,14 +51,12 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         kv_heads: int | None = Field(
             None, ge=1, description="key/value heads (grouped-query; 1 = multi-query); default heads"
         )
-        key_dim: int | None = Field(
-            None, ge=1, description="query/key width per head d_k; default d_model / heads"
-        )
-        value_dim: int | None = Field(
-            None, ge=1, description="value width per head d_v; default d_model / heads"
-        )
+        key_dim: int | None = Field(None, ge=1, description="query/key width per head d_k; default d_model / heads")
+        value_dim: int | None = Field(None, ge=1, description="value width per head d_v; default d_model / heads")
         window: int | None = Field(
-            None, ge=1, description="sliding-window self-attention: attend to keys at most window-1 positions away; default all"
+            None,
+            ge=1,
+            description="sliding-window self-attention: attend to keys at most window-1 positions away; default all",
         )
         qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
         gate: Literal["none", "elementwise", "headwise"] = Field(
@@ -71,7 +68,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             description="value residual learning (ResFormer, Zhou et al. 2024, arXiv:2410.17897): self-attention layers after the first use lambda1 * V_1 + lambda2 * V_n as values, V_1 the first layer's; fixed or learnable lambdas",
         )
         value_lambdas: tuple[Lambda, Lambda] = Field(
-            (0.5, 0.5), strict=False,
+            (0.5, 0.5),
+            strict=False,
             description="value residual: (lambda1, lambda2), the weights of V_1 and of the layer's own values (learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
         )
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
@@ -80,7 +78,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
         )
         softcap: float | None = Field(
-            None, gt=0.0, le=1e4,
+            None,
+            gt=0.0,
+            le=1e4,
             description="soft-cap the scaled scores to softcap * tanh(scores / softcap) before the mask and the softmax (Gemma 2: 50); default none",
         )
 
@@ -92,7 +92,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             if self.scale is not None and self.qk_norm:
                 problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
             if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
-                unset = " and ".join(n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None)
+                unset = " and ".join(
+                    n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None
+                )
                 problems.append(
                     ("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set {unset}")
                 )
@@ -142,7 +144,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         self.value_lambdas: nn.Parameter | tuple[float, float] | None = None
         if residual and ctx.layer > 0:
             lambdas = tuple(float(lam) for lam in params.value_lambdas)
-            self.value_lambdas = nn.Parameter(torch.tensor(lambdas)) if params.value_residual == "learnable" else lambdas
+            self.value_lambdas = (
+                nn.Parameter(torch.tensor(lambdas)) if params.value_residual == "learnable" else lambdas
+            )
         # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
         self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
         self.reset_parameters()
@@ -262,7 +266,13 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         if self.keep_weights or self.softcap is not None:  # the fused kernel has no soft-cap
             return self._explicit(q, k, v, attn_mask, scale)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal, scale=scale
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            scale=scale,
         )
 
     def _scores_mask(self, q: Tensor, n_k: int, mask: Tensor | None, *, offset: int) -> tuple[Tensor | None, bool]:
@@ -279,7 +289,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             else:
                 mask = masks.combine(mask, masks.causal_mask(n_q, n_k, offset=offset, device=q.device))
         if self.window is not None and not self.cross:
-            mask = masks.combine(mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=q.device))
+            mask = masks.combine(
+                mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=q.device)
+            )
         if not self.biased:
             return mask, is_causal
         bias = self.position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
@@ -315,7 +327,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         if self.softcap is not None:
             scores = self.softcap * torch.tanh(scores / self.softcap)
         if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+            scores = (
+                scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+            )
         weights = scores.softmax(dim=-1)
         if self.keep_weights:
             self.weights = weights.detach()
@@ -325,7 +339,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
 
     def _heads_kv(self, kv: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         k, v = kv
-        return rearrange(k, "b j (h k) -> b h j k", h=self.kv_heads), rearrange(v, "b j (h v) -> b h j v", h=self.kv_heads)
+        return rearrange(k, "b j (h k) -> b h j k", h=self.kv_heads), rearrange(
+            v, "b j (h v) -> b h j v", h=self.kv_heads
+        )
 
 
 def lambda_init(layer: int) -> float:
@@ -372,11 +388,20 @@ class DifferentialAttention(MultiHeadAttention):
             if self.scale is not None and self.qk_norm:
                 problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
             if self.key_dim is None and dims.d_model % (2 * self.heads):
-                problems.append(("heads", f"d_model ({dims.d_model}) must be divisible by 2 * heads ({2 * self.heads}), or set key_dim"))
+                problems.append(
+                    (
+                        "heads",
+                        f"d_model ({dims.d_model}) must be divisible by 2 * heads ({2 * self.heads}), or set key_dim",
+                    )
+                )
             if self.value_dim is None and dims.d_model % self.heads:
-                problems.append(("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set value_dim"))
+                problems.append(
+                    ("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set value_dim")
+                )
             if self.value_dim is not None and self.value_dim % 2:
-                problems.append(("value_dim", f"value_dim ({self.value_dim}) must be even (2d: two halves of a head's values)"))
+                problems.append(
+                    ("value_dim", f"value_dim ({self.value_dim}) must be even (2d: two halves of a head's values)")
+                )
             if self.kv_heads is not None and self.heads % self.kv_heads:
                 problems.append(("kv_heads", f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"))
             return problems
@@ -386,13 +411,17 @@ class DifferentialAttention(MultiHeadAttention):
         value_dim = params.value_dim or default_head_dim(ctx.d_model, h)
         kv_heads = params.kv_heads or h
         # The projections of multi-head attention with 2h heads of width d and values of width value_dim / 2.
-        maps = params.model_copy(update={"heads": 2 * h, "kv_heads": 2 * kv_heads, "key_dim": d, "value_dim": value_dim // 2})
+        maps = params.model_copy(
+            update={"heads": 2 * h, "kv_heads": 2 * kv_heads, "key_dim": d, "value_dim": value_dim // 2}
+        )
         super().__init__(maps, ctx)
         self.diff_heads, self.diff_kv_heads = h, kv_heads
         if params.gate == "headwise":  # one gate per differential head
             self.to_gate = nn.Linear(ctx.d_model, h, bias=False)
         self.lambda_init = lambda_init(ctx.layer)
-        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (nn.Parameter(torch.empty(d)) for _ in range(4))
+        self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2 = (
+            nn.Parameter(torch.empty(d)) for _ in range(4)
+        )
         self.head_norm = nn.RMSNorm(value_dim, eps=params.norm_eps)  # per head ("GroupNorm"), shared gain
         self.reset_parameters()
 
@@ -424,6 +453,8 @@ class DifferentialAttention(MultiHeadAttention):
             out = self._explicit(q, k, v, attn_mask, scale)
         else:
             dropout = self.dropout if self.training else 0.0
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, scale=scale)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal, scale=scale
+            )
         first, second = rearrange(out, "b (h two) i v -> two b h i v", two=2)
         return self.head_norm(first - self.lam().to(out.dtype) * second) * (1 - self.lambda_init)

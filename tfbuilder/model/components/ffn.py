@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from typing import Literal
 
 import torch
@@ -11,8 +10,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import Tensor, nn
 
-from tfbuilder.model.dropout import Dropout
 from tfbuilder.contracts import FeedForwardBase, default_ffn_hidden
+from tfbuilder.model.dropout import Dropout
 from tfbuilder.registry import AuxiliaryLoss, BuildContext, ComponentParams, ModelDims, register
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
@@ -52,7 +51,8 @@ class _GLUParams(ComponentParams):
         None, ge=1, description="inner width; default 4 * d_model, or 2/3 of it with match_params"
     )
     match_params: bool = Field(
-        True, description="scale the default width by 2/3 (rounded up to a multiple of 8) to keep an MLP's parameter count"
+        True,
+        description="scale the default width by 2/3 (rounded up to a multiple of 8) to keep an MLP's parameter count",
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the gated hidden activations")
     bias: bool = Field(False, description="learn biases in the projections")
@@ -172,7 +172,9 @@ class MixtureOfExperts(FeedForwardBase, nn.Module, AuxiliaryLoss):
         weights, chosen = probs.topk(self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
         # gates (t, experts): a token's weight for each expert it is routed to, 0 elsewhere.
-        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(1, chosen, weights)
+        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(
+            1, chosen, weights
+        )
         static = self.capacity_factor is not None or x.device.type != "cpu" or torch.compiler.is_compiling()
         out = self._dispatch_static(flat, gates) if static else self._dispatch_gather(flat, gates)
         # Switch loss: experts * sum_e (share of tokens routed to e) * (mean router probability of e).

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from tfbuilder import masks
 from tfbuilder.contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
-from tfbuilder.registry import BuildContext, ModelDims, register
 from tfbuilder.model.components.attention import init_projections
 from tfbuilder.model.components.position import AttentionPosition
+from tfbuilder.registry import BuildContext, ModelDims, register
 
 
 @register("attention", "latent")
@@ -51,20 +51,24 @@ class LatentAttention(AttentionBase, nn.Module):
         )
         value_dim: int | None = Field(None, ge=1, description="value width per head; default head_dim")
         kv_rank: int | None = Field(
-            None, ge=1, description="width d_c of the key/value latent kept in the cache; default 4 * head_dim (the paper's)"
+            None,
+            ge=1,
+            description="width d_c of the key/value latent kept in the cache; default 4 * head_dim (the paper's)",
         )
         q_rank: int | None = Field(
             None, ge=1, description="width d_c' of the query latent; default none: queries project from x directly"
         )
         rope_dim: int | None = Field(
-            None, ge=0, description="decoupled rotary width r per head (even; 0: none); default head_dim / 2 (the paper's)"
+            None,
+            ge=0,
+            description="decoupled rotary width r per head (even; 0: none); default head_dim / 2 (the paper's)",
         )
         latent_norm: bool = Field(True, description="RMS-normalise the latents (as DeepSeek-V2's released model does)")
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
         bias: bool = Field(False, description="learn biases in the projections")
 
         @model_validator(mode="after")
-        def _even_rope(self) -> "LatentAttention.Params":
+        def _even_rope(self) -> LatentAttention.Params:
             if self.rope_dim is not None and self.rope_dim % 2:
                 raise ValueError(f"rope_dim ({self.rope_dim}) must be even: rotary positions turn pairs")
             return self
@@ -150,7 +154,9 @@ class LatentAttention(AttentionBase, nn.Module):
         offset = cache["latent"].shape[1] if cache and "latent" in cache and not self.cross else 0
         q = rearrange(self.to_q(self.norm_q(self._q_latent(x))), "b i (h k) -> b h i k", h=self.heads)
         latent, k_rope = self._latents(source, cache, offset)
-        k, v = rearrange(self.to_kv(latent), "b j (h k) -> b h j k", h=self.heads).split([self.head_dim, self.value_dim], -1)
+        k, v = rearrange(self.to_kv(latent), "b j (h k) -> b h j k", h=self.heads).split(
+            [self.head_dim, self.value_dim], -1
+        )
         if self.rope_dim:
             q_c, q_r = q.split([self.head_dim, self.rope_dim], dim=-1)
             q = torch.cat([q_c, self.position.rotate(q_r, offset) if self.rotates else q_r], dim=-1)
@@ -199,4 +205,6 @@ class LatentAttention(AttentionBase, nn.Module):
             self.weights = scores.softmax(dim=-1).detach()
             return self.weights @ v
         dropout = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=self.scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=self.scale
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -114,7 +114,10 @@ class RotaryPosition(AttentionPosition):
         type: Literal["rotary"] = "rotary"
         base: float = Field(10000.0, gt=1.0, description="wavelength base of the rotation frequencies")
         max_len: int = Field(
-            4096, ge=1, le=1_000_000, description="positions whose cos/sin tables are precomputed; longer ones are computed on the fly"
+            4096,
+            ge=1,
+            le=1_000_000,
+            description="positions whose cos/sin tables are precomputed; longer ones are computed on the fly",
         )
         pairing: Literal["interleaved", "half"] = Field(
             "interleaved",
@@ -208,9 +211,19 @@ class RelativeBiasPosition(AttentionPosition):
             # Decoders keep buckets/2 exact distances, encoders buckets/4 per direction; the
             # log-spaced buckets run from there to max_distance (log(max_distance / exact) > 0).
             if self.buckets < 4:
-                return [("buckets", f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, and each half needs an exact bucket")]
+                return [
+                    (
+                        "buckets",
+                        f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, and each half needs an exact bucket",
+                    )
+                ]
             if self.max_distance <= self.buckets // 2:
-                return [("max_distance", f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), the distances with exact buckets")]
+                return [
+                    (
+                        "max_distance",
+                        f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), the distances with exact buckets",
+                    )
+                ]
             return []
 
     def __init__(self, params: Params, ctx: BuildContext):
@@ -231,9 +244,12 @@ class RelativeBiasPosition(AttentionPosition):
         else:
             n = n.clamp(min=0)
         exact = buckets // 2
-        large = exact + (
-            torch.log(n.float().clamp(min=1) / exact) / math.log(self.max_distance / exact) * (buckets - exact)
-        ).long()
+        large = (
+            exact
+            + (
+                torch.log(n.float().clamp(min=1) / exact) / math.log(self.max_distance / exact) * (buckets - exact)
+            ).long()
+        )
         return out + torch.where(n < exact, n, large.clamp(max=buckets - 1))
 
     def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:

@@ -42,7 +42,17 @@ def macro_f1(matrix: Tensor) -> float:
 def regress_sums(predicted: Tensor, target: Tensor) -> Tensor:
     """The :data:`REGRESS_SUMS` sums of a batch, float64."""
     p, y = predicted.double().reshape(-1), target.double().reshape(-1)
-    return torch.stack([torch.tensor(float(p.numel()), dtype=torch.float64, device=p.device), y.sum(), p.sum(), (y * y).sum(), (p * p).sum(), (y * p).sum(), ((p - y) ** 2).sum()])
+    return torch.stack(
+        [
+            torch.tensor(float(p.numel()), dtype=torch.float64, device=p.device),
+            y.sum(),
+            p.sum(),
+            (y * y).sum(),
+            (p * p).sum(),
+            (y * p).sum(),
+            ((p - y) ** 2).sum(),
+        ]
+    )
 
 
 def mse(sums: Tensor) -> float:

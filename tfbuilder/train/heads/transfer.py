@@ -43,5 +43,9 @@ def note(source: str, ours: dict[str, Any], theirs: dict[str, Any], model: nn.Mo
     return (
         f"init-from: the body comes from {source}; a new {_describe(ours['model'].get('head'), ours['model'].get('kind', ''))} is initialised "
         f"({', '.join(new)}) in place of its {_describe(theirs['model'].get('head'), theirs['model'].get('kind', ''))}"
-        + (f" ({len(dropped)} weight{'s' if len(dropped) > 1 else ''} left out: {', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})" if dropped else "")
+        + (
+            f" ({len(dropped)} weight{'s' if len(dropped) > 1 else ''} left out: {', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})"
+            if dropped
+            else ""
+        )
     )

@@ -193,6 +193,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("sources: </s> placed one too far", D, "out[rows, lengths[rows]] = end", "out[rows, lengths[rows] + 1] = end", SEARCH),
     Mutation("greedy: the limit counts without </s>", D, "last = step + 1 >= limits[alive]  # the limit counts the closing </s>", "last = step >= limits[alive]", ("tests/test_decoding.py", "-k", "length_limit or sampled")),
     Mutation("ensemble: sum of probabilities, not mean", "tfbuilder/ensemble.py", "return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))", "return torch.logsumexp(torch.stack(logps), dim=0)", ("tests/test_ensemble.py",)),
+    # --- gaps found by planting bugs (issue #36): each with the test written for it
+    Mutation("store: ids above 65,535 kept in uint16", "tfbuilder/data/tokens.py", "np.uint16 if vocab_size <= 2**16 else", "np.uint16 if vocab_size <= 2**17 else", ("tests/test_store.py", "-k", "narrowest or largest_ids")),
 ]
 
 

@@ -198,6 +198,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("packing: a stored split's last document dropped (its end offset)", "tfbuilder/data/tokens.py", "        return self.owner.examples + 1\n", "        return self.owner.examples\n", ("tests/test_packing.py", "-k", "stored_documents")),
     Mutation("beam: the bound ignores the length still to grow", D, "bound = torch.maximum(now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha))", "bound = now / _length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
     Mutation("latent: a beam reads another input's source", "tfbuilder/components/latent_attention.py", "k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))", "k, v = (t.repeat(group, 1, 1, 1) for t in (k, v))", ("tests/test_decoding.py", "-k", "groups_beams")),
+    Mutation("muon: AdamW's half never stepped", "tfbuilder/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
 ]
 
 

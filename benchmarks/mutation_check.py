@@ -199,6 +199,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("beam: the bound ignores the length still to grow", D, "bound = torch.maximum(now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha))", "bound = now / _length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
     Mutation("latent: a beam reads another input's source", "tfbuilder/components/latent_attention.py", "k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))", "k, v = (t.repeat(group, 1, 1, 1) for t in (k, v))", ("tests/test_decoding.py", "-k", "groups_beams")),
     Mutation("muon: AdamW's half never stepped", "tfbuilder/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
+    Mutation("z-loss: ignored by the masked LM", "tfbuilder/objectives.py", "vocab_size=recipe.model.vocab_size, documents=documents, z_loss=z_loss)", "vocab_size=recipe.model.vocab_size, documents=documents)", OBJ + ("-k", "z_loss")),
+    Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
 ]
 
 

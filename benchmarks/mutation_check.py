@@ -201,6 +201,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("muon: AdamW's half never stepped", "tfbuilder/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
     Mutation("z-loss: ignored by the masked LM", "tfbuilder/objectives.py", "vocab_size=recipe.model.vocab_size, documents=documents, z_loss=z_loss)", "vocab_size=recipe.model.vocab_size, documents=documents)", OBJ + ("-k", "z_loss")),
     Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
+    Mutation("pattern: the kind applied over the override", "tfbuilder/recipe.py", "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
 ]
 
 

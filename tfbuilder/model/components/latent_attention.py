@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from tfbuilder import masks
 from tfbuilder.contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
-from tfbuilder.model.components.attention import init_projections
+from tfbuilder.model.components.attention import MultiHeadAttention, init_projections
 from tfbuilder.model.components.position import AttentionPosition
 from tfbuilder.registry import BuildContext, ModelDims, register
 
@@ -162,7 +162,9 @@ class LatentAttention(AttentionBase, nn.Module):
             q = torch.cat([q_c, self.position.rotate(q_r, offset) if self.rotates else q_r], dim=-1)
             k = torch.cat([k, k_rope.expand(-1, self.heads, -1, -1)], dim=-1)
         if k.shape[0] != q.shape[0]:  # consecutive query rows (the beams of one input) share a source
-            k, v = (t.repeat_interleave(q.shape[0] // k.shape[0], dim=0) for t in (k, v))
+            group = MultiHeadAttention._group(q.shape[0], k.shape[0], mask)
+            k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))
+            mask = mask.repeat_interleave(group, dim=0) if mask is not None and mask.shape[0] > 1 else mask
         out = self._attend(q, k, v, mask, offset)
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
 

@@ -263,10 +263,11 @@ def missing(family: str, cls: type) -> list[str]:
     is for)"`` each; empty when the class satisfies it."""
     members, params_members = REQUIRED[family]
     out = [f"{name} ({why})" for name, why in members.items() if not _declares(cls, name, ignore=(nn.Module,))]
+    params = getattr(cls, "Params", None)
     out += [
         f"Params.{name} ({why})"
         for name, why in params_members.items()
-        if not _declares(cls.Params, name, ignore=(ComponentParams,))
+        if params is None or not _declares(params, name, ignore=(ComponentParams,))
     ]
     return out
 

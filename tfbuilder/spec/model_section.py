@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from tfbuilder.params import AttentionParams, AttentionShape, ComponentParams, ModelDims
+from tfbuilder.params import AttentionParams, AttentionShape, ComponentParams, ModelDims, PositionParams
 from tfbuilder.spec.base import Issue, Section, fail
 from tfbuilder.spec.head import HeadSection, head_problems
 from tfbuilder.spec.slots import Attention, Ffn, Norm, Position, default_component, merged_params
@@ -101,11 +101,17 @@ class ModelSection(Section):
     share_embeddings: bool = Field(True, description="source and target share one embedding matrix (sec. 3.4)")
     tie_output: bool = Field(True, description="the pre-softmax projection reuses the target embedding (sec. 3.4)")
     position: Position = Field(
-        default_factory=default_component("position", "sinusoidal"), description="positional encoding"
+        default_factory=default_component("position", "sinusoidal", PositionParams), description="positional encoding"
     )
-    attention: Attention = Field(default_factory=default_component("attention", "multihead"), description="attention")
-    ffn: Ffn = Field(default_factory=default_component("ffn", "mlp"), description="position-wise feed-forward")
-    norm: Norm = Field(default_factory=default_component("norm", "layernorm"), description="normalisation")
+    attention: Attention = Field(
+        default_factory=default_component("attention", "multihead", AttentionParams), description="attention"
+    )
+    ffn: Ffn = Field(
+        default_factory=default_component("ffn", "mlp", ComponentParams), description="position-wise feed-forward"
+    )
+    norm: Norm = Field(
+        default_factory=default_component("norm", "layernorm", ComponentParams), description="normalisation"
+    )
     embed_scale: PositiveFloat | Literal["sqrt_d_model"] = Field(
         "sqrt_d_model",
         description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)",

@@ -57,6 +57,7 @@ class Recipe(Section):
     optim: OptimSection = Field(default_factory=OptimSection, description="optimisation")
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="training loop")
     _source: Source | None = PrivateAttr(None)
+    _path: Path | None = PrivateAttr(None)
 
     @field_validator("name")
     @classmethod
@@ -244,8 +245,9 @@ def _vocab_hint(data: dict) -> int:
         valid = isinstance(symbols, int) and not isinstance(symbols, bool) and 2 <= symbols <= len(SYNTHETIC_ALPHABET)
         return SPECIAL_COUNT + (symbols if valid else default)
     size = data.get("tokenizer", {}).get("vocab_size") if isinstance(data.get("tokenizer"), dict) else None
-    valid = isinstance(size, int) and not isinstance(size, bool) and SPECIAL_COUNT + 1 <= size <= 10_000_000
-    return size if valid else SPECIAL_COUNT + 11  # any vocabulary with ordinary tokens will do
+    if isinstance(size, int) and not isinstance(size, bool) and SPECIAL_COUNT + 1 <= size <= 10_000_000:
+        return size
+    return SPECIAL_COUNT + 11  # any vocabulary with ordinary tokens will do
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

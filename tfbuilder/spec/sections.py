@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from tfbuilder.spec.base import MAX_SEED, Issue, Section, StrictInt, fail, no_nul
@@ -130,7 +131,7 @@ class TokenizerSection(Section):
 
 
 # What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
-STEM_SCHEMA = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
+STEM_SCHEMA: JsonDict = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
 
 
 class SplitsSection(Section):

@@ -5,7 +5,7 @@ the registry (schema only, no tensors)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, get_args
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar, get_args
 
 from pydantic import SerializeAsAny, WrapValidator
 from pydantic_core import PydanticCustomError
@@ -13,6 +13,8 @@ from pydantic_core import PydanticCustomError
 from tfbuilder import registry
 from tfbuilder.errors import did_you_mean
 from tfbuilder.params import AttentionParams, ComponentParams, PositionParams
+
+P = TypeVar("P", bound=ComponentParams)
 
 
 def unknown_type(family: str, name: object, names: list[str]) -> PydanticCustomError:
@@ -69,9 +71,17 @@ def slot(family: str) -> Any:
     return Annotated[SerializeAsAny[ComponentParams], WrapValidator(dispatch), dispatch]
 
 
-def default_component(family: str, name: str) -> Callable[[], ComponentParams]:
-    """A field's default factory: the registered ``family`` type ``name`` with its default params."""
-    return lambda: registry.get(family, name).params()
+def default_component(family: str, name: str, base: type[P]) -> Callable[[], P]:
+    """A field's default factory: the registered ``family`` type ``name`` with its default params
+    (a ``base``, the params class the field's type promises)."""
+
+    def make() -> P:
+        params = registry.get(family, name).params.model_validate({"type": name})
+        if not isinstance(params, base):
+            raise TypeError(f"the default {family} type '{name}' has params that are not {base.__name__}")
+        return params
+
+    return make
 
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tfbuilder.errors import did_you_mean
-from tfbuilder.spec.base import MAX_SEED, Section, StrictFloat, fail, no_nul
+from tfbuilder.spec.base import MAX_SEED, Issue, Section, StrictFloat, fail, no_nul
 
 LOGGER_NAMES = ("csv", "tensorboard", "wandb", "mlflow")
 """What ``trainer.loggers`` may name (the loggers themselves are :mod:`tfbuilder.train.loggers`)."""
@@ -92,7 +92,7 @@ class OptimSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> OptimSection:
-        problems = [
+        problems: list[Issue] = [
             (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b)
             for i, b in enumerate(self.betas)
             if not 0 <= b < 1

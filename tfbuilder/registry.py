@@ -93,7 +93,12 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
         raise RegistryError(f"{cls.__name__} must define a nested Params(ComponentParams)")
     field = params.model_fields.get("type")
     annotation = field.annotation if field else None
-    if get_origin(annotation) is not Literal or get_args(annotation) != (name,) or field.default != name:
+    if (
+        field is None
+        or get_origin(annotation) is not Literal
+        or get_args(annotation) != (name,)
+        or field.default != name
+    ):
         raise RegistryError(f"{cls.__name__}.Params.type must be declared as: type: Literal['{name}'] = '{name}'")
     for pname, pfield in params.model_fields.items():
         if pname != "type" and not pfield.description:
@@ -167,7 +172,7 @@ def provenance(params: list[ComponentParams]) -> list[dict[str, str | None]]:
         entry = get(p.family, p.type)
         records.add((entry.family, entry.name, entry.source, entry.package, entry.package_version, entry.plugin))
     keys = ("family", "type", "module", "package", "version", "plugin")
-    out = [dict(zip(keys, record)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
+    out = [dict(zip(keys, record, strict=True)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
     for record in out:  # "plugin" only where a --plugins file or module registered the type
         if record["plugin"] is None:
             del record["plugin"]

@@ -23,8 +23,10 @@ from tfbuilder.model.model import (
 )
 from tfbuilder.model.multi_token import MultiTokenPrediction, PredictionModule
 from tfbuilder.registry import BuildContext, ComponentParams, StackShared
-from tfbuilder.spec.recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
+from tfbuilder.spec.model_section import InitSection, ModelSection
+from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sources import dotted_path
+from tfbuilder.spec.stacks import DecoderSection, StackSection
 
 
 def build_model(recipe: Recipe | ModelSection) -> nn.Module:

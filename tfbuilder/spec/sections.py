@@ -17,6 +17,8 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from tfbuilder.errors import did_you_mean
+from tfbuilder.spec import formats
+from tfbuilder.spec.formats import FormatName
 from tfbuilder.spec.ports import tokenizer_files
 from tfbuilder.specials import COUNT as SPECIAL_COUNT
 from tfbuilder.specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
@@ -275,11 +277,12 @@ class DataSection(Section):
     splits: SplitsSection = Field(
         default_factory=SplitsSection, description="file stems of the splits (format datasets: split names)"
     )
-    format: Literal["text", "jsonl", "csv", "tsv", "parquet", "datasets"] = Field(
+    format: FormatName = Field(
         "text",
-        description="text: <stem>.<lang>[.gz], one example per line; jsonl, csv, tsv: <stem>.<format>[.gz], records "
-        "whose fields data.columns names; parquet: <stem>.parquet or its shards <stem>-*.parquet; datasets: a Hugging "
-        "Face dataset (a save_to_disk folder in path, or data.hub), its splits named by data.splits",
+        description="a registered format (plugins may add more): text: <stem>.<lang>[.gz], one example per line; "
+        "jsonl, csv, tsv: <stem>.<format>[.gz], records whose fields data.columns names; parquet: <stem>.parquet or its "
+        "shards <stem>-*.parquet; datasets: a Hugging Face dataset (a save_to_disk folder in path, or data.hub), its "
+        "splits named by data.splits",
     )
     columns: ColumnsSection | None = Field(None, description="every format but text: the fields that hold the text")
     hub: HubSection | None = Field(
@@ -357,12 +360,14 @@ class DataSection(Section):
             if self.tokenizer.type != "char":
                 problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
         else:
-            if self.format == "datasets":
+            traits = formats.get(self.format)
+            records = formats.choices(columns=True)  # "jsonl, csv, tsv, parquet or datasets"
+            if traits.hub:
                 if self.path is None and self.hub is None:
                     problems.append(
                         (
                             ("path",),
-                            f"{self.type} data in format datasets needs a path (a save_to_disk folder) or hub",
+                            f"{self.type} data in format {self.format} needs a path (a save_to_disk folder) or hub",
                             None,
                         )
                     )
@@ -376,25 +381,27 @@ class DataSection(Section):
                     )
             elif self.path is None:
                 problems.append((("path",), f"{self.type} data needs a path", None))
-            if self.format == "text" and self.type == "labelled":
+            if not traits.columns and self.type == "labelled":
                 problems.append(
                     (
                         ("format",),
-                        "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, and columns.text and columns.label",
+                        f"labelled data is read from records: set format to {records}, and columns.text and columns.label",
                         self.format,
                     )
                 )
-            elif self.format == "text":
+            elif not traits.columns:
                 needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
-                for lang in needed:
+                for lang in needed if traits.languages else ():
                     if getattr(self, lang) is None:
                         problems.append(((lang,), f"{self.type} data needs {lang}", None))
                 if self.columns is not None:
+                    problems.append((("columns",), f"columns name fields of records: set format to {records}", None))
+                if self.documents != "lines" and not traits.languages:
                     problems.append(
                         (
-                            ("columns",),
-                            "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets",
-                            None,
+                            ("documents",),
+                            "documents separated by blank lines are plain text (format: text)",
+                            self.documents,
                         )
                     )
             else:
@@ -445,8 +452,9 @@ class DataSection(Section):
                         self.tokenizer.vocab_size,
                     )
                 )
-        if self.hub is not None and self.format != "datasets":
-            problems.append((("hub",), "hub names a Hugging Face dataset: set format to datasets", self.hub.name))
+        if self.hub is not None and not formats.get(self.format).hub:
+            hubs = formats.choices(hub=True)
+            problems.append((("hub",), f"hub names a Hugging Face dataset: set format to {hubs}", self.hub.name))
         if self.max_tokens is not None and self.batch_size is not None:
             problems.append((("batch_size",), "set max_tokens or batch_size, not both", self.batch_size))
         if self.packing:

@@ -75,7 +75,7 @@ def labelled(
         return {"tokens": tokens, "token_types": torch.zeros_like(tokens)}
     joined = [
         np.concatenate([np.asarray(a, dtype=np.int64), [ids.end], np.asarray(b, dtype=np.int64)])
-        for a, b in zip(texts, pairs)
+        for a, b in zip(texts, pairs, strict=True)
     ]
     tokens = pad(joined, bos=True, eos=True, ids=ids)
     types = np.zeros(tokens.shape, dtype=np.int64)

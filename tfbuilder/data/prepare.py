@@ -103,7 +103,8 @@ def prepare(
     train = prepared.splits["train"]
     if train.dropped:
         say(
-            f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, or longer than data.max_len={data.max_len}"
+            f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, "
+            f"or longer than data.max_len={data.max_len}"
         )
     for name, split in prepared.splits.items():
         if len(split) == 0:
@@ -113,7 +114,8 @@ def prepare(
         longest = max(positions(s) for s in prepared.splits.values())
         if longest > budget:
             raise DataError(
-                f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)"
+                f"data.max_tokens ({budget}) is smaller than the longest example "
+                f"({longest} tokens with its special tokens)"
             )
     return prepared
 
@@ -238,7 +240,7 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
             **info,
             "sides": names,
             "text": keep_text,
-            "tokens": {n: s.tokens for n, s in zip(names, sides)},
+            "tokens": {n: s.tokens for n, s in zip(names, sides, strict=True)},
         }
     return {
         "version": store.STORE_VERSION,
@@ -304,7 +306,7 @@ def _encode(
             dropped += len(chunk) - len(keep)
             dropped_tokens += sum(len(ids[i]) for ids in encoded for i in range(len(chunk)) if i not in kept)
             encoded = [[ids[i] for i in keep] for ids in encoded]
-        for side, ids in zip(sides, encoded):
+        for side, ids in zip(sides, encoded, strict=True):
             side.add(ids)
         if labels is not None:
             labels.add([rows + i + 1 for i in keep], [chunk[i][2] for i in keep])

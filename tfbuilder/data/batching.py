@@ -106,8 +106,8 @@ class BucketBatchSampler:
 
     def __init__(
         self,
-        src_lens: Sequence[int],
-        tgt_lens: Sequence[int],
+        src_lens: Sequence[int] | np.ndarray,
+        tgt_lens: Sequence[int] | np.ndarray,
         *,
         max_tokens: int | None = None,
         batch_size: int | None = None,

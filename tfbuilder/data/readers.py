@@ -202,6 +202,13 @@ def numbers_of(data: DataSection, fields: tuple[str, ...]) -> tuple[str, ...]:
     return fields[-1:] if data.type == "labelled" else ()
 
 
+def label_of(row: Row) -> str:
+    """The label of a labelled row, ``(text, pair or None, label)``."""
+    if len(row) != 3:  # a reader of labelled data yields 3-tuples (as_rows with labelled=True)
+        raise DataError(f"a labelled row has a label as its third value, not {row!r:.80}")
+    return row[2]
+
+
 def as_rows(
     read: Callable[[], Iterator[tuple[str, ...]]], paired: bool, labelled: bool = False
 ) -> Callable[[], Iterator[Row]]:

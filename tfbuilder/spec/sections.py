@@ -10,7 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
+from tfbuilder.spec import formats
 from tfbuilder.spec.base import MAX_SEED, Issue, Section, StrictInt, fail, no_nul
+from tfbuilder.spec.formats import FormatName
 from tfbuilder.spec.ports import Facts, tokenizer_files
 from tfbuilder.spec.training import LOGGER_NAMES, MuonSection, OptimSection, ScheduleSection, TrainerSection
 from tfbuilder.specials import COUNT as SPECIAL_COUNT
@@ -232,11 +234,12 @@ class DataSection(Section):
     splits: SplitsSection = Field(
         default_factory=SplitsSection, description="file stems of the splits (format datasets: split names)"
     )
-    format: Literal["text", "jsonl", "csv", "tsv", "parquet", "datasets"] = Field(
+    format: FormatName = Field(
         "text",
-        description="text: <stem>.<lang>[.gz], one example per line; jsonl, csv, tsv: <stem>.<format>[.gz], records "
-        "whose fields data.columns names; parquet: <stem>.parquet or its shards <stem>-*.parquet; datasets: a Hugging "
-        "Face dataset (a save_to_disk folder in path, or data.hub), its splits named by data.splits",
+        description="a registered format (plugins may add more): text: <stem>.<lang>[.gz], one example per line; "
+        "jsonl, csv, tsv: <stem>.<format>[.gz], records whose fields data.columns names; parquet: <stem>.parquet or its "
+        "shards <stem>-*.parquet; datasets: a Hugging Face dataset (a save_to_disk folder in path, or data.hub), its "
+        "splits named by data.splits",
     )
     columns: ColumnsSection | None = Field(None, description="every format but text: the fields that hold the text")
     hub: HubSection | None = Field(
@@ -319,10 +322,10 @@ class DataSection(Section):
 
     def _location_problems(self) -> list[Issue]:
         """Where the text is: a path, or (format datasets) a path or a Hub dataset."""
-        if self.format != "datasets":
+        if not formats.get(self.format).hub:
             return [] if self.path is not None else [(("path",), f"{self.type} data needs a path", None)]
         if self.path is None and self.hub is None:
-            message = f"{self.type} data in format datasets needs a path (a save_to_disk folder) or hub"
+            message = f"{self.type} data in format {self.format} needs a path (a save_to_disk folder) or hub"
             return [(("path",), message, None)]
         if self.path is not None and self.hub is not None:
             message = (
@@ -334,20 +337,24 @@ class DataSection(Section):
 
     def _format_problems(self) -> list[Issue]:
         """What the format needs to read this type of data: languages (text) or columns (records)."""
-        if self.format == "text" and self.type == "labelled":
-            message = (
-                "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, "
-                "and columns.text and columns.label"
-            )
+        traits = formats.get(self.format)
+        records = formats.choices(columns=True)  # "jsonl, csv, tsv, parquet or datasets"
+        if not traits.columns and self.type == "labelled":
+            message = f"labelled data is read from records: set format to {records}, and columns.text and columns.label"
             return [(("format",), message, self.format)]
-        if self.format == "text":
+        if not traits.columns:
             needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
             problems: list[Issue] = [
-                ((lang,), f"{self.type} data needs {lang}", None) for lang in needed if getattr(self, lang) is None
+                ((lang,), f"{self.type} data needs {lang}", None)
+                for lang in (needed if traits.languages else ())
+                if getattr(self, lang) is None
             ]
             if self.columns is not None:
-                message = "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets"
+                message = f"columns name fields of records: set format to {records}"
                 problems.append((("columns",), message, None))
+            if self.documents != "lines" and not traits.languages:
+                message = "documents separated by blank lines are plain text (format: text)"
+                problems.append((("documents",), message, self.documents))
             return problems
         return self._column_problems()
 
@@ -400,8 +407,9 @@ class DataSection(Section):
     def _batching_problems(self) -> list[Issue]:
         """Settings that belong to another format, batching mode or type of data."""
         problems: list[Issue] = []
-        if self.hub is not None and self.format != "datasets":
-            problems.append((("hub",), "hub names a Hugging Face dataset: set format to datasets", self.hub.name))
+        if self.hub is not None and not formats.get(self.format).hub:
+            hubs = formats.choices(hub=True)
+            problems.append((("hub",), f"hub names a Hugging Face dataset: set format to {hubs}", self.hub.name))
         if self.max_tokens is not None and self.batch_size is not None:
             problems.append((("batch_size",), "set max_tokens or batch_size, not both", self.batch_size))
         if self.packing:

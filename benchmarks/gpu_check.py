@@ -473,8 +473,11 @@ def part_env(rep: Report, dry: bool) -> None:
         info["tfbuilder"] = tfbuilder.__version__
     except Exception as exc:  # noqa: BLE001
         info["tfbuilder"] = f"import failed: {exc}"
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    info["commit"] = git.stdout.strip() if git.returncode == 0 else "unknown (no git here)"
+    try:  # the device machine's copy may have no git, or no .git
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        info["commit"] = git.stdout.strip() if git.returncode == 0 else "unknown (no git repository here)"
+    except OSError:
+        info["commit"] = "unknown (no git here)"
     info["multi30k"] = str(multi30k_dir()) if multi30k_dir() else "absent"
     if not torch.cuda.is_available() and not dry:
         rep.update(**info, status="skipped", reason="no CUDA device: the GPU parts skip")

@@ -127,7 +127,8 @@ def add_checkpoints(p: argparse.ArgumentParser, what: str) -> None:
         "checkpoint",
         metavar="RUN_OR_CKPT",
         nargs="+",
-        help=f"a run directory or a checkpoint file; several {what} as an ensemble (the mean of their probabilities; one vocabulary)",
+        help=f"a run directory or a checkpoint file; several {what} as an ensemble "
+        "(the mean of their probabilities; one vocabulary)",
     )
 
 
@@ -148,7 +149,8 @@ def add_sampling(p: argparse.ArgumentParser, *, what: str) -> None:
         "--top-p",
         type=probability,
         metavar="P",
-        help=f"nucleus sampling: {what} draws from the most likely tokens holding this share of probability, in (0, 1] (default 1)",
+        help=f"nucleus sampling: {what} draws from the most likely tokens holding this share of probability, "
+        "in (0, 1] (default 1)",
     )
     p.add_argument(
         "--seed", type=seed, default=0, help="seed of the random draws (default 0: the same output each run)"

@@ -65,7 +65,8 @@ def version_line() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    return f"tfbuilder {__version__} (torch {installed('torch')}, lightning {installed('lightning')}, Python {sys.version.split()[0]})"
+    python = sys.version.split()[0]
+    return f"tfbuilder {__version__} (torch {installed('torch')}, lightning {installed('lightning')}, Python {python})"
 
 
 def parser() -> argparse.ArgumentParser:

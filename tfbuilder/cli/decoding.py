@@ -40,7 +40,8 @@ if TYPE_CHECKING:  # torch and the decoders are imported in the commands (start-
 def add_translate(sub: Subparsers) -> None:
     t = sub.add_parser(
         "translate",
-        help="translate lines with a checkpoint (stdin to stdout by default; typed or piped lines are answered as they come)",
+        help="translate lines with a checkpoint "
+        "(stdin to stdout by default; typed or piped lines are answered as they come)",
     )
     add_checkpoints(t, "translate")
     add_checkpoint(t)
@@ -51,7 +52,8 @@ def add_translate(sub: Subparsers) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' (line numbers from 0; at most the beam, or N samples)",
+        help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' "
+        "(line numbers from 0; at most the beam, or N samples)",
     )
     t.add_argument(
         "--sample", action="store_true", help="draw translations at random from the model instead of searching"

@@ -35,7 +35,8 @@ def add_export(sub: Subparsers) -> None:
         "--format",
         required=True,
         choices=["safetensors", "hf", "onnx"],
-        help="safetensors: the weights; hf: a Hugging Face model directory (GPT-2, BERT, T5, Llama shapes); onnx: the forward pass",
+        help="safetensors: the weights; hf: a Hugging Face model directory (GPT-2, BERT, T5, Llama shapes); "
+        "onnx: the forward pass",
     )
     ex.add_argument("--out", required=True, metavar="DIR", help="the directory to write (must not exist, or be empty)")
     ex.set_defaults(run=cmd_export)
@@ -45,9 +46,8 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
     from tfbuilder.interop.hf import import_hf  # deferred: start-up time
 
     ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
-    print(
-        f"wrote {ckpt.parent.parent} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(ckpt.parent.parent)})"
-    )
+    run_dir = ckpt.parent.parent
+    print(f"wrote {run_dir} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(run_dir)})")
     return 0
 
 

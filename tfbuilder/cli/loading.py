@@ -21,7 +21,8 @@ def load(args: argparse.Namespace, path: str | None = None) -> Loaded:
     print(f"checkpoint: {loaded.describe()}", file=sys.stderr)
     if loaded.recipe.model.head is not None and args.command in DECODING:
         raise TfbuilderError(
-            f"{args.command}: {loaded.describe()} has a sequence head (model.head: {loaded.recipe.model.head.type}): it labels texts; use tfbuilder predict"
+            f"{args.command}: {loaded.describe()} has a sequence head (model.head: {loaded.recipe.model.head.type}): "
+            "it labels texts; use tfbuilder predict"
         )
     return loaded
 

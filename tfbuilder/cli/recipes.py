@@ -103,7 +103,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     cached = kv_cache_per_token(model)
     if cached is not None:
         print(
-            f"KV cache per generated token (every decoder layer): {cached:,} numbers, {cached * 2 / 1024:,.1f} KiB in bfloat16"
+            f"KV cache per generated token (every decoder layer): {cached:,} numbers, "
+            f"{cached * 2 / 1024:,.1f} KiB in bfloat16"
         )
     layers = _layer_lines(recipe)
     if layers:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:  # the scorers (and torch) are imported in the commands (start
 def add_predict(sub: Subparsers) -> None:
     pd = sub.add_parser(
         "predict",
-        help="label (and probabilities) or number of each text, with a checkpoint that has a sequence head (model.head)",
+        help="label (and probabilities) or number of each text, "
+        "with a checkpoint that has a sequence head (model.head)",
     )
     pd.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     add_checkpoint(pd)
@@ -40,7 +41,8 @@ def add_predict(sub: Subparsers) -> None:
         "-i",
         required=True,
         metavar="FILE",
-        help="the texts: .jsonl, .csv or .tsv records (optionally .gz) read through the run's data.columns, any other file one text per line; - reads standard input",
+        help="the texts: .jsonl, .csv or .tsv records (optionally .gz) read through the run's data.columns, "
+        "any other file one text per line; - reads standard input",
     )
     pd.add_argument(
         "--output", "-o", metavar="FILE", help="write JSON Lines to FILE (must not exist) instead of standard output"
@@ -55,7 +57,8 @@ def add_predict(sub: Subparsers) -> None:
 def add_test(sub: Subparsers) -> None:
     e = sub.add_parser(
         "test",
-        help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint; accuracy and macro-F1 (or MSE and Pearson) of a sequence head",
+        help="loss, perplexity and (translation) sacreBLEU/chrF of a checkpoint; "
+        "accuracy and macro-F1 (or MSE and Pearson) of a sequence head",
     )
     add_checkpoints(e, "are scored")
     add_checkpoint(e)
@@ -78,13 +81,15 @@ def add_test(sub: Subparsers) -> None:
         "--output",
         "-o",
         metavar="FILE",
-        help="also write the translations to FILE (must not exist), in the split's order: one hypothesis per line, or see --output-format",
+        help="also write the translations to FILE (must not exist), in the split's order: "
+        "one hypothesis per line, or see --output-format",
     )
     e.add_argument(
         "--output-format",
         choices=["plain", "fairseq"],
         default="plain",
-        help="plain: one detokenized hypothesis per line; fairseq: S-i source, T-i reference, H-i score and hypothesis, tab-separated (fairseq-generate's layout)",
+        help="plain: one detokenized hypothesis per line; fairseq: S-i source, T-i reference, "
+        "H-i score and hypothesis, tab-separated (fairseq-generate's layout)",
     )
     add_device(e)
     e.set_defaults(run=cmd_test)

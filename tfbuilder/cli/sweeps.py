@@ -83,7 +83,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     counts = {s: sum(r.status == s for r in sweep.runs) for s in ("finished", "resume", "evaluate", "new")}
     print(
         f"sweep {sweep.dir}: {len(sweep.runs)} runs ({len(sweep.names)} recipes x {args.seeds} seeds); "
-        f"{counts['finished']} finished, {counts['resume']} to resume, {counts['evaluate']} to score, {counts['new']} to train",
+        f"{counts['finished']} finished, {counts['resume']} to resume, "
+        f"{counts['evaluate']} to score, {counts['new']} to train",
         file=sys.stderr,
     )
     if args.dry_run:

@@ -23,7 +23,7 @@ from tfbuilder.cli.arguments import (
     readable_file,
 )
 from tfbuilder.cli.loading import load, load_all
-from tfbuilder.data.tokenizers import unknown
+from tfbuilder.data.tokenizers import Tokenizer, unknown
 from tfbuilder.devices import model_device
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.inference.decoding import Rules
@@ -209,7 +209,7 @@ def _translate_stream(
         sink.flush()  # each batch's answers now: someone may be waiting for them
 
 
-def _warn_unknown(tokenizer, lines: list[str], *, first: int) -> None:
+def _warn_unknown(tokenizer: Tokenizer, lines: list[str], *, first: int) -> None:
     """Say which characters the model cannot read (they become <unk>), line by line, on stderr."""
 
     for number, line in enumerate(lines, start=first):

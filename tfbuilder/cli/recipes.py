@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import yaml
+from pydantic.fields import FieldInfo
 
 from tfbuilder import registry
 from tfbuilder.atomic import write_new_text
@@ -21,6 +21,8 @@ from tfbuilder.spec.diffing import differences, format_table
 from tfbuilder.spec.recipe import json_schema, load_recipe
 
 if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the commands that need them
+    from torch import nn
+
     from tfbuilder.cli.arguments import Subparsers
     from tfbuilder.spec.recipe import Recipe
 
@@ -59,7 +61,7 @@ def add_schema(sub: Subparsers) -> None:
     j.set_defaults(run=cmd_schema)
 
 
-def _check(path: str, overrides: Sequence[str]):
+def _check(path: str, overrides: list[str]) -> tuple[Recipe, nn.Module]:
     """Load a recipe and build its model on the meta device (no memory, no time): all problems at once."""
     import torch
 
@@ -69,7 +71,7 @@ def _check(path: str, overrides: Sequence[str]):
     return recipe, model
 
 
-def preflight(path: str, overrides: Sequence[str]):
+def preflight(path: str, overrides: list[str]) -> Recipe:
     """Load a recipe and run the pre-flight (the model builds, steps, fits this machine; see preflight.py)."""
     from tfbuilder.train.preflight import check  # deferred: start-up time
 
@@ -162,7 +164,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
-def _describe_field(name: str, field) -> str:
+def _describe_field(name: str, field: FieldInfo) -> str:
     default = "required" if field.is_required() else f"default {field.get_default(call_default_factory=True)!r}"
     return f"      {name}: {default} - {field.description}"
 

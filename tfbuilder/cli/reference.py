@@ -308,7 +308,8 @@ def synopsis(name: str, parser: argparse.ArgumentParser) -> str:
             continue
         if not action.option_strings:
             meta = _metavar(action)
-            parts.append({"+": f"{meta} [{meta} ...]", "?": f"[{meta}]", "*": f"[{meta} ...]"}.get(action.nargs, meta))
+            shapes: dict[int | str | None, str] = {"+": f"{meta} [{meta} ...]", "?": f"[{meta}]", "*": f"[{meta} ...]"}
+            parts.append(shapes.get(action.nargs, meta))
             continue
         flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
         text = f"{flag} {_metavar(action)}" if _takes_value(action) else flag

@@ -22,10 +22,13 @@ from tfbuilder.cli.arguments import (
 )
 from tfbuilder.cli.loading import load, load_all
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.runs.checkpoints import display_path
+from tfbuilder.runs.checkpoints import Loaded, display_path
 
 if TYPE_CHECKING:  # the scorers (and torch) are imported in the commands (start-up time)
     from tfbuilder.cli.arguments import Subparsers
+    from tfbuilder.inference.translate import Precision
+    from tfbuilder.spec.head import HeadSection
+    from tfbuilder.use.evaluation import Scores
 
 
 def add_predict(sub: Subparsers) -> None:
@@ -102,8 +105,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     if args.output is not None:
         new_file(args.output, "--output")
     loaded, *others = load_all(args)
-    if loaded.recipe.model.head is not None:
-        return _test_head(args, loaded, others)
+    head = loaded.recipe.model.head
+    if head is not None:
+        return _test_head(args, loaded, head, others)
     try:
         search = Search(
             beam=args.beam, alpha=args.alpha, unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram
@@ -112,25 +116,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise TfbuilderError(str(exc)) from None
     rows = [("checkpoint", loaded.describe())] + [("ensembled with", o.describe()) for o in others]
-    rows += [("split", f"{scores.split} ({scores.examples:,} examples)")]
-    rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
-    rows += [("token accuracy", f"{scores.accuracy:.2%} (teacher forcing)")]
-    search = f"beam {scores.beam}" + (", bf16" if args.precision == "bf16" else "")
-    if scores.exact_match is not None:
-        rows += [(f"exact match ({search})", f"{scores.exact_match:.2%} of outputs equal their reference")]
-    if scores.bleu is not None:
-        level = "character-level " if scores.bleu_tokenize == "char" else ""
-        rows += [(f"{level}sacreBLEU ({search})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
-        rows += [("signature", scores.bleu_signature)]
-    elif scores.exact_match is not None:
-        rows += [
-            (
-                "sacreBLEU",
-                "not computed: a synthetic task's outputs are not language (exact match and accuracy are the scores)",
-            )
-        ]
-    if scores.seconds_decoding is not None:
-        rows += [("decoding time", f"{scores.seconds_decoding:.1f} s")]
+    rows += _score_rows(scores, bf16=args.precision == "bf16")
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     out = _save_scores_new(loaded, scores)
@@ -146,6 +132,30 @@ def cmd_test(args: argparse.Namespace) -> int:
     return 0
 
 
+def _score_rows(scores: Scores, *, bf16: bool) -> list[tuple[str, str]]:
+    """``test``'s table of a split's scores: (name, value) rows, the decoding named beside its scores."""
+    rows = [("split", f"{scores.split} ({scores.examples:,} examples)")]
+    rows += [("loss", f"{scores.loss:.4f}"), ("perplexity", f"{scores.perplexity:.2f}")]
+    rows += [("token accuracy", f"{scores.accuracy:.2%} (teacher forcing)")]
+    decoded = f"beam {scores.beam}" + (", bf16" if bf16 else "")
+    if scores.exact_match is not None:
+        rows += [(f"exact match ({decoded})", f"{scores.exact_match:.2%} of outputs equal their reference")]
+    if scores.bleu is not None:
+        level = "character-level " if scores.bleu_tokenize == "char" else ""
+        rows += [(f"{level}sacreBLEU ({decoded})", f"{scores.bleu:.2f}"), ("chrF", f"{scores.chrf:.2f}")]
+        rows += [("signature", f"{scores.bleu_signature}")]  # set with the BLEU
+    elif scores.exact_match is not None:
+        rows += [
+            (
+                "sacreBLEU",
+                "not computed: a synthetic task's outputs are not language (exact match and accuracy are the scores)",
+            )
+        ]
+    if scores.seconds_decoding is not None:
+        rows += [("decoding time", f"{scores.seconds_decoding:.1f} s")]
+    return rows
+
+
 HEAD_SCORES = {
     "acc": ("accuracy", "{:.2%}"),
     "f1": ("macro-F1", "{:.4f}"),
@@ -154,7 +164,7 @@ HEAD_SCORES = {
 }
 
 
-def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
+def _test_head(args: argparse.Namespace, loaded: Loaded, head: HeadSection, others: list[Loaded]) -> int:
     """``tfbuilder test`` of a checkpoint with a sequence head: loss and its scores on a split."""
     from tfbuilder.use.predict import score  # deferred: start-up time
 
@@ -165,7 +175,6 @@ def _test_head(args: argparse.Namespace, loaded, others: list) -> int:
             "test --output writes translations; a sequence head's predictions come from tfbuilder predict"
         )
     result = score(loaded, args.split)
-    head = loaded.recipe.model.head
     loss = "cross-entropy per text" if head.type == "classify" else "squared error per text"
     rows = [
         ("checkpoint", loaded.describe()),
@@ -198,7 +207,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_scores_new(loaded, scores) -> Path:
+def _save_scores_new(loaded: Loaded, scores: Scores) -> Path:
     """Write the scores JSON (:func:`tfbuilder.use.evaluation.save_scores`: an earlier file is never
     replaced), and say so when the usual name was taken."""
     from tfbuilder.use.evaluation import save_scores, scores_path  # deferred: start-up time
@@ -207,9 +216,8 @@ def _save_scores_new(loaded, scores) -> Path:
         written = save_scores(loaded, scores)
     except FileExistsError as exc:
         raise TfbuilderError(str(exc)) from None
-    path = scores_path(
-        loaded, scores.split, scores.beam, scores.precision or "32", ensemble=len(scores.ensemble or ()) or 1
-    )
+    precision: Precision = "bf16" if scores.precision == "bf16" else "32"
+    path = scores_path(loaded, scores.split, scores.beam, precision, ensemble=len(scores.ensemble or ()) or 1)
     if written != path:
         print(f"{path} exists: not overwriting it; wrote {written.name} instead", file=sys.stderr)
     return written

@@ -12,8 +12,14 @@ from tfbuilder.cli.arguments import add_set, directory_arg, positive_int
 from tfbuilder.cli.recipes import preflight
 from tfbuilder.errors import RecipeError, TfbuilderError, printable
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich and the sweeps (torch, Lightning) are imported in the commands (start-up time)
+    from collections.abc import Callable
+
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
     from tfbuilder.cli.arguments import Subparsers
+    from tfbuilder.use.sweeps import Run, Sweep
 
 
 def add_sweep(sub: Subparsers) -> None:
@@ -109,7 +115,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
+def _run_with_progress(todo: list[Run], sweep: Sweep, console: Console | None = None) -> list[str]:
     """Each run in turn under a rich progress display (plain lines when the output is not a terminal).
     A run that diverges does not stop the others; returns what diverged."""
     import time
@@ -149,7 +155,7 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
                 execute(
                     run,
                     bleu_beam=sweep.bleu_beam,
-                    on_step=lambda step, total, task=current: progress.update(task, completed=step, total=total),
+                    on_step=_moving(progress, current),
                 )
             except NonFiniteLoss as exc:
                 failed.append(f"{label} ({exc})")
@@ -159,6 +165,15 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
             if console.is_terminal:
                 progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s")
     return failed
+
+
+def _moving(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
+    """A run's ``on_step``: moves its bar to ``step`` of ``total``."""
+
+    def on_step(step: int, total: int) -> None:
+        progress.update(task, completed=step, total=total)
+
+    return on_step
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -92,4 +92,5 @@ def cmd_average(args: argparse.Namespace) -> int:
 def _is_rank_zero() -> bool:
     from lightning.fabric.utilities.rank_zero import rank_zero_only  # deferred: start-up time
 
-    return rank_zero_only.rank == 0
+    # Lightning sets `rank` on the function at import; its overloaded signature does not declare it.
+    return rank_zero_only.rank == 0  # type: ignore[attr-defined]

@@ -2,7 +2,7 @@
 
 ``pyproject.toml``'s ``[tool.importlinter]`` layers contract is the one source of truth for how the
 package is layered: ``lint-imports`` holds the code to it, and this page is made from it, top layer
-first, each module with the first line of its docstring. :mod:`tfbuilder.cli.reference` writes it
+first, each module with the first paragraph of its docstring. :mod:`tfbuilder.cli.reference` writes it
 beside the other generated pages (``docs/reference/packages.md``) and ``--check`` fails while it is
 stale.
 """
@@ -13,6 +13,8 @@ import ast
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from tfbuilder.cli.markdown import first_paragraph, prose
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,9 +34,9 @@ def layers(pyproject: Path = PYPROJECT) -> list[list[str]]:
 
 
 def _summary(path: Path) -> str:
-    """The first line of a module's docstring ("" if it has none)."""
+    """The first paragraph of a module's docstring, as Markdown on one line ("" if it has none)."""
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-    return doc.strip().splitlines()[0] if doc else ""
+    return prose(first_paragraph(doc)).replace("|", "\\|")
 
 
 def _source(dotted: str) -> Path:
@@ -66,9 +68,10 @@ def page(header: str) -> str:
         "no import cycle. How a recipe goes through them: [Architecture](../architecture.md).\n",
     ]
     for number, layer in enumerate(layers(), start=1):
-        out.append(f"\n## {number}. {' · '.join(f'`{name}`' for name in layer)}\n\n| module | what it is |\n|---|---|\n")
+        out.append(
+            f"\n## {number}. {' · '.join(f'`{name}`' for name in layer)}\n\n| module | what it is |\n|---|---|\n"
+        )
         for dotted in layer:
             for name, summary in _modules(dotted):
-                text = summary.replace("|", "\\|")
-                out.append(f"| `{name}` | {text} |\n")
+                out.append(f"| `{name}` | {summary} |\n")
     return "".join(out)

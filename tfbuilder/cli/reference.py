@@ -30,6 +30,7 @@ from pydantic.fields import FieldInfo
 
 from tfbuilder import atomic, registry
 from tfbuilder.cli import commands as cli
+from tfbuilder.cli import package_map
 from tfbuilder.cli.markdown import code, first_paragraph, number, prose, table, yaml_value
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.recipe import _slot_family as recipe_slot_family  # the recipe module owns what a slot looks like
@@ -387,7 +388,12 @@ def cli_page(make_parser: Callable[[], argparse.ArgumentParser] | None = None) -
 
 def pages() -> dict[str, str]:
     """File name -> content of every generated page."""
-    return {"cli.md": cli_page(), "components.md": components_page(), "recipe.md": recipe_page()}
+    return {
+        "cli.md": cli_page(),
+        "components.md": components_page(),
+        "recipe.md": recipe_page(),
+        "packages.md": package_map.page(header("pyproject.toml's layers contract and the modules' docstrings")),
+    }
 
 
 def stale(directory: Path, generated: dict[str, str] | None = None) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tfbuilder.contracts import AttentionParams, ComponentParams
 from tfbuilder.errors import TfbuilderError
@@ -25,7 +25,7 @@ from tfbuilder.model.components.position import (
 )
 
 if TYPE_CHECKING:
-    from tfbuilder.spec.recipe import ModelSection, StackSection
+    from tfbuilder.spec.recipe import ModelSection
 
 # architectures[0] in config.json -> family
 FAMILIES = {
@@ -300,10 +300,22 @@ _WITH_BASE = (SinusoidalPosition.Params, RotaryPosition.Params)
 _ATTENTION_WITH_DROPOUT = (MultiHeadAttention.Params, LatentAttention.Params)
 
 
-def _stack_layers(stack: StackSection | None, part: str) -> int:
+def stack_layers(model: ModelSection, part: Literal["encoder", "decoder"]) -> int:
+    """The layers of the ``part`` stack of a family's model section (every family has the stacks it names)."""
+    stack = model.stack(part)
     if stack is None:
         raise UnsupportedConfig(f"model.{part}: missing (the family has {'an' if part == 'encoder' else 'a'} {part})")
     return stack.layers
+
+
+def attention_bias(attention: ComponentParams) -> bool:
+    """Whether the attention's projections learn biases (False for one that has no such field)."""
+    return attention.bias if isinstance(attention, _ATTENTION_WITH_DROPOUT) else False
+
+
+def ffn_bias(ffn: ComponentParams) -> bool:
+    """Whether the feed-forward's projections learn biases (False for one that has no such field)."""
+    return ffn.bias if isinstance(ffn, _WITH_BIAS_FFN) else False
 
 
 def _query_heads(attention: ComponentParams, d_model: int) -> int:
@@ -350,7 +362,7 @@ def _gpt2_config(m: ModelSection) -> dict:
         "model_type": "gpt2",
         "vocab_size": m.vocab_size,
         "n_embd": m.d_model,
-        "n_layer": _stack_layers(m.decoder, "decoder"),
+        "n_layer": stack_layers(m, "decoder"),
         "n_head": _query_heads(m.attention, m.d_model),
         "n_inner": _ffn_hidden(m.ffn),
         "n_positions": _max_len(m.position, 1024),
@@ -373,7 +385,7 @@ def _bert_config(m: ModelSection) -> dict:
         "model_type": "bert",
         "vocab_size": m.vocab_size,
         "hidden_size": m.d_model,
-        "num_hidden_layers": _stack_layers(m.encoder, "encoder"),
+        "num_hidden_layers": stack_layers(m, "encoder"),
         "num_attention_heads": _query_heads(m.attention, m.d_model),
         "intermediate_size": _ffn_hidden(m.ffn),
         "hidden_act": "gelu",
@@ -401,8 +413,8 @@ def _t5_config(m: ModelSection) -> dict:
         "d_model": m.d_model,
         "d_kv": att.key_dim if isinstance(att, MultiHeadAttention.Params) else None,
         "d_ff": _ffn_hidden(m.ffn),
-        "num_layers": _stack_layers(m.encoder, "encoder"),
-        "num_decoder_layers": _stack_layers(m.decoder, "decoder"),
+        "num_layers": stack_layers(m, "encoder"),
+        "num_decoder_layers": stack_layers(m, "decoder"),
         "num_heads": _query_heads(att, m.d_model),
         "relative_attention_num_buckets": buckets,
         "relative_attention_max_distance": distance,
@@ -432,15 +444,15 @@ def _llama_config(m: ModelSection) -> dict:
         "vocab_size": m.vocab_size,
         "hidden_size": m.d_model,
         "intermediate_size": _ffn_hidden(ffn),
-        "num_hidden_layers": _stack_layers(m.decoder, "decoder"),
+        "num_hidden_layers": stack_layers(m, "decoder"),
         "num_attention_heads": heads,
         "num_key_value_heads": (att.kv_heads if isinstance(att, MultiHeadAttention.Params) else None) or heads,
         "head_dim": att.shape(m.d_model).key_dim,
         "hidden_act": "silu",
         "rms_norm_eps": _eps(m.norm, 1e-6),
-        "attention_bias": att.bias if isinstance(att, _ATTENTION_WITH_DROPOUT) else False,
+        "attention_bias": attention_bias(att),
         "attention_dropout": _attention_dropout(att),
-        "mlp_bias": ffn.bias if isinstance(ffn, _WITH_BIAS_FFN) else False,
+        "mlp_bias": ffn_bias(ffn),
         "rope_parameters": {"rope_type": "default", "rope_theta": base},
         "rope_theta": base,
         "tie_word_embeddings": m.tie_output,

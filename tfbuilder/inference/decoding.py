@@ -8,16 +8,22 @@ and values are computed once per source.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from tfbuilder.inference.interfaces import Cache, Decodable, LanguageModel, Translator, language_model, translator
 from tfbuilder.model.components.position import LearnedPosition
 
+Pick = Callable[[Tensor], Tensor]
+"""How a decoder chooses the next token of each row from its log-probabilities (rows, vocab) -> (rows,)."""
 
-def reorder(cache: list[dict], rows: Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:
+
+def reorder(cache: Cache, rows: Tensor, parts: tuple[str, ...] = ("self", "cross")) -> None:
     """Keep (and reorder) the batch rows ``rows`` of the cached tensors of ``parts``, in place."""
     for layer in cache:
         for name in parts:
@@ -26,36 +32,40 @@ def reorder(cache: list[dict], rows: Tensor, parts: tuple[str, ...] = ("self", "
                 part[key] = part[key].index_select(0, rows)
 
 
-def incremental_logits(model: nn.Module, tgt: Tensor, src: Tensor | None = None) -> Tensor:
+def incremental_logits(model: Translator | LanguageModel, tgt: Tensor, src: Tensor | None = None) -> Tensor:
     """Logits for ``tgt`` (b, n) computed one token at a time through the cache: (b, n, vocab).
     Equal to ``model(src, tgt)`` (or ``model(tgt)``) when the cache is right; the tests check that."""
     cache = model.new_cache()
     steps = []
     if src is not None:
-        memory, memory_mask = model.encode(src)
+        seq2seq = translator(model)
+        memory, memory_mask = seq2seq.encode(src)
         for t in range(tgt.shape[1]):
-            steps.append(model.decode(tgt[:, t : t + 1], memory, memory_mask, cache=cache, offset=t))
+            steps.append(seq2seq.decode(tgt[:, t : t + 1], memory, memory_mask, cache=cache, offset=t))
     else:
+        lm = language_model(model)
         for t in range(tgt.shape[1]):
-            steps.append(model(tgt[:, t : t + 1], cache=cache, offset=t))
+            steps.append(lm(tgt[:, t : t + 1], cache=cache, offset=t))
     return torch.cat(steps, dim=1)
 
 
-def _max_lengths(model: nn.Module, src: Tensor, a: float, b: int) -> Tensor:
+def _max_lengths(model: Decodable, src: Tensor, a: float, b: int) -> Tensor:
     """Each input's output limit (its length * a + b, the closing </s> included), never more than the
     positions the model's learned table covers: decoding stops at the model's maximum length."""
-    limits = ((src != model.pad_id).sum(dim=1).double() * a + b).clamp(1, 2**31).long()
+    pad_id = model.pad_id
+    lengths = (src != pad_id).sum(dim=1) if pad_id is not None else torch.full_like(src[:, 0], src.shape[1])
+    limits = (lengths.double() * a + b).clamp(1, 2**31).long()
     most = position_limit(model)
     return limits if most is None else limits.clamp(max=most)
 
 
-def position_limit(model: nn.Module) -> int | None:
+def position_limit(model: Decodable) -> int | None:
     """The most positions the model's learned position tables cover (None: any length)."""
 
     return min((m.table.num_embeddings for m in model.modules() if isinstance(m, LearnedPosition)), default=None)
 
 
-def source_batch(model: nn.Module, rows: list[list[int]]) -> Tensor:
+def source_batch(model: Decodable, rows: list[list[int]]) -> Tensor:
     """Sources (ids without specials) as the batch (b, j) ``model`` reads: each row followed by the
     model's end id and right-padded with its pad id (its own ids: an imported model's may differ)."""
     end, pad_id = model.specials.end, model.pad_id
@@ -66,7 +76,7 @@ def source_batch(model: nn.Module, rows: list[list[int]]) -> Tensor:
     return torch.from_numpy(out)  # on the host: the caller moves it with the batch
 
 
-def ended_sources(model: nn.Module, src: Tensor) -> Tensor:
+def ended_sources(model: Decodable, src: Tensor) -> Tensor:
     """``src`` (b, j), right-padded, with the model's end id (</s>) after each row that lacks it: the
     sources a translation model was trained on end with it, and a caller who forgets would get
     wrong output silently. Rows that end with it are unchanged."""
@@ -94,7 +104,7 @@ class Rules:
     unk_penalty: float = 0.0
     no_repeat_ngram: int = 0
 
-    def apply(self, logp: Tensor, model: nn.Module, history: Tensor, never: Tensor) -> Tensor:
+    def apply(self, logp: Tensor, model: Decodable, history: Tensor, never: Tensor) -> Tensor:
         """``logp`` (rows, vocab) log-probabilities of the next token of outputs ``history`` (rows, t),
         generated tokens only, with the rules applied (in place)."""
         logp.index_fill_(1, never, float("-inf"))
@@ -111,11 +121,11 @@ class Rules:
         return logp
 
 
-def _never(model: nn.Module, device: torch.device) -> Tensor:
+def _never(model: Decodable, device: torch.device) -> Tensor:
     return torch.tensor(model.specials.never, dtype=torch.long, device=device)
 
 
-def _ids(model: nn.Module) -> tuple[int, int]:
+def _ids(model: Decodable) -> tuple[int, int]:
     """The model's (start, end) ids; a model without them cannot decode."""
     start, end = model.specials.start, model.specials.end
     if start is None or end is None:
@@ -125,17 +135,17 @@ def _ids(model: nn.Module) -> tuple[int, int]:
 
 @torch.no_grad()
 def greedy(
-    model: nn.Module, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, rules: Rules = Rules()
+    model: Translator, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, rules: Rules = Rules()
 ) -> list[list[int]]:
     """Greedy translation of ``src`` (b, j); each output stops at </s>, or is cut to ``a * len(src) + b``
     tokens counting the closing </s>. Returns the ids without <s> and </s>."""
-    pick = lambda logp: logp.argmax(dim=-1)  # noqa: E731
-    return [ids for _, ids in _left_to_right(model, src, pick, max_len_a=max_len_a, max_len_b=max_len_b, rules=rules)]
+    found = _left_to_right(model, src, _most_likely, max_len_a=max_len_a, max_len_b=max_len_b, rules=rules)
+    return [ids for _, ids in found]
 
 
 @torch.no_grad()
 def sample_translations(
-    model: nn.Module,
+    model: Translator,
     src: Tensor,
     *,
     n: int = 1,
@@ -153,13 +163,13 @@ def sample_translations(
     :func:`greedy`. Returns, per input, the ``n`` samples (score, ids without <s> and </s>), most
     likely first."""
     rows = src.repeat_interleave(n, dim=0)
-    pick = lambda logp: _draw(logp, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)  # noqa: E731
+    pick = partial(_draw, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     drawn = _left_to_right(model, rows, pick, max_len_a=max_len_a, max_len_b=max_len_b, rules=rules)
     return [sorted(drawn[i * n : (i + 1) * n], key=lambda d: -d[0]) for i in range(src.shape[0])]
 
 
 def _left_to_right(
-    model: nn.Module, src: Tensor, pick, *, max_len_a: float, max_len_b: int, rules: Rules
+    model: Translator, src: Tensor, pick: Pick, *, max_len_a: float, max_len_b: int, rules: Rules
 ) -> list[tuple[float, list[int]]]:
     """One token at a time, ``pick(logp) -> (rows,)`` choosing it from the log-probabilities the
     rules allow, until </s> or the length limit. Returns (log-probability, ids) per row; finished
@@ -197,12 +207,12 @@ def _left_to_right(
             alive, token, memory, history = alive[keep], token[keep], memory[keep], history[keep]
             memory_mask = memory_mask[keep] if memory_mask is not None else None
             reorder(cache, keep)
-    return list(zip(score.tolist(), out))
+    return list(zip(score.tolist(), out, strict=True))
 
 
 @torch.no_grad()
 def beam_search(
-    model: nn.Module,
+    model: Translator,
     src: Tensor,
     *,
     beam: int = 4,
@@ -222,7 +232,7 @@ def beam_search(
 
 @torch.no_grad()
 def beam_search_nbest(
-    model: nn.Module,
+    model: Translator,
     src: Tensor,
     *,
     beam: int = 4,
@@ -237,14 +247,13 @@ def beam_search_nbest(
 
     A beam of one is greedy search. Otherwise every live hypothesis may end at every step, and the
     ``nbest`` best ended ones are kept; an input's search ends only when no live hypothesis can still
-    beat the worst of them under the length penalty, or at the length limit (Hugging Face's ``early_stopping=False``, with an exact
-    bound). The greedy continuation always stays in the beam, so the best hypothesis never scores
-    below greedy's."""
+    beat the worst of them under the length penalty, or at the length limit (Hugging Face's
+    ``early_stopping=False``, with an exact bound). The greedy continuation always stays in the beam,
+    so the best hypothesis never scores below greedy's."""
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest ({nbest}) must be between 1 and the beam ({beam})")
     if beam == 1:  # a beam of one is greedy search (as in Hugging Face's generate), scored the same way
-        pick = lambda logp: logp.argmax(dim=-1)  # noqa: E731
-        found = _left_to_right(model, src, pick, max_len_a=max_len_a, max_len_b=max_len_b, rules=rules)
+        found = _left_to_right(model, src, _most_likely, max_len_a=max_len_a, max_len_b=max_len_b, rules=rules)
         return [[(score / _length_penalty(len(ids) + 1, alpha), ids)] for score, ids in found]
     model.eval()
     start, end = _ids(model)
@@ -261,9 +270,10 @@ def beam_search_nbest(
         logits = model.decode(search.tokens[:, -1:], memory, memory_mask, cache=cache, offset=step)[:, -1]
         logp = rules.apply(logits.float().log_softmax(-1), model, search.tokens[:, 1:], never)
         last = step + 1 >= limits[search.alive]  # at the length limit only </s> may follow
-        keep, select = search.step(_only_end_where(logp, last, beam, end), last, step)
-        if keep is None:
+        kept = search.step(_only_end_where(logp, last, beam, end), last, step)
+        if kept is None:
             break
+        keep, select = kept
         if len(keep) < n:
             memory = memory[keep]
             memory_mask = memory_mask[keep] if memory_mask is not None else None
@@ -324,11 +334,11 @@ class _BeamSearch:
             finished=[[] for _ in range(b)],
         )
 
-    def step(self, logp: Tensor, last: Tensor, step: int) -> tuple[Tensor | None, Tensor | None]:
+    def step(self, logp: Tensor, last: Tensor, step: int) -> tuple[Tensor, Tensor] | None:
         """Extend the live hypotheses by ``logp`` (n * beam, vocab): record those that end, keep the
         best ``beam`` that do not (the greedy one among them), and drop the inputs whose search is
         over. Returns the rows of the inputs kept and the rows of the hypotheses extended (for the
-        cache), or (None, None) when every search is over."""
+        cache), or None when every search is over."""
         n, vocab = len(self.alive), logp.shape[-1]
         candidates = self.scores[:, :, None] + logp.view(n, self.beam, vocab)  # (n, beam, vocab)
         self._record_ended(candidates[:, :, self.end], step)
@@ -338,7 +348,7 @@ class _BeamSearch:
         origin, word = index // vocab, index % vocab
         keep = (~self._over(live_scores.max(dim=1).values, last, step)).nonzero().squeeze(1)
         if len(keep) == 0:
-            return None, None
+            return None
         select = (keep[:, None] * self.beam + origin[keep]).reshape(-1)  # rows of the surviving beams
         self.tokens = torch.cat([self.tokens[select], word[keep].reshape(-1, 1)], dim=1)
         self.scores = live_scores[keep]
@@ -381,7 +391,7 @@ class _BeamSearch:
             inputs = self.alive[rows]
             self.bar[inputs] = best[rows]
             ids = self.tokens[rows * self.beam + column[rows], 1:].tolist()
-            for i, score, hyp in zip(inputs.tolist(), best[rows].tolist(), ids):
+            for i, score, hyp in zip(inputs.tolist(), best[rows].tolist(), ids, strict=True):
                 self.finished[i] = [(score, hyp)]
             return
         better = normalised > self.bar[self.alive][:, None]
@@ -417,7 +427,7 @@ class _BeamSearch:
 
 @torch.no_grad()
 def sample(
-    model: nn.Module,
+    model: LanguageModel,
     prompt: Tensor,
     *,
     max_new: int = 100,
@@ -458,7 +468,14 @@ def sample(
     return out
 
 
-def _draw(logp: Tensor, *, temperature: float, top_k: int | None, top_p: float | None, generator) -> Tensor:
+def _most_likely(logp: Tensor) -> Tensor:
+    """Greedy's pick: the most likely token of each row (rows, vocab) -> (rows,)."""
+    return logp.argmax(dim=-1)
+
+
+def _draw(
+    logp: Tensor, *, temperature: float, top_k: int | None, top_p: float | None, generator: torch.Generator | None
+) -> Tensor:
     """One token per row of ``logp`` (rows, vocab): the most likely at temperature 0, else drawn from
     softmax(logp / temperature) restricted to the top-k and the top-p nucleus."""
     if temperature == 0:

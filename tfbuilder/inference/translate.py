@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import nn
@@ -16,11 +16,13 @@ from tfbuilder.data.prepare import Vocab
 from tfbuilder.devices import model_device
 from tfbuilder.inference import decoding
 from tfbuilder.inference.ensemble import Ensemble
+from tfbuilder.inference.interfaces import Translator, language_model, translator
 from tfbuilder.model import sizing
 from tfbuilder.runs.checkpoints import Loaded
 from tfbuilder.specials import TRANSLATION_ADDED
 
 Precision = Literal["32", "bf16"]
+M = TypeVar("M", bound=nn.Module)
 
 
 def translate_lines(loaded: Loaded, lines: Iterable[str], **options) -> Iterator[str]:
@@ -78,7 +80,7 @@ def translate_scored(
         yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
 
 
-def decoding_model(model: nn.Module, precision: Precision) -> nn.Module:
+def decoding_model(model: M, precision: Precision) -> M:
     """``model`` itself for float32; a bfloat16 copy for ``bf16`` (the caller's model is untouched)."""
     if precision == "32":
         return model
@@ -128,7 +130,8 @@ def translate_batch(
     """The ``search.nbest`` best candidates (text, score) for each of ``lines``, best first. Lines are
     sorted by length into batches of at most ``max_tokens`` source tokens (and ``batch_size``
     sentences). Scores: the length-normalised log-probability beam search ranks by; for samples,
-    their log-probability."""
+    their log-probability. ``model``: a translation model (:class:`~tfbuilder.inference.interfaces.Translator`)."""
+    seq2seq = translator(model)
     ids = vocab.src.encode_batch(lines)
     sizes = [len(x) + TRANSLATION_ADDED for x in ids]  # x</s>
     order = sorted(range(len(ids)), key=lambda i: sizes[i])
@@ -139,13 +142,15 @@ def translate_batch(
     for batch in pack(
         sizes, sizes, order, max_tokens=max(max_tokens // max(width, 1), max(sizes)), batch_size=batch_size
     ):
-        src = decoding.source_batch(model, [ids[i] for i in batch]).to(device, non_blocking=True)
-        for i, candidates in zip(batch, _search(model, src, search, generator)):
+        src = decoding.source_batch(seq2seq, [ids[i] for i in batch]).to(device, non_blocking=True)
+        for i, candidates in zip(batch, _search(seq2seq, src, search, generator), strict=True):
             out[i] = [(vocab.tgt.decode(hyp), score) for score, hyp in candidates]
     return out
 
 
-def _search(model: nn.Module, src: torch.Tensor, search: Search, generator) -> list[list[tuple[float, list[int]]]]:
+def _search(
+    model: Translator, src: torch.Tensor, search: Search, generator: torch.Generator | None
+) -> list[list[tuple[float, list[int]]]]:
     rules = search.rules
     if search.sample:
         return decoding.sample_translations(
@@ -171,7 +176,8 @@ def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
             raise ValueError(f"{other.describe()}: only translation (encoder_decoder) models can be ensembled")
         if other.vocab.to_json() != loaded.vocab.to_json():
             raise ValueError(
-                f"{other.describe()} has another vocabulary than {loaded.describe()}: models must share one to be ensembled"
+                f"{other.describe()} has another vocabulary than {loaded.describe()}: "
+                "models must share one to be ensembled"
             )
     return Ensemble([loaded.model, *(o.model for o in others)]).eval()
 
@@ -179,11 +185,12 @@ def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
 def generate(loaded: Loaded, prompt: str, **kwargs) -> str:
     """Continue ``prompt`` with a decoder-only checkpoint, from the model's start id (see
     :func:`tfbuilder.inference.decoding.sample`, which takes ``kwargs``)."""
-    start = loaded.model.specials.start
+    model = language_model(loaded.model)
+    start = model.specials.start
     prefix = ([] if start is None else [start]) + loaded.vocab.tgt.encode(prompt)
     check_positions(loaded, len(prefix), kwargs.get("max_new", 100))
     ids = torch.tensor([prefix], device=model_device(loaded.model))
-    return loaded.vocab.tgt.decode(decoding.sample(loaded.model, ids, **kwargs)[0])
+    return loaded.vocab.tgt.decode(decoding.sample(model, ids, **kwargs)[0])
 
 
 def check_positions(loaded: Loaded, prefix: int, max_new: int) -> None:

@@ -14,6 +14,8 @@ from torch import nn
 
 from tfbuilder import atomic
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.inference.interfaces import decodable
+from tfbuilder.model.model import EncoderDecoder
 
 if TYPE_CHECKING:
     from tfbuilder.spec.recipe import Recipe
@@ -25,7 +27,7 @@ MAX_LENGTH = 1 << 16
 def example_inputs(model: nn.Module, vocab_size: int) -> dict[str, torch.Tensor]:
     """Inputs that exercise padding (a pad id at the end of one row) when the model has a pad id."""
     g = torch.Generator().manual_seed(0)
-    pad = model.pad_id
+    pad = decodable(model).pad_id
     low = 0 if pad is None else min(pad + 1, vocab_size - 1)
 
     def ids(n: int) -> torch.Tensor:
@@ -34,7 +36,7 @@ def example_inputs(model: nn.Module, vocab_size: int) -> dict[str, torch.Tensor]
             x[1, -2:] = pad
         return x
 
-    if model.kind == "encoder_decoder":
+    if isinstance(model, EncoderDecoder):
         return {"src": ids(7), "tgt": ids(5)}
     return {"tokens": ids(6)}
 
@@ -76,6 +78,8 @@ def export_onnx(model: nn.Module, recipe: Recipe, path: Path) -> Path:
     # Checked at a temporary name first: a graph that differs from PyTorch is never in place.
     tmp = atomic.temp_path(path).with_name(atomic.temp_path(path).name + ".onnx")
     try:
+        if program is None:  # torch.onnx.export returns the program whenever dynamo=True
+            raise TfbuilderError("the ONNX exporter returned no program")
         program.save(str(tmp))
         check(model, tmp, inputs, onnxruntime)
         atomic.copy(tmp, path, what="ONNX model")

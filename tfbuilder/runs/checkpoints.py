@@ -40,7 +40,7 @@ from tfbuilder.model.builder import build_model
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.registry import missing
 from tfbuilder.runs.archive import ArchiveError, check_archive
-from tfbuilder.spec.recipe import recipe_from_dict
+from tfbuilder.spec.recipe import Recipe, recipe_from_dict
 from tfbuilder.specials import OWN, SpecialIds
 
 RUN_DIR_ENV = "TFBUILDER_RUN_DIR"  # set by rank 0 so that the other ranks of a job share its run directory
@@ -172,8 +172,8 @@ class Loaded:
     its recipe and its vocabulary."""
 
     model: nn.Module
-    recipe: object
-    vocab: object
+    recipe: Recipe
+    vocab: Vocab
     path: Path
     step: int
 

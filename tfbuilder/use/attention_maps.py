@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -23,9 +24,14 @@ from tfbuilder.data.tokenizers import Tokenizer, specials
 from tfbuilder.devices import model_device
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.inference.decoding import greedy
-from tfbuilder.model.blocks import DecoderLayer
+from tfbuilder.inference.interfaces import decodable, translator
+from tfbuilder.model.blocks import DecoderLayer, EncoderLayer, ParallelLayer
+from tfbuilder.model.model import DecoderOnly, EncoderDecoder, EncoderOnly
 from tfbuilder.runs.checkpoints import Loaded
 from tfbuilder.specials import BOS, EOS, OWN, SPECIAL_TOKENS
+
+if TYPE_CHECKING:  # matplotlib is imported when a map is drawn (start-up time)
+    from matplotlib.figure import Figure
 
 METADATA_KEY = "tfbuilder:weights"
 _SPECIAL = dict(enumerate(SPECIAL_TOKENS))  # id -> "<pad>", "<s>", ...
@@ -37,13 +43,23 @@ class AttentionMapError(TfbuilderError):
 
 def attention_modules(model: nn.Module) -> dict[str, Attention]:
     """``{"encoder-self-L0": module, "decoder-self-L0": ..., "decoder-cross-L0": ...}`` in layer order."""
+    if not isinstance(model, (EncoderDecoder, DecoderOnly, EncoderOnly)):
+        raise AttentionMapError(f"{type(model).__name__} is not a model tfbuilder builds: it has no stacks to show")
     found: dict[str, Attention] = {}
     for part, stack in model.stacks().items():
         for index, layer in enumerate(stack.layers):
-            found[f"{part}-self-L{index}"] = layer.self_attn.inner
+            if isinstance(layer, (EncoderLayer, DecoderLayer, ParallelLayer)):
+                found[f"{part}-self-L{index}"] = _attention(layer.self_attn.inner)
             if isinstance(layer, DecoderLayer) and layer.cross_attn is not None:
-                found[f"{part}-cross-L{index}"] = layer.cross_attn.inner
+                found[f"{part}-cross-L{index}"] = _attention(layer.cross_attn.inner)
     return found
+
+
+def _attention(module: nn.Module) -> Attention:
+    """A layer's attention, through the component contract (it keeps its weights when asked)."""
+    if not isinstance(module, Attention):
+        raise AttentionMapError(f"attention of type {type(module).__name__} does not satisfy the attention contract")
+    return module
 
 
 @torch.no_grad()
@@ -80,7 +96,7 @@ def token_labels(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     return labels
 
 
-def plot(weights: Tensor, queries: list[str], keys: list[str], *, title: str):
+def plot(weights: Tensor, queries: list[str], keys: list[str], *, title: str) -> Figure:
     """A figure with one heatmap per head of ``weights`` (heads, queries, keys). A bare
     ``matplotlib.figure.Figure``: no pyplot state, no change to the caller's backend."""
     from matplotlib.figure import Figure
@@ -112,12 +128,13 @@ def write_maps(
     model, vocab, kind = loaded.model.eval(), loaded.vocab, loaded.recipe.model.kind
     device = model_device(model)
     # The model's own start and end ids (a given tokenizer's; tfbuilder's 1 and 2 otherwise).
-    start = model.specials.start if model.specials.start is not None else BOS
-    end = model.specials.end if model.specials.end is not None else EOS
+    ids_of = decodable(model).specials
+    start = ids_of.start if ids_of.start is not None else BOS
+    end = ids_of.end if ids_of.end is not None else EOS
     if kind == "encoder_decoder":
         source = vocab.src.encode(src) + [end]
         src_ids = torch.tensor([source], device=device)
-        target = vocab.tgt.encode(tgt) if tgt is not None else greedy(model, src_ids)[0]
+        target = vocab.tgt.encode(tgt) if tgt is not None else greedy(translator(model), src_ids)[0]
         tgt_ids = torch.tensor([[start] + target], device=device)
         weights = attention_weights(model, src_ids, tgt_ids)
         labels = {"encoder": token_labels(vocab.src, source), "decoder": token_labels(vocab.tgt, [start] + target)}
@@ -146,9 +163,11 @@ def write_maps(
         title = "masked " + title if (part, what) == ("decoder", "self") else title
         fig = plot(w, queries, keys, title=f"{part} layer {layer[1:]}: {title}")
         path = out_dir / f"{name}.png"
-        metadata = {METADATA_KEY: json.dumps(w.tolist())}
-        atomic.write_atomic(
-            path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=metadata), what="attention map"
-        )
+        _write_png(path, fig, {METADATA_KEY: json.dumps(w.tolist())})
         written.append(path)
     return written
+
+
+def _write_png(path: Path, fig: Figure, metadata: dict[str, str]) -> None:
+    """``fig`` as a PNG at ``path`` (written atomically), with ``metadata`` in its text chunks."""
+    atomic.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, metadata=metadata), what="attention map")

@@ -6,23 +6,27 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
+from torch import nn
 
 from tfbuilder.atomic import write_new_text, write_text
 from tfbuilder.data.batching import pack
 from tfbuilder.data.collate import Collate, lengths
 from tfbuilder.data.packing import packed_splits
-from tfbuilder.data.prepare import prepare
+from tfbuilder.data.prepare import Prepared, prepare
+from tfbuilder.data.tokens import Split
 from tfbuilder.devices import model_device
-from tfbuilder.inference.ensemble import Ensemble
+from tfbuilder.inference.interfaces import translator
 from tfbuilder.inference.translate import Precision, Search, ensemble_of, translate_scored
 from tfbuilder.runs.checkpoints import Loaded, run_dir_of, scores_file
+from tfbuilder.spec.sections import DataSection
+from tfbuilder.specials import EOS
 from tfbuilder.train import objectives
 
 
@@ -37,7 +41,7 @@ class Scores:
     bleu_signature: str | None = None
     beam: int | None = None
     seconds_decoding: float | None = None
-    precision: str | None = None
+    precision: Precision | None = None
     accuracy: float | None = None  # share of target tokens predicted right (teacher forcing)
     exact_match: float | None = None  # share of outputs equal to their reference
     bleu_tokenize: str | None = None  # sacreBLEU's tokenizer: 13a (words), or char for character-level data
@@ -75,68 +79,102 @@ def evaluate_outputs(
 ) -> tuple[Scores, list[Output]]:
     """:func:`evaluate`, with the translations (in the split's order; none for other model kinds).
     ``search`` (default: beam ``beam``, ``alpha``) finds them; with ``ensemble`` (more checkpoints
-    sharing the vocabulary), the models translate and are scored together (:class:`~tfbuilder.inference.ensemble.Ensemble`)."""
+    sharing the vocabulary), the models translate and are scored together
+    (:class:`~tfbuilder.inference.ensemble.Ensemble`)."""
     search = search or Search(beam=beam, alpha=alpha)
     recipe = loaded.recipe
     if recipe.model.head is not None:
         raise ValueError("a model with a sequence head (model.head) is scored by tfbuilder.use.predict.score")
+    data, prepared, examples = _split(loaded, split)
+    model = ensemble_of(loaded, ensemble) if ensemble else loaded.model.eval()
+    objective = teacher_forced if ensemble else objectives.objective(recipe, epsilon=0.0)
+    # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
+    nll, tokens, correct = _teacher_forced_sums(
+        model,
+        objective,
+        examples,
+        Collate(examples, prepared.vocab.specials),
+        max_tokens=None if recipe.model.pad_id is None else max_tokens,
+    )
+    loss = nll / max(tokens, 1)
+    scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)), accuracy=correct / max(tokens, 1))
+    if ensemble:
+        scores.ensemble = [str(x.path) for x in (loaded, *ensemble)]
+    if recipe.model.kind != "encoder_decoder":
+        return scores, []
+    sources, references = prepared.raw[split]
+    if references is None:
+        raise ValueError(f"the '{split}' split has no references to score translations against")
+    start = time.perf_counter()
+    found = list(
+        translate_scored(model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision)
+    )
+    scores.seconds_decoding = time.perf_counter() - start
+    scores.beam = search.beam
+    scores.precision = precision
+    hypotheses = [text for text, _ in found]
+    outputs = [Output(s, r, h, score) for s, r, (h, score) in zip(sources, references, found, strict=True)]
+    scores.exact_match = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / max(len(references), 1)
+    _text_scores(scores, hypotheses, references, data)
+    return scores, outputs
+
+
+def _split(loaded: Loaded, split: str) -> tuple[DataSection, Prepared, Split]:
+    """The checkpoint's data section, its prepared data, and ``split`` as it is scored (packed or not)."""
+    recipe = loaded.recipe
     data = recipe.data
     if data is None:
         raise ValueError("the checkpoint's recipe has no data section")
     prepared = prepare(data, vocab=loaded.vocab, model_vocab=recipe.model.vocab_size)
     if split not in prepared.splits:
         raise ValueError(f"no '{split}' split in {data.path or 'the data'} (have: {', '.join(prepared.splits)})")
-    ids = prepared.vocab.specials  # what the data's batches are made with
-    examples = packed_splits(prepared.splits, data, causal=recipe.model.kind == "decoder", eos=ids.end)[split]
-    model = ensemble_of(loaded, ensemble) if ensemble else loaded.model.eval()
+    end = prepared.vocab.specials.end  # the data's batches are made with the vocabulary's ids
+    if end is None and data.packing:
+        raise ValueError("packed data needs an end id between documents; the vocabulary has none")
+    eos = end if end is not None else EOS  # unused unless the data is packed
+    return data, prepared, packed_splits(prepared.splits, data, causal=recipe.model.kind == "decoder", eos=eos)[split]
+
+
+Objective = Callable[[nn.Module, dict[str, torch.Tensor]], objectives.Result]
+
+
+def _teacher_forced_sums(
+    model: nn.Module, objective: Objective, examples: Split, collate: Collate, *, max_tokens: int | None
+) -> tuple[float, int, float]:
+    """(NLL, target tokens, tokens predicted right) of ``model`` over ``examples``, batched by length into
+    at most ``max_tokens`` tokens a batch (None: one example a batch)."""
     device = model_device(model)
-    kind = recipe.model.kind
-    objective = teacher_forced if ensemble else objectives.objective(recipe, epsilon=0.0)
-    collate = Collate(examples, ids)
     src_sizes, tgt_sizes, extra = lengths(examples)
-    nll = tokens = correct = 0.0
+    nll = correct = 0.0
+    tokens = 0
     torch.manual_seed(0)  # the masked-LM objective draws its masks
-    # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
-    unpadded = (
-        {"max_tokens": None, "batch_size": 1}
-        if recipe.model.pad_id is None
-        else {"max_tokens": max_tokens, "batch_size": None}
-    )
     by_length = np.lexsort((tgt_sizes, src_sizes))
-    for batch_ids in pack(src_sizes, tgt_sizes, by_length, extra=extra, **unpadded):
+    for batch_ids in pack(
+        src_sizes,
+        tgt_sizes,
+        by_length,
+        extra=extra,
+        max_tokens=max_tokens,
+        batch_size=1 if max_tokens is None else None,
+    ):
         batch = {k: v.to(device, non_blocking=True) for k, v in collate(batch_ids).items()}
         result = objective(model, batch)
         nll += float(result.nll)
         tokens += int(result.tokens)
         correct += float(result.correct)
-    loss = nll / max(tokens, 1)
-    scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)), accuracy=correct / max(tokens, 1))
-    if ensemble:
-        scores.ensemble = [str(x.path) for x in (loaded, *ensemble)]
-    outputs: list[Output] = []
-    if kind == "encoder_decoder":
-        sources, references = prepared.raw[split]
-        start = time.perf_counter()
-        found = list(
-            translate_scored(model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision)
-        )
-        scores.seconds_decoding = time.perf_counter() - start
-        scores.beam = search.beam
-        scores.precision = precision
-        hypotheses = [text for text, _ in found]
-        outputs = [Output(s, r, h, score) for s, r, (h, score) in zip(sources, references, found)]
-        scores.exact_match = sum(h == r for h, r in zip(hypotheses, references)) / max(len(references), 1)
-        _text_scores(scores, hypotheses, references, data)
-    return scores, outputs
+    return nll, tokens, correct
 
 
-def teacher_forced(model: Ensemble, batch: dict[str, torch.Tensor]) -> objectives.Result:
+def teacher_forced(model: nn.Module, batch: dict[str, torch.Tensor]) -> objectives.Result:
     """An ensemble's loss on a translation batch: the NLL of its averaged distribution."""
     logp = model(batch["src"], batch["tgt_in"])
-    return objectives.smoothed_cross_entropy(logp.flatten(0, 1), batch["tgt_out"].flatten(), 0.0, ignore=model.pad_id)
+    pad_id = translator(model).pad_id
+    return objectives.smoothed_cross_entropy(
+        logp.flatten(0, 1), batch["tgt_out"].flatten(), 0.0, ignore=-100 if pad_id is None else pad_id
+    )
 
 
-def bleu_tokenize(data) -> str | None:
+def bleu_tokenize(data: DataSection) -> str | None:
     """The sacreBLEU tokenizer that fits the data: 13a (words) for text, ``char`` for character-level
     text, and none for synthetic tasks, whose outputs are not language (exact match and token
     accuracy tell there; their BLEU is 0 for any one-symbol output, right or wrong)."""
@@ -145,7 +183,7 @@ def bleu_tokenize(data) -> str | None:
     return "char" if data.tokenizer.type == "char" else "13a"
 
 
-def _text_scores(scores: Scores, hypotheses: list[str], references: list[str], data) -> None:
+def _text_scores(scores: Scores, hypotheses: list[str], references: list[str], data: DataSection) -> None:
     """sacreBLEU and chrF where they mean something (see :func:`bleu_tokenize`)."""
     import sacrebleu
 

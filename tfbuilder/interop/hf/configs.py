@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import math
 import reprlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from tfbuilder.contracts import AttentionParams, ComponentParams
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.model.components.attention import MultiHeadAttention
+from tfbuilder.model.components.ffn import GEGLU, MLP, MixtureOfExperts, ReGLU, SwiGLU
+from tfbuilder.model.components.latent_attention import LatentAttention
+from tfbuilder.model.components.norm import LayerNorm, RMSNorm, ScaleNorm
+from tfbuilder.model.components.position import (
+    LearnedPosition,
+    RelativeBiasPosition,
+    RotaryPosition,
+    SinusoidalPosition,
+)
 
 if TYPE_CHECKING:
     from tfbuilder.spec.recipe import ModelSection
@@ -277,92 +288,173 @@ def _llama(cfg: dict) -> dict:
     }
 
 
+# The registered params that carry each value a config writes: the writers below read typed fields
+# through isinstance on them, and write the family's default for a component that has no such field
+# (the round trip in convert.hf_family then names the model key that differs).
+_WITH_HIDDEN = (MLP.Params, SwiGLU.Params, GEGLU.Params, ReGLU.Params, MixtureOfExperts.Params)
+_WITH_ACTIVATION = (MLP.Params, MixtureOfExperts.Params)
+_WITH_BIAS_FFN = _WITH_HIDDEN
+_WITH_EPS = (LayerNorm.Params, RMSNorm.Params, ScaleNorm.Params)
+_WITH_MAX_LEN = (LearnedPosition.Params, SinusoidalPosition.Params, RotaryPosition.Params)
+_WITH_BASE = (SinusoidalPosition.Params, RotaryPosition.Params)
+_ATTENTION_WITH_DROPOUT = (MultiHeadAttention.Params, LatentAttention.Params)
+
+
+def stack_layers(model: ModelSection, part: Literal["encoder", "decoder"]) -> int:
+    """The layers of the ``part`` stack of a family's model section (every family has the stacks it names)."""
+    stack = model.stack(part)
+    if stack is None:
+        raise UnsupportedConfig(f"model.{part}: missing (the family has {'an' if part == 'encoder' else 'a'} {part})")
+    return stack.layers
+
+
+def attention_bias(attention: ComponentParams) -> bool:
+    """Whether the attention's projections learn biases (False for one that has no such field)."""
+    return attention.bias if isinstance(attention, _ATTENTION_WITH_DROPOUT) else False
+
+
+def ffn_bias(ffn: ComponentParams) -> bool:
+    """Whether the feed-forward's projections learn biases (False for one that has no such field)."""
+    return ffn.bias if isinstance(ffn, _WITH_BIAS_FFN) else False
+
+
+def _query_heads(attention: ComponentParams, d_model: int) -> int:
+    """The heads a recipe sets (a differential attention's h, not its 2h softmax maps)."""
+    if isinstance(attention, MultiHeadAttention.Params):
+        return attention.heads
+    if isinstance(attention, AttentionParams):
+        return attention.shape(d_model).heads
+    raise UnsupportedConfig(f"model.attention: {attention.type} declares no heads (the family has multihead)")
+
+
+def _attention_dropout(attention: ComponentParams) -> float:
+    return attention.dropout if isinstance(attention, _ATTENTION_WITH_DROPOUT) else 0.0
+
+
+def _ffn_hidden(ffn: ComponentParams) -> int | None:
+    """The feed-forward's inner width as set (None: its default; the family's config says 4 * d_model)."""
+    return ffn.hidden if isinstance(ffn, _WITH_HIDDEN) else None
+
+
+def _hf_activation(ffn: ComponentParams) -> str:
+    """transformers' name of the feed-forward's activation; ``?`` (which from_config refuses, naming the
+    key) for a feed-forward without one (a gated one)."""
+    return HF_ACTIVATION.get(ffn.activation, "?") if isinstance(ffn, _WITH_ACTIVATION) else "?"
+
+
+def _eps(norm: ComponentParams, default: float) -> float:
+    return norm.eps if isinstance(norm, _WITH_EPS) else default
+
+
+def _max_len(position: ComponentParams, default: int) -> int:
+    return position.max_len if isinstance(position, _WITH_MAX_LEN) else default
+
+
 def to_config(model: ModelSection, family: str) -> dict:
     """The ``config.json`` of ``family`` for a model section; the caller checks that it round-trips."""
-    m = model
-    att, ffn, norm, pos = m.attention, m.ffn, m.norm, m.position
-    if family == "gpt2":
-        return {
-            "architectures": ["GPT2LMHeadModel"],
-            "model_type": "gpt2",
-            "vocab_size": m.vocab_size,
-            "n_embd": m.d_model,
-            "n_layer": m.decoder.layers,
-            "n_head": att.heads,
-            "n_inner": getattr(ffn, "hidden", None),
-            "n_positions": getattr(pos, "max_len", 1024),
-            "activation_function": HF_ACTIVATION.get(getattr(ffn, "activation", ""), "?"),
-            "resid_pdrop": m.dropout,
-            "embd_pdrop": m.dropout,
-            "attn_pdrop": getattr(att, "dropout", 0.0),
-            "layer_norm_epsilon": getattr(norm, "eps", 1e-5),
-            "initializer_range": m.init.std or 0.02,
-            "tie_word_embeddings": m.tie_output,
-            "scale_attn_weights": True,
-            "bos_token_id": m.vocab_size - 1,
-            "eos_token_id": m.vocab_size - 1,
-        }
-    if family == "bert":
-        return {
-            "architectures": ["BertForMaskedLM"],
-            "model_type": "bert",
-            "vocab_size": m.vocab_size,
-            "hidden_size": m.d_model,
-            "num_hidden_layers": m.encoder.layers,
-            "num_attention_heads": att.heads,
-            "intermediate_size": getattr(ffn, "hidden", None),
-            "hidden_act": "gelu",
-            "hidden_dropout_prob": m.dropout,
-            "attention_probs_dropout_prob": getattr(att, "dropout", 0.0),
-            "max_position_embeddings": getattr(pos, "max_len", 512),
-            "type_vocab_size": m.token_types,
-            "layer_norm_eps": getattr(norm, "eps", 1e-12),
-            "pad_token_id": m.pad_id,
-            "initializer_range": m.init.std or 0.02,
-            "tie_word_embeddings": m.tie_output,
-            "position_embedding_type": "absolute",
-        }
-    if family == "t5":
-        return {
-            "architectures": ["T5ForConditionalGeneration"],
-            "model_type": "t5",
-            "vocab_size": m.vocab_size,
-            "d_model": m.d_model,
-            "d_kv": att.key_dim,
-            "d_ff": getattr(ffn, "hidden", None),
-            "num_layers": m.encoder.layers,
-            "num_decoder_layers": m.decoder.layers,
-            "num_heads": att.heads,
-            "relative_attention_num_buckets": getattr(pos, "buckets", 32),
-            "relative_attention_max_distance": getattr(pos, "max_distance", 128),
-            "dropout_rate": m.dropout,
-            "layer_norm_epsilon": getattr(norm, "eps", 1e-6),
-            "feed_forward_proj": "relu",
-            "is_encoder_decoder": True,
-            "pad_token_id": m.pad_id,
-            "decoder_start_token_id": m.pad_id,
-            "eos_token_id": 1,
-            "tie_word_embeddings": True,
-            "scale_decoder_outputs": True,
-        }
-    kv = getattr(att, "kv_heads", None) or att.heads
+    writers = {"gpt2": _gpt2_config, "bert": _bert_config, "t5": _t5_config, "llama": _llama_config}
+    return writers[family](model)
+
+
+def _gpt2_config(m: ModelSection) -> dict:
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": m.vocab_size,
+        "n_embd": m.d_model,
+        "n_layer": stack_layers(m, "decoder"),
+        "n_head": _query_heads(m.attention, m.d_model),
+        "n_inner": _ffn_hidden(m.ffn),
+        "n_positions": _max_len(m.position, 1024),
+        "activation_function": _hf_activation(m.ffn),
+        "resid_pdrop": m.dropout,
+        "embd_pdrop": m.dropout,
+        "attn_pdrop": _attention_dropout(m.attention),
+        "layer_norm_epsilon": _eps(m.norm, 1e-5),
+        "initializer_range": m.init.std or 0.02,
+        "tie_word_embeddings": m.tie_output,
+        "scale_attn_weights": True,
+        "bos_token_id": m.vocab_size - 1,
+        "eos_token_id": m.vocab_size - 1,
+    }
+
+
+def _bert_config(m: ModelSection) -> dict:
+    return {
+        "architectures": ["BertForMaskedLM"],
+        "model_type": "bert",
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.d_model,
+        "num_hidden_layers": stack_layers(m, "encoder"),
+        "num_attention_heads": _query_heads(m.attention, m.d_model),
+        "intermediate_size": _ffn_hidden(m.ffn),
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": m.dropout,
+        "attention_probs_dropout_prob": _attention_dropout(m.attention),
+        "max_position_embeddings": _max_len(m.position, 512),
+        "type_vocab_size": m.token_types,
+        "layer_norm_eps": _eps(m.norm, 1e-12),
+        "pad_token_id": m.pad_id,
+        "initializer_range": m.init.std or 0.02,
+        "tie_word_embeddings": m.tie_output,
+        "position_embedding_type": "absolute",
+    }
+
+
+def _t5_config(m: ModelSection) -> dict:
+    att: ComponentParams = m.attention
+    pos: ComponentParams = m.position
+    # T5's own defaults (32 buckets, distance 128) for a position that is not a relative bias
+    buckets, distance = (pos.buckets, pos.max_distance) if isinstance(pos, RelativeBiasPosition.Params) else (32, 128)
+    return {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "vocab_size": m.vocab_size,
+        "d_model": m.d_model,
+        "d_kv": att.key_dim if isinstance(att, MultiHeadAttention.Params) else None,
+        "d_ff": _ffn_hidden(m.ffn),
+        "num_layers": stack_layers(m, "encoder"),
+        "num_decoder_layers": stack_layers(m, "decoder"),
+        "num_heads": _query_heads(att, m.d_model),
+        "relative_attention_num_buckets": buckets,
+        "relative_attention_max_distance": distance,
+        "dropout_rate": m.dropout,
+        "layer_norm_epsilon": _eps(m.norm, 1e-6),
+        "feed_forward_proj": "relu",
+        "is_encoder_decoder": True,
+        "pad_token_id": m.pad_id,
+        "decoder_start_token_id": m.pad_id,
+        "eos_token_id": 1,
+        "tie_word_embeddings": True,
+        "scale_decoder_outputs": True,
+    }
+
+
+def _llama_config(m: ModelSection) -> dict:
+    att: ComponentParams = m.attention
+    ffn: ComponentParams = m.ffn
+    pos: ComponentParams = m.position
+    heads = _query_heads(att, m.d_model)
+    if not isinstance(att, AttentionParams):
+        raise UnsupportedConfig(f"model.attention: {att.type} declares no shape (the family has multihead)")
+    base = pos.base if isinstance(pos, _WITH_BASE) else 10000.0
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": m.vocab_size,
         "hidden_size": m.d_model,
-        "intermediate_size": getattr(ffn, "hidden", None),
-        "num_hidden_layers": m.decoder.layers,
-        "num_attention_heads": att.heads,
-        "num_key_value_heads": kv,
+        "intermediate_size": _ffn_hidden(ffn),
+        "num_hidden_layers": stack_layers(m, "decoder"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": (att.kv_heads if isinstance(att, MultiHeadAttention.Params) else None) or heads,
         "head_dim": att.shape(m.d_model).key_dim,
         "hidden_act": "silu",
-        "rms_norm_eps": getattr(norm, "eps", 1e-6),
-        "attention_bias": att.bias,
-        "attention_dropout": getattr(att, "dropout", 0.0),
-        "mlp_bias": getattr(ffn, "bias", False),
-        "rope_parameters": {"rope_type": "default", "rope_theta": getattr(pos, "base", 10000.0)},
-        "rope_theta": getattr(pos, "base", 10000.0),
+        "rms_norm_eps": _eps(m.norm, 1e-6),
+        "attention_bias": attention_bias(att),
+        "attention_dropout": _attention_dropout(att),
+        "mlp_bias": ffn_bias(ffn),
+        "rope_parameters": {"rope_type": "default", "rope_theta": base},
+        "rope_theta": base,
         "tie_word_embeddings": m.tie_output,
         "initializer_range": m.init.std or 0.02,
         "max_position_embeddings": 2048,

@@ -9,33 +9,37 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import torch
 
 from tfbuilder import atomic
-from tfbuilder.contracts import default_ffn_hidden, default_head_dim
+from tfbuilder.contracts import ComponentParams, default_ffn_hidden, default_head_dim
 from tfbuilder.data.prepare import Vocab
-from tfbuilder.data.tokenizers import HFTokenizer
+from tfbuilder.data.pretrained import PretrainedTokenizer, SentencePieceTokenizer
+from tfbuilder.data.tokenizers import BPETokenizer, CharTokenizer, HFTokenizer
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.inference.interfaces import decodable
 from tfbuilder.interop.hf import weights
 from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_config
 from tfbuilder.interop.hf.specials import config_ids, special_ids
 from tfbuilder.interop.onnx import export_onnx
 from tfbuilder.model.builder import build_model
 from tfbuilder.model.components.ffn import glu_hidden
+from tfbuilder.model.model import AuxiliaryLosses
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.runs import vocab_files
-from tfbuilder.runs.checkpoints import load_checkpoint, write_recipe
+from tfbuilder.runs.checkpoints import Loaded, load_checkpoint, write_recipe
 from tfbuilder.spec.recipe import ModelSection, recipe_from_dict
-from tfbuilder.specials import filled
+from tfbuilder.specials import SpecialIds, filled
 from tfbuilder.version import __version__
 
-if TYPE_CHECKING:  # annotations only: loading a checkpoint needs neither at import time
-    from tfbuilder.data.prepare import Vocab
+if TYPE_CHECKING:  # annotations only
     from tfbuilder.data.tokenizers import Tokenizer
-    from tfbuilder.spec.recipe import ModelSection, Recipe
+    from tfbuilder.spec.recipe import Recipe
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few kB; refuse to parse anything absurd
 MAX_TOKENIZER_BYTES = 256 << 20
@@ -74,11 +78,12 @@ def _safetensors():
 def tokenizers_json(tokenizer: Tokenizer) -> str | None:
     """The ``tokenizers`` library's JSON of a tokenizer (what a save_pretrained directory holds as
     tokenizer.json); None for one that has no such form (SentencePiece)."""
-    hf_json = getattr(tokenizer, "hf_json", None)
-    return hf_json() if hf_json is not None else None
+    if isinstance(tokenizer, (CharTokenizer, BPETokenizer, HFTokenizer, PretrainedTokenizer)):
+        return tokenizer.hf_json()
+    return None
 
 
-def tokenizer_config(raw: str, specials) -> dict:
+def tokenizer_config(raw: str, specials: SpecialIds) -> dict:
     """``tokenizer_config.json`` for ``transformers.AutoTokenizer``: a fast tokenizer read from
     tokenizer.json, with the model's special tokens by name."""
     from tokenizers import Tokenizer
@@ -107,18 +112,14 @@ def load_hf(
 ) -> tuple[str, Recipe, torch.nn.Module, Vocab]:
     """(family, recipe, model with the directory's weights, vocab) of a Hugging Face model directory.
     ``overrides`` (``--set``) may add what a config does not say (data, optim, trainer), not change the model."""
-    load_file = _safetensors().load_file
-    from safetensors import SafetensorError
-
+    _safetensors()  # refuse before reading anything when the package is missing
     hf_dir = Path(hf_dir)
-    cfg = _read_json(hf_dir / "config.json", MAX_CONFIG_BYTES)
-    if not isinstance(cfg, dict):
-        raise UnsupportedConfig(f"{hf_dir / 'config.json'}: expected a JSON object")
     config = hf_dir / "config.json"
-    try:
+    cfg = _read_json(config, MAX_CONFIG_BYTES)
+    if not isinstance(cfg, dict):
+        raise UnsupportedConfig(f"{config}: expected a JSON object")
+    with _naming(config):
         family, model_section = from_config(cfg)
-    except UnsupportedConfig as exc:  # "config.json: key: ..." names the file the user gave
-        raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
     for override in overrides:
         if override.split("=", 1)[0].strip().split(".")[0] in ("model", "name", "extends"):
             raise TfbuilderError(
@@ -126,44 +127,62 @@ def load_hf(
             )
     recipe = recipe_from_dict({"name": _recipe_name(hf_dir), "model": model_section}, overrides)
     _check_size(recipe, config)  # before the weights are read or the model is built
-    try:
+    with _naming(config):
         specials = special_ids(cfg, family, recipe.model.vocab_size)
+    theirs = _read_weights(hf_dir / "model.safetensors")
+    model = build_model(recipe)
+    if not isinstance(model, AuxiliaryLosses):  # every kind is; the ids are set on it
+        raise TypeError(f"{type(model).__name__} carries no special ids")
+    state = weights.from_hf(weights.rules(family, recipe.model), theirs, model.state_dict())
+    model.load_state_dict(state)
+    model.specials = specials
+    tok = _read_tokenizer(hf_dir / "tokenizer.json", recipe.model.vocab_size, specials)
+    return family, recipe, model.eval(), Vocab(tok, tok)
+
+
+@contextmanager
+def _naming(config: Path) -> Iterator[None]:
+    """An ``UnsupportedConfig`` raised inside (``config.json: key: ...``) names the file the user gave."""
+    try:
+        yield
     except UnsupportedConfig as exc:
         raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
-    weights_file = hf_dir / "model.safetensors"
+
+
+def _read_weights(weights_file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``model.safetensors`` by their Hugging Face names."""
+    load_file = _safetensors().load_file
+    from safetensors import SafetensorError
+
     if not weights_file.is_file():
-        sharded = (hf_dir / "model.safetensors.index.json").is_file()
+        sharded = (weights_file.parent / "model.safetensors.index.json").is_file()
         raise TfbuilderError(
             f"{weights_file} not found" + (" (sharded checkpoints are not supported)" if sharded else "")
         )
     try:
-        theirs = load_file(str(weights_file))
+        return load_file(str(weights_file))
     except (SafetensorError, OSError) as exc:
         raise TfbuilderError(f"cannot read {weights_file}: {exc}") from None
-    model = build_model(recipe)
-    state = weights.from_hf(weights.rules(family, recipe.model), theirs, model.state_dict())
-    model.load_state_dict(state)
-    model.specials = specials
-    tok_file = hf_dir / "tokenizer.json"
-    if tok_file.is_file():
-        if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
-            raise TfbuilderError(f"{tok_file} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not reading it")
-        try:
-            tok = HFTokenizer.from_str(tok_file.read_text(encoding="utf-8"))
-        except Exception as exc:  # the tokenizers library raises plain Exceptions on bad files
-            raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
-        if tok.vocab_size > recipe.model.vocab_size:
-            raise TfbuilderError(
-                f"{tok_file} has {tok.vocab_size} tokens; the model has only {recipe.model.vocab_size}"
-            )
-        # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's
-        # named tokens for the roles the config leaves out (BERT's [CLS] and [SEP]); a model without
-        # a pad token (GPT-2, Llama) keeps batching as before.
-        own = filled(specials, tok.named_specials())
-        tok.specials = own if None not in (own.start, own.end, own.pad) else None
-    else:
-        tok = HFTokenizer.ids(recipe.model.vocab_size)
-    return family, recipe, model.eval(), Vocab(tok, tok)
+
+
+def _read_tokenizer(tok_file: Path, vocab_size: int, specials: SpecialIds) -> HFTokenizer:
+    """The directory's ``tokenizer.json``, or plain ids when it has none."""
+    if not tok_file.is_file():
+        return HFTokenizer.ids(vocab_size)
+    if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise TfbuilderError(f"{tok_file} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not reading it")
+    try:
+        tok = HFTokenizer.from_str(tok_file.read_text(encoding="utf-8"))
+    except Exception as exc:  # the tokenizers library raises plain Exceptions on bad files
+        raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
+    if tok.vocab_size > vocab_size:
+        raise TfbuilderError(f"{tok_file} has {tok.vocab_size} tokens; the model has only {vocab_size}")
+    # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's
+    # named tokens for the roles the config leaves out (BERT's [CLS] and [SEP]); a model without
+    # a pad token (GPT-2, Llama) keeps batching as before.
+    own = filled(specials, tok.named_specials())
+    tok.specials = own if None not in (own.start, own.end, own.pad) else None
+    return tok
 
 
 def _check_size(recipe: Recipe, config: Path) -> None:
@@ -203,7 +222,7 @@ def checkpoint_dict(model: torch.nn.Module, recipe: Recipe, vocab: Vocab, *, sou
             "train_seconds": 0.0,
             "elapsed": 0.0,
             "source": source,
-            "specials": model.specials.to_dict(),
+            "specials": decodable(model).specials.to_dict(),
         },
     }
 
@@ -236,7 +255,8 @@ def hf_family(model_section: ModelSection) -> str:
 
     candidates = {"decoder": ["gpt2", "llama"], "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
     if model_section.kind == "decoder":
-        candidates.sort(key=lambda f: (f == "llama") != (model_section.position.type == "rotary"))
+        position: ComponentParams = model_section.position
+        candidates.sort(key=lambda f: (f == "llama") != (position.type == "rotary"))
     ours = _comparable(model_section)
     why = ""
     for family in candidates:
@@ -259,7 +279,9 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
     if format not in FORMATS:
         raise TfbuilderError(f"unknown export format {format!r} (one of: {', '.join(FORMATS)})")
     loaded = load_checkpoint(checkpoint)
-    family = hf_family(loaded.recipe.model) if format == "hf" else None  # refuse before writing anything
+    if format == "hf":
+        family = hf_family(loaded.recipe.model)  # refuse before writing anything
+        return _export_hf(loaded, family, _fresh_dir(Path(out)))
     out = _fresh_dir(Path(out))
     model = loaded.model
     if format == "safetensors":
@@ -267,32 +289,41 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         atomic.write_by_name(out / "model.safetensors", lambda tmp: save_model(model, str(tmp)), what="weights")
         write_recipe(out, loaded.recipe.to_dict())
         return [out / "model.safetensors", out / "recipe.yaml", *vocab_files.write(out, loaded.vocab)]
-    if format == "hf":
-        save_file = _safetensors().save_file
-        rules = weights.rules(family, loaded.recipe.model)
-        tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
-        atomic.write_by_name(
-            out / "model.safetensors",
-            lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}),
-            what="weights",
-        )
-        config = {**to_config(loaded.recipe.model, family), **config_ids(model.specials, family)}
-        atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
-        written = [out / "model.safetensors", out / "config.json"]
-        raw = tokenizers_json(loaded.vocab.tgt)
-        if raw is not None:
-            atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
-            config = tokenizer_config(raw, model.specials)
-            atomic.write_text(
-                out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n", what="tokenizer config"
-            )
-            written += [out / "tokenizer.json", out / "tokenizer_config.json"]
-        elif hasattr(loaded.vocab.tgt, "model"):  # SentencePiece: its model file, as save_pretrained keeps it
-            sp_model = loaded.vocab.tgt.model
-            atomic.write_atomic(out / "tokenizer.model", lambda f: f.write(sp_model), what="tokenizer")
-            written.append(out / "tokenizer.model")
-        return written
-
     path = export_onnx(model, loaded.recipe, out / "model.onnx")
     write_recipe(out, loaded.recipe.to_dict())
     return [path, out / "recipe.yaml"]
+
+
+def _export_hf(loaded: Loaded, family: str, out: Path) -> list[Path]:
+    """A save_pretrained directory: weights, config.json and the tokenizer's files."""
+    save_file = _safetensors().save_file
+    model = loaded.model
+    specials = decodable(model).specials
+    rules = weights.rules(family, loaded.recipe.model)
+    tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
+    atomic.write_by_name(
+        out / "model.safetensors",
+        lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}),
+        what="weights",
+    )
+    config = {**to_config(loaded.recipe.model, family), **config_ids(specials, family)}
+    atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
+    written = [out / "model.safetensors", out / "config.json"]
+    tokenizer = loaded.vocab.tgt
+    raw = tokenizers_json(tokenizer)
+    if raw is not None:
+        atomic.write_text(out / "tokenizer.json", raw, what="tokenizer")
+        tok_config = tokenizer_config(raw, specials)
+        atomic.write_text(
+            out / "tokenizer_config.json", json.dumps(tok_config, indent=2) + "\n", what="tokenizer config"
+        )
+        written += [out / "tokenizer.json", out / "tokenizer_config.json"]
+    elif isinstance(tokenizer, SentencePieceTokenizer):  # its model file, as save_pretrained keeps it
+        sp_model = tokenizer.model
+
+        def write_model(f: BinaryIO) -> None:
+            f.write(sp_model)
+
+        atomic.write_atomic(out / "tokenizer.model", write_model, what="tokenizer")
+        written.append(out / "tokenizer.model")
+    return written

@@ -8,11 +8,11 @@ the first present, written under all). The same rules read both ways, so export 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from tfbuilder.interop.hf.configs import UnsupportedConfig
+from tfbuilder.interop.hf.configs import UnsupportedConfig, attention_bias, ffn_bias, stack_layers
 from tfbuilder.model.blocks import Residual
 
 if TYPE_CHECKING:
@@ -21,15 +21,22 @@ if TYPE_CHECKING:
 Rule = tuple[str, tuple[str, ...], str]
 
 
+@runtime_checkable
+class _Fuses(Protocol):
+    """An attention or feed-forward (the component contract): the widths of its fused projections."""
+
+    def fused_widths(self) -> dict[str, list[int]]: ...
+
+
 def _linear(ours: str, theirs: str, op: str = "copy", *, bias: bool = True) -> list[Rule]:
-    rules = [(f"{ours}.weight", (f"{theirs}.weight",), op)]
+    rules: list[Rule] = [(f"{ours}.weight", (f"{theirs}.weight",), op)]
     if bias:
         rules.append((f"{ours}.bias", (f"{theirs}.bias",), "copy"))
     return rules
 
 
 def _fused(ours: str, theirs: list[str], *, bias: bool) -> list[Rule]:
-    rules = [(f"{ours}.weight", tuple(f"{t}.weight" for t in theirs), "cat")]
+    rules: list[Rule] = [(f"{ours}.weight", tuple(f"{t}.weight" for t in theirs), "cat")]
     if bias:
         rules.append((f"{ours}.bias", tuple(f"{t}.bias" for t in theirs), "cat"))
     return rules
@@ -44,7 +51,7 @@ def _gpt2(m: ModelSection) -> list[Rule]:
     out: list[Rule] = [("embed.tokens.weight", ("transformer.wte.weight",), "copy")]
     out.append(("head.weight", ("transformer.wte.weight" if m.tie_output else "lm_head.weight",), "copy"))
     out.append(("embed.position.table.weight", ("transformer.wpe.weight",), "copy"))
-    for i in range(m.decoder.layers):
+    for i in range(stack_layers(m, "decoder")):
         ours, theirs = f"decoder.layers.{i}", f"transformer.h.{i}"
         out += _linear(f"{ours}.self_attn.norm", f"{theirs}.ln_1")
         out += _linear(f"{ours}.self_attn.inner.to_qkv", f"{theirs}.attn.c_attn", "T")
@@ -62,7 +69,7 @@ def _bert(m: ModelSection) -> list[Rule]:
     out.append(("embed.position.table.weight", (f"{e}.position_embeddings.weight",), "copy"))
     out.append(("embed.types.weight", (f"{e}.token_type_embeddings.weight",), "copy"))
     out += _linear("embed.norm", f"{e}.LayerNorm")
-    for i in range(m.encoder.layers):
+    for i in range(stack_layers(m, "encoder")):
         ours, theirs = f"encoder.layers.{i}", f"bert.encoder.layer.{i}"
         att = f"{theirs}.attention"
         out += _fused(
@@ -86,10 +93,11 @@ def _bert(m: ModelSection) -> list[Rule]:
 def _t5(m: ModelSection) -> list[Rule]:
     out: list[Rule] = [(f"{side}.tokens.weight", ("shared.weight",), "copy") for side in ("src_embed", "tgt_embed")]
     out.append(("head.weight", ("shared.weight",), "copy"))
-    for part, side in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
+    sides: tuple[tuple[Literal["encoder", "decoder"], str], ...] = (("encoder", "src_embed"), ("decoder", "tgt_embed"))
+    for part, side in sides:
         bias = f"{part}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
         out.append((f"{side}.position.table.weight", (bias,), "copy"))
-        for i in range(m.stack(part).layers):
+        for i in range(stack_layers(m, part)):
             ours, theirs = f"{part}.layers.{i}", f"{part}.block.{i}.layer"
             sa = f"{theirs}.0.SelfAttention"
             out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{sa}.q", f"{sa}.k", f"{sa}.v"], bias=False)
@@ -113,15 +121,15 @@ def _t5(m: ModelSection) -> list[Rule]:
 def _llama(m: ModelSection) -> list[Rule]:
     out: list[Rule] = [("embed.tokens.weight", ("model.embed_tokens.weight",), "copy")]
     out.append(("head.weight", ("model.embed_tokens.weight" if m.tie_output else "lm_head.weight",), "copy"))
-    att_bias, ffn_bias = m.attention.bias, m.ffn.bias
-    for i in range(m.decoder.layers):
+    att_bias, mlp_bias = attention_bias(m.attention), ffn_bias(m.ffn)
+    for i in range(stack_layers(m, "decoder")):
         ours, theirs = f"decoder.layers.{i}", f"model.layers.{i}"
         sa = f"{theirs}.self_attn"
         out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"], bias=att_bias)
         out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=att_bias)
         out += _linear(f"{ours}.self_attn.norm", f"{theirs}.input_layernorm", bias=False)
-        out += _fused(f"{ours}.ffn.inner.ff_in", [f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"], bias=ffn_bias)
-        out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.mlp.down_proj", bias=ffn_bias)
+        out += _fused(f"{ours}.ffn.inner.ff_in", [f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"], bias=mlp_bias)
+        out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.mlp.down_proj", bias=mlp_bias)
         out += _linear(f"{ours}.ffn.norm", f"{theirs}.post_attention_layernorm", bias=False)
     out += _linear("decoder.final_norm", "model.norm", bias=False)
     return out
@@ -144,7 +152,8 @@ def from_hf(rules: list[Rule], theirs: dict[str, Tensor], ours: dict[str, Tensor
             raise UnsupportedConfig(f"model.safetensors: {sources[0]} has no place in the recipe ({key})")
         if tuple(value.shape) != tuple(out[key].shape):
             raise UnsupportedConfig(
-                f"model.safetensors: {sources[0]} has shape {tuple(tensors[0].shape)}; config.json implies {tuple(out[key].shape)} for {key}"
+                f"model.safetensors: {sources[0]} has shape {tuple(tensors[0].shape)}; "
+                f"config.json implies {tuple(out[key].shape)} for {key}"
             )
         out[key] = value.to(out[key].dtype).contiguous()
     return out
@@ -160,7 +169,7 @@ def to_hf(rules: list[Rule], ours: dict[str, Tensor], sizes: dict[str, list[int]
         if op == "T":
             out[targets[0]] = value.t().contiguous()
         elif op == "cat":
-            for t, part in zip(targets, value.split(sizes[key], dim=0)):
+            for t, part in zip(targets, value.split(sizes[key], dim=0), strict=True):
                 out[t] = part.contiguous()
         elif op == "any":
             for t in targets:
@@ -174,7 +183,8 @@ def split_sizes(model: nn.Module, family: str) -> dict[str, list[int]]:
     """How each fused tensor of a built model splits into its Hugging Face parts (by the modules' widths)."""
     sizes: dict[str, list[int]] = {}
     for name, module in model.named_modules():
-        if isinstance(module, Residual):  # its attention or feed-forward says what it fused (the contract)
+        # A residual's attention or feed-forward says what it fused (the contract: every one has fused_widths).
+        if isinstance(module, Residual) and isinstance(module.inner, _Fuses):
             for projection, widths in module.inner.fused_widths().items():
                 sizes[f"{name}.inner.{projection}.weight"] = sizes[f"{name}.inner.{projection}.bias"] = widths
     return sizes

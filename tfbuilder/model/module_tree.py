@@ -69,7 +69,7 @@ def format_tree(rows: list[ModuleRow]) -> str:
     labels = [f"{'  ' * r.depth}{r.name}: {r.kind}" for r in rows]
     width = max(len(label) for label in labels)
     lines = []
-    for label, row in zip(labels, rows):
+    for label, row in zip(labels, rows, strict=True):
         note = f"  ({row.note})" if row.note else ""
         lines.append(f"{label.ljust(width)}  {row.params:>14,}{note}")
     return "\n".join(lines)

@@ -36,11 +36,13 @@ class InitSection(Section):
         None,
         gt=0.0,
         le=10.0,
-        description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: each component's own",
+        description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: "
+        "each component's own",
     )
     residual_scaling: bool = Field(
         False,
-        description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, Radford et al. 2019)",
+        description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, "
+        "Radford et al. 2019)",
     )
 
     @model_validator(mode="after")
@@ -79,7 +81,8 @@ class ModelSection(Section):
     pad_id: int | None = Field(
         0,
         ge=0,
-        description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, Llama)",
+        description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, "
+        "Llama)",
     )
     d_model: int = Field(512, ge=1, le=65536, description="model width d_model")
     dropout: float = Field(
@@ -87,12 +90,14 @@ class ModelSection(Section):
     )
     placement: Literal["post", "pre", "sandwich"] = Field(
         "post",
-        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + Norm(f(Norm(x))))",
+        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + "
+        "Norm(f(Norm(x))))",
     )
     final_norm: bool | None = Field(None, description="norm after each stack; default false for post, true otherwise")
     block: Literal["sequential", "parallel"] = Field(
         "sequential",
-        description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
+        description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: "
+        "x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
     )
     parallel_norms: Literal["shared", "separate"] = Field(
         "shared",
@@ -114,11 +119,13 @@ class ModelSection(Section):
     )
     embed_scale: PositiveFloat | Literal["sqrt_d_model"] = Field(
         "sqrt_d_model",
-        description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)",
+        description="token embeddings are multiplied by this: sqrt_d_model (the paper, "
+        "sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)",
     )
     output_scale: PositiveFloat | Literal["rsqrt_d_model"] = Field(
         1.0,
-        description="hidden states are multiplied by this before the output head: a number, or rsqrt_d_model (T5's d_model^-0.5 before its tied head)",
+        description="hidden states are multiplied by this before the output head: a number, "
+        "or rsqrt_d_model (T5's d_model^-0.5 before its tied head)",
     )
     token_types: int = Field(
         0, ge=0, le=1024, description="token-type (segment) embeddings added to the input (BERT: 2); 0: none"
@@ -131,7 +138,8 @@ class ModelSection(Section):
         None,
         gt=0.0,
         le=1e4,
-        description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, arXiv:2408.00118: 30); default none",
+        description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, "
+        "arXiv:2408.00118: 30); default none",
     )
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
@@ -141,7 +149,8 @@ class ModelSection(Section):
     )
     head: HeadSection | None = Field(
         None,
-        description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)",
+        description="a sequence head (classify or regress) instead of the language-model output; default: "
+        "none (kinds encoder and decoder)",
     )
 
     @model_validator(mode="after")

@@ -61,16 +61,21 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
         gate: Literal["none", "elementwise", "headwise"] = Field(
             "none",
-            description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): each head's output times sigmoid(x W), x the attention's input; elementwise: one gate per value channel, headwise: one per head",
+            description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): "
+            "each head's output times sigmoid(x W), x the attention's input; elementwise: one gate per value channel, "
+            "headwise: one per head",
         )
         value_residual: Literal["none", "fixed", "learnable"] = Field(
             "none",
-            description="value residual learning (ResFormer, Zhou et al. 2024, arXiv:2410.17897): self-attention layers after the first use lambda1 * V_1 + lambda2 * V_n as values, V_1 the first layer's; fixed or learnable lambdas",
+            description="value residual learning (ResFormer, Zhou et al. 2024, arXiv:2410.17897): "
+            "self-attention layers after the first use lambda1 * V_1 + lambda2 * V_n as values, V_1 the first layer's; "
+            "fixed or learnable lambdas",
         )
         value_lambdas: tuple[Lambda, Lambda] = Field(
             (0.5, 0.5),
             strict=False,
-            description="value residual: (lambda1, lambda2), the weights of V_1 and of the layer's own values (learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
+            description="value residual: (lambda1, lambda2), the weights of V_1 and of the layer's own values "
+            "(learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
         )
         dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
         bias: bool = Field(True, description="learn biases in the input and output projections")
@@ -81,7 +86,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             None,
             gt=0.0,
             le=1e4,
-            description="soft-cap the scaled scores to softcap * tanh(scores / softcap) before the mask and the softmax (Gemma 2: 50); default none",
+            description="soft-cap the scaled scores to softcap * tanh(scores / softcap) before the mask and the "
+            "softmax (Gemma 2: 50); default none",
         )
 
         def shape(self, d_model: int) -> AttentionShape:

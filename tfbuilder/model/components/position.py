@@ -121,7 +121,8 @@ class RotaryPosition(AttentionPosition):
         )
         pairing: Literal["interleaved", "half"] = Field(
             "interleaved",
-            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), GPT-NeoX's and Llama's",
+            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), "
+            "GPT-NeoX's and Llama's",
         )
 
     def __init__(self, params: Params, ctx: BuildContext):
@@ -214,14 +215,16 @@ class RelativeBiasPosition(AttentionPosition):
                 return [
                     (
                         "buckets",
-                        f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, and each half needs an exact bucket",
+                        f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, "
+                        "and each half needs an exact bucket",
                     )
                 ]
             if self.max_distance <= self.buckets // 2:
                 return [
                     (
                         "max_distance",
-                        f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), the distances with exact buckets",
+                        f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), "
+                        "the distances with exact buckets",
                     )
                 ]
             return []

@@ -265,19 +265,19 @@ class ModelSection(Section):
 
     def _stack_components(self, part: Part) -> dict[str, ComponentParams]:
         """The ``part`` stack's own components (its section's, else the model's), by family."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         return {"attention": self.self_attention(part), "ffn": stack.ffn or self.ffn, "norm": stack.norm or self.norm}
 
     def _changes(self, part: Part) -> list[tuple[tuple, LayerChanges]]:
         """Every set of layer changes of the ``part`` stack, with its location (kinds, then overrides)."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         found = [((part, "kinds", name), changes) for name, changes in stack.kinds.items()]
         return found + [((part, "overrides", index), changes) for index, changes in stack.overrides.items()]
 
     def layer_components(self, part: Part, index: int) -> dict[str, ComponentParams]:
         """Layer ``index``'s attention, ffn and norm params in the ``part`` stack: the stack's, changed
         by its kind in the pattern, then by an override of that layer (validated recipes only)."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         components = self._stack_components(part)
         steps: list[LayerChanges] = []
         if stack.pattern:
@@ -295,7 +295,7 @@ class ModelSection(Section):
     def layer_kinds(self, part: Part) -> list[str]:
         """A label for each layer of the ``part`` stack: its kind in the pattern (else ``layer``), with
         ``+override`` where an override changes it (what ``tfbuilder show`` prints)."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         labels = []
         for index in range(stack.layers):
             label = stack.pattern[index % len(stack.pattern)] if stack.pattern else "layer"
@@ -334,8 +334,12 @@ class ModelSection(Section):
         """The ``part`` stack's section, None when the kind has no such stack."""
         return self.encoder if part == "encoder" else self.decoder
 
-    def _present(self, part: Part) -> StackSection:
-        """The ``part`` stack's section, for a model whose kind has that stack."""
+    def stacks(self) -> dict[Part, StackSection]:
+        """The sections of the stacks the kind has, encoder first."""
+        return {part: stack for part in PARTS if (stack := self.stack(part)) is not None}
+
+    def present_stack(self, part: Part) -> StackSection:
+        """The ``part`` stack's section, for a model whose kind has that stack (LookupError otherwise)."""
         stack = self.stack(part)
         if stack is None:
             raise LookupError(f"a model of kind '{self.kind}' has no {part} stack")

@@ -35,6 +35,8 @@ class SinusoidalPosition(nn.Module):
             1024, ge=1, le=1_000_000, description="positions precomputed; longer inputs are computed on the fly"
         )
 
+    table: Tensor  # (max_len, d), a buffer
+
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base = params.base
@@ -125,6 +127,9 @@ class RotaryPosition(AttentionPosition):
             "GPT-NeoX's and Llama's",
         )
 
+    cos: Tensor  # (max_len, k/2), buffers
+    sin: Tensor
+
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base = params.base
@@ -178,6 +183,8 @@ class ALiBiPosition(AttentionPosition):
 
     class Params(PositionParams):
         type: Literal["alibi"] = "alibi"
+
+    slopes: Tensor  # (h,), a buffer
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()

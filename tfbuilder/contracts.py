@@ -221,7 +221,8 @@ REQUIRED: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         {
             "heads": "the number of query heads",
             "key_dim": "the query/key width per head",
-            "output_projections": "output_projections() -> list[nn.Linear]: what ends the residual branch (GPT-2 residual scaling)",
+            "output_projections": "output_projections() -> list[nn.Linear]: "
+            "what ends the residual branch (GPT-2 residual scaling)",
             "fused_widths": "the widths of its fused projections (exporters split them)",
             "keeps_weights": "whether it can keep its attention weights (attention maps)",
             "forward": "forward(x, *, context=None, mask=None, cache=None)",
@@ -235,7 +236,8 @@ REQUIRED: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     "norm": ({"forward": "forward(x)"}, {}),
     "ffn": (
         {
-            "output_projections": "output_projections() -> list[nn.Linear]: what ends the residual branch (GPT-2 residual scaling)",
+            "output_projections": "output_projections() -> list[nn.Linear]: "
+            "what ends the residual branch (GPT-2 residual scaling)",
             "fused_widths": "the widths of its fused projections (exporters split them)",
             "forward": "forward(x)",
         },

@@ -3,7 +3,8 @@
 Components register themselves with :func:`register`; third-party packages do the same from Python
 or through the entry-point group ``tfbuilder.components`` (a recipe only ever names a registered
 type, never an import path). This module imports no component; the types a component is built from
-(:class:`ComponentParams`, :class:`BuildContext`, ...) are the contract's (:mod:`tfbuilder.contracts`), re-exported here.
+(:class:`ComponentParams`, :class:`BuildContext`, ...) are the contract's (:mod:`tfbuilder.contracts`),
+re-exported here.
 """
 
 from __future__ import annotations
@@ -188,19 +189,22 @@ def missing(records: list[dict]) -> list[str]:
             continue
         if r.get("plugin"):
             problems.append(
-                f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, which is not loaded: pass --plugins {r['plugin']}"
+                f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, "
+                f"which is not loaded: pass --plugins {r['plugin']}"
             )
         elif r.get("package"):
             need = (
                 f"pip install '{r['package']}=={r['version']}'" if r.get("version") else f"pip install '{r['package']}'"
             )
+            package = f"{r['package']} {r.get('version') or ''}".rstrip()
             problems.append(
-                f"{r['family']} type '{r['type']}' comes from the package {r['package']} {r.get('version') or ''}".rstrip()
-                + f", which is not installed here: {need}"
+                f"{r['family']} type '{r['type']}' comes from the package {package}, "
+                f"which is not installed here: {need}"
             )
         else:
             problems.append(
-                f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} (not an installed package): import it before loading"
+                f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} "
+                "(not an installed package): import it before loading"
             )
     return problems
 

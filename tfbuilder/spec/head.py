@@ -30,7 +30,8 @@ class HeadSection(Section):
         None,
         ge=2,
         le=MAX_CLASSES,
-        description="classify: how many classes (or give labels); the training split must have exactly this many labels",
+        description="classify: how many classes (or give labels); "
+        "the training split must have exactly this many labels",
     )
     labels: list[str] | None = Field(
         None,
@@ -118,7 +119,8 @@ def head_problems(head: HeadSection, kind: str) -> list[Issue]:
         return [
             (
                 ("head", "pooling"),
-                "cls reads the first token, which in a decoder (causal attention) has seen only itself: use last or mean",
+                "cls reads the first token, which in a decoder (causal attention) has seen only itself: "
+                "use last or mean",
                 "cls",
             )
         ]
@@ -126,7 +128,8 @@ def head_problems(head: HeadSection, kind: str) -> list[Issue]:
         return [
             (
                 ("head", "pooling"),
-                "last is for decoders (the last token is the only one that has seen the whole text): an encoder uses cls or mean",
+                "last is for decoders (the last token is the only one that has seen the whole text): "
+                "an encoder uses cls or mean",
                 "last",
             )
         ]

@@ -36,11 +36,13 @@ class InitSection(Section):
         None,
         gt=0.0,
         le=10.0,
-        description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: each component's own",
+        description="normal std of every linear and embedding weight, biases zero (GPT-2, BERT, Llama: 0.02); default: "
+        "each component's own",
     )
     residual_scaling: bool = Field(
         False,
-        description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, Radford et al. 2019)",
+        description="divide the std of each residual branch's output projection by sqrt(2 * layers) (GPT-2, "
+        "Radford et al. 2019)",
     )
 
     @model_validator(mode="after")
@@ -79,7 +81,8 @@ class ModelSection(Section):
     pad_id: int | None = Field(
         0,
         ge=0,
-        description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, Llama)",
+        description="id of the padding token (masked as a key, ignored by the loss); null: no padding token (GPT-2, "
+        "Llama)",
     )
     d_model: int = Field(512, ge=1, le=65536, description="model width d_model")
     dropout: float = Field(
@@ -87,12 +90,14 @@ class ModelSection(Section):
     )
     placement: Literal["post", "pre", "sandwich"] = Field(
         "post",
-        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + Norm(f(Norm(x))))",
+        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + "
+        "Norm(f(Norm(x))))",
     )
     final_norm: bool | None = Field(None, description="norm after each stack; default false for post, true otherwise")
     block: Literal["sequential", "parallel"] = Field(
         "sequential",
-        description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
+        description="sequential (the paper: attention, then feed-forward) or parallel (GPT-J, PaLM arXiv:2204.02311: "
+        "x + attn(norm(x)) + ffn(norm(x)); one-stack kinds, placement pre or sandwich)",
     )
     parallel_norms: Literal["shared", "separate"] = Field(
         "shared",
@@ -114,11 +119,13 @@ class ModelSection(Section):
     )
     embed_scale: PositiveFloat | Literal["sqrt_d_model"] = Field(
         "sqrt_d_model",
-        description="token embeddings are multiplied by this: sqrt_d_model (the paper, sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)",
+        description="token embeddings are multiplied by this: sqrt_d_model (the paper, "
+        "sec. 3.4) or a number (1 for GPT-2, BERT, T5, Llama)",
     )
     output_scale: PositiveFloat | Literal["rsqrt_d_model"] = Field(
         1.0,
-        description="hidden states are multiplied by this before the output head: a number, or rsqrt_d_model (T5's d_model^-0.5 before its tied head)",
+        description="hidden states are multiplied by this before the output head: a number, "
+        "or rsqrt_d_model (T5's d_model^-0.5 before its tied head)",
     )
     token_types: int = Field(
         0, ge=0, le=1024, description="token-type (segment) embeddings added to the input (BERT: 2); 0: none"
@@ -131,7 +138,8 @@ class ModelSection(Section):
         None,
         gt=0.0,
         le=1e4,
-        description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, arXiv:2408.00118: 30); default none",
+        description="soft-cap the output logits to softcap * tanh(logits / softcap) (Gemma 2, Gemma Team 2024, "
+        "arXiv:2408.00118: 30); default none",
     )
     init: InitSection = Field(default_factory=InitSection, description="initialisation of the weights")
     encoder: StackSection | None = Field(None, description="the encoder stack (kinds encoder_decoder and encoder)")
@@ -141,7 +149,8 @@ class ModelSection(Section):
     )
     head: HeadSection | None = Field(
         None,
-        description="a sequence head (classify or regress) instead of the language-model output; default: none (kinds encoder and decoder)",
+        description="a sequence head (classify or regress) instead of the language-model output; default: "
+        "none (kinds encoder and decoder)",
     )
 
     @model_validator(mode="after")
@@ -256,19 +265,19 @@ class ModelSection(Section):
 
     def _stack_components(self, part: Part) -> dict[str, ComponentParams]:
         """The ``part`` stack's own components (its section's, else the model's), by family."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         return {"attention": self.self_attention(part), "ffn": stack.ffn or self.ffn, "norm": stack.norm or self.norm}
 
     def _changes(self, part: Part) -> list[tuple[tuple, LayerChanges]]:
         """Every set of layer changes of the ``part`` stack, with its location (kinds, then overrides)."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         found = [((part, "kinds", name), changes) for name, changes in stack.kinds.items()]
         return found + [((part, "overrides", index), changes) for index, changes in stack.overrides.items()]
 
     def layer_components(self, part: Part, index: int) -> dict[str, ComponentParams]:
         """Layer ``index``'s attention, ffn and norm params in the ``part`` stack: the stack's, changed
         by its kind in the pattern, then by an override of that layer (validated recipes only)."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         components = self._stack_components(part)
         steps: list[LayerChanges] = []
         if stack.pattern:
@@ -286,7 +295,7 @@ class ModelSection(Section):
     def layer_kinds(self, part: Part) -> list[str]:
         """A label for each layer of the ``part`` stack: its kind in the pattern (else ``layer``), with
         ``+override`` where an override changes it (what ``tfbuilder show`` prints)."""
-        stack = self._present(part)
+        stack = self.present_stack(part)
         labels = []
         for index in range(stack.layers):
             label = stack.pattern[index % len(stack.pattern)] if stack.pattern else "layer"
@@ -325,8 +334,12 @@ class ModelSection(Section):
         """The ``part`` stack's section, None when the kind has no such stack."""
         return self.encoder if part == "encoder" else self.decoder
 
-    def _present(self, part: Part) -> StackSection:
-        """The ``part`` stack's section, for a model whose kind has that stack."""
+    def stacks(self) -> dict[Part, StackSection]:
+        """The sections of the stacks the kind has, encoder first."""
+        return {part: stack for part in PARTS if (stack := self.stack(part)) is not None}
+
+    def present_stack(self, part: Part) -> StackSection:
+        """The ``part`` stack's section, for a model whose kind has that stack (LookupError otherwise)."""
         stack = self.stack(part)
         if stack is None:
             raise LookupError(f"a model of kind '{self.kind}' has no {part} stack")

@@ -123,7 +123,8 @@ class Recipe(Section):
                 problems.append(
                     (
                         ("data", "tokenizer", "path"),
-                        f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; name its tokens in data.tokenizer.specials",
+                        f"a model of kind '{self.model.kind}' cannot train with this tokenizer: {why}; "
+                        "name its tokens in data.tokenizer.specials",
                         self.data.tokenizer.path,
                     )
                 )
@@ -142,7 +143,8 @@ class Recipe(Section):
             return [
                 (
                     ("model", "head"),
-                    "labelled data trains a sequence head: set model.head: {type: classify, classes: N} or {type: regress}",
+                    "labelled data trains a sequence head: set model.head: {type: classify, classes: N} or "
+                    "{type: regress}",
                     None,
                 )
             ]
@@ -159,7 +161,8 @@ class Recipe(Section):
             problems.append(
                 (
                     ("model", "vocab_size"),
-                    f"model.vocab_size ({self.model.vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's",
+                    f"model.vocab_size ({self.model.vocab_size}) differs from the data's vocabulary ({size}); "
+                    "leave it out to use the data's",
                     self.model.vocab_size,
                 )
             )
@@ -168,7 +171,8 @@ class Recipe(Section):
             problems.append(
                 (
                     ("model", "src_vocab_size"),
-                    f"model.src_vocab_size ({self.model.src_vocab_size}) differs from the data's vocabulary ({size}); leave it out to use the data's",
+                    f"model.src_vocab_size ({self.model.src_vocab_size}) differs from the data's vocabulary ({size}); "
+                    "leave it out to use the data's",
                     self.model.src_vocab_size,
                 )
             )
@@ -183,7 +187,8 @@ class Recipe(Section):
             return [
                 (
                     ("model", "pad_id"),
-                    f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when training on data",
+                    f"the data pads with id {pad} (<pad>); model.pad_id ({self.model.pad_id}) must be {pad} when "
+                    "training on data",
                     self.model.pad_id,
                 )
             ]
@@ -261,7 +266,10 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if "name" not in src.data:  # the run is named after the file: it must be a name a run can have
         src.forget(("name",))  # a parent's place: its name is not inherited
         if not re.fullmatch(r"[\w.\-]+", path.stem) or not path.stem.strip("."):
-            message = f"the recipe has no name, and its file name {path.stem!r} is not one (letters, digits, . _ -): add a name: line"
+            message = (
+                f"the recipe has no name, and its file name {path.stem!r} is not one (letters, digits, . _ -): "
+                "add a name: line"
+            )
             raise RecipeError([Problem(message, "name", str(path), 1, 1)])
         src.data["name"] = path.stem
     recipe = validate(src)

@@ -164,7 +164,8 @@ class ColumnsSection(Section):
         None,
         min_length=1,
         max_length=255,
-        description="translation: the source field (JSON, Parquet, datasets: a dotted path into nested records such as translation.de)",
+        description="translation: the source field (JSON, Parquet, datasets: "
+        "a dotted path into nested records such as translation.de)",
     )
     target: str | None = Field(None, min_length=1, max_length=255, description="translation: the target field")
     text: str | None = Field(
@@ -201,7 +202,8 @@ class HubSection(Section):
         None,
         min_length=1,
         max_length=200,
-        description="a branch, tag or commit of the dataset's repository (default: its main branch); a commit pins the data",
+        description="a branch, tag or commit of the dataset's repository (default: its main branch); "
+        "a commit pins the data",
     )
 
 
@@ -237,14 +239,16 @@ class DataSection(Section):
     format: FormatName = Field(
         "text",
         description="a registered format (plugins may add more): text: <stem>.<lang>[.gz], one example per line; "
-        "jsonl, csv, tsv: <stem>.<format>[.gz], records whose fields data.columns names; parquet: <stem>.parquet or its "
-        "shards <stem>-*.parquet; datasets: a Hugging Face dataset (a save_to_disk folder in path, or data.hub), its "
-        "splits named by data.splits",
+        "jsonl, csv, tsv: <stem>.<format>[.gz], records whose fields data.columns names; "
+        "parquet: <stem>.parquet or its shards <stem>-*.parquet; "
+        "datasets: a Hugging Face dataset (a save_to_disk folder in path, or data.hub), "
+        "its splits named by data.splits",
     )
     columns: ColumnsSection | None = Field(None, description="every format but text: the fields that hold the text")
     hub: HubSection | None = Field(
         None,
-        description="format datasets: a dataset on the Hugging Face Hub (instead of path), downloaded and cached by datasets",
+        description="format datasets: a dataset on the Hugging Face Hub (instead of path), "
+        "downloaded and cached by datasets",
     )
     max_len: int = Field(
         256,
@@ -280,7 +284,8 @@ class DataSection(Section):
         None,
         ge=1,
         le=10_000_000,
-        description=f"sentences per batch (when max_tokens is not set); default {DEFAULT_BATCH_SIZE} when neither is set",
+        description=f"sentences per batch (when max_tokens is not set); "
+        f"default {DEFAULT_BATCH_SIZE} when neither is set",
     )
     workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto",

@@ -48,12 +48,14 @@ class StackSection(Section):
         None,
         min_length=1,
         max_length=1000,
-        description="the kinds of consecutive layers, repeated over the depth: layer i is pattern[i % len(pattern)] (Gemma 2: [local, global]); default all alike",
+        description="the kinds of consecutive layers, repeated over the depth: "
+        "layer i is pattern[i % len(pattern)] (Gemma 2: [local, global]); default all alike",
     )
     overrides: dict[Annotated[int, Field(strict=False)], LayerChanges] = Field(
         default_factory=dict,
         max_length=1000,
-        description="changes to single layers by index (from 0; negative from the end: -1 is the last), applied over the pattern's",
+        description="changes to single layers by index (from 0; negative from the end: -1 is the last), "
+        "applied over the pattern's",
     )
 
 
@@ -123,7 +125,8 @@ def change_problems(loc: tuple[Any, ...], base: ComponentParams, change: dict[st
         problems.append(
             (
                 loc + ("value_residual",),
-                f"value_residual must be the stack's ({residual[1]}) in every layer (the first layer hands its values on); "
+                f"value_residual must be the stack's ({residual[1]}) in every layer "
+                "(the first layer hands its values on); "
                 "to leave some layers out (Sparse-ResFormer), give them value_lambdas: [0, 1]",
                 residual[0],
             )

@@ -44,7 +44,8 @@ class MuonSection(Section):
         None,
         gt=0.0,
         le=10.0,
-        description="Muon's peak learning rate (the reference: 0.02 with adjust_lr original); its schedule is optim.schedule's times lr / optim.lr; default optim.lr",
+        description="Muon's peak learning rate (the reference: 0.02 with adjust_lr original); "
+        "its schedule is optim.schedule's times lr / optim.lr; default optim.lr",
     )
     momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of the update before orthogonalisation")
     nesterov: bool = Field(True, description="Nesterov momentum")
@@ -54,7 +55,9 @@ class MuonSection(Section):
     )
     adjust_lr: Literal["original", "match_rms_adamw"] = Field(
         "original",
-        description="per-matrix rate: original (Keller Jordan's, lr * sqrt(max(1, rows / cols))) or match_rms_adamw (Moonshot's 0.2 * lr * sqrt(max(rows, cols)), so AdamW's lr and decay carry over)",
+        description="per-matrix rate: original (Keller Jordan's, lr * sqrt(max(1, "
+        "rows / cols))) or match_rms_adamw (Moonshot's 0.2 * lr * sqrt(max(rows, cols)), "
+        "so AdamW's lr and decay carry over)",
     )
 
 
@@ -63,7 +66,8 @@ class OptimSection(Section):
 
     optimizer: Literal["adam", "adamw", "muon"] = Field(
         "adam",
-        description="adam, adamw, or muon: Muon for the 2-D weights of the stacks, AdamW (lr, betas, eps, weight_decay) for embeddings, the head, norms, biases and scalars",
+        description="adam, adamw, or muon: Muon for the 2-D weights of the stacks, AdamW (lr, betas, eps, "
+        "weight_decay) for embeddings, the head, norms, biases and scalars",
     )
     muon: MuonSection = Field(default_factory=MuonSection, description="Muon's settings (optimizer: muon)")
     lr: float = Field(1e-3, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
@@ -72,7 +76,8 @@ class OptimSection(Section):
     weight_decay: float = Field(
         0.0,
         ge=0.0,
-        description="decoupled weight decay (adamw) of weight matrices and embedding tables; biases, norm gains and learned scalars are not decayed",
+        description="decoupled weight decay (adamw) of weight matrices and embedding tables; biases, "
+        "norm gains and learned scalars are not decayed",
     )
     schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
@@ -80,14 +85,16 @@ class OptimSection(Section):
         0.0,
         ge=0.0,
         le=1.0,
-        description="weight w of the auxiliary z-loss w * log(Z)^2 per target token, Z the softmax normaliser (PaLM, Chowdhery et al. 2022: 1e-4); 0: off",
+        description="weight w of the auxiliary z-loss w * log(Z)^2 per target token, Z the softmax normaliser (PaLM, "
+        "Chowdhery et al. 2022: 1e-4); 0: off",
     )
     grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
     accumulate: int = Field(
         1,
         ge=1,
         le=65_536,
-        description="batches per optimizer step; the step averages the loss over all their target tokens, like one batch this many times larger",
+        description="batches per optimizer step; the step averages the loss over all their target tokens, "
+        "like one batch this many times larger",
     )
 
     @model_validator(mode="after")
@@ -122,11 +129,13 @@ class TrainerSection(Section):
     val_bleu: int = Field(
         0,
         ge=0,
-        description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off",
+        description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU "
+        "as val_bleu; 0: off",
     )
     monitor: Literal["val_loss", "val_bleu", "val_acc", "val_f1", "val_mse"] = Field(
         "val_loss",
-        description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better), val_bleu (higher; needs val_bleu), "
+        description="what makes a checkpoint best.ckpt and drives patience: "
+        "val_loss (lower is better), val_bleu (higher; needs val_bleu), "
         "val_acc (higher), and for a sequence head val_f1 (higher; classify) or val_mse (lower; regress)",
     )
     patience: int | None = Field(
@@ -139,7 +148,8 @@ class TrainerSection(Section):
         0,
         ge=0,
         le=1000,
-        description="also keep the N most recent validated checkpoints as checkpoints/step-<n>.ckpt (for tfbuilder average)",
+        description="also keep the N most recent validated checkpoints as checkpoints/step-<n>.ckpt (for tfbuilder "
+        "average)",
     )
     log_every: int = Field(
         50, ge=1, description="log training metrics (and check the loss is finite) every this many steps"
@@ -154,7 +164,8 @@ class TrainerSection(Section):
         | Literal["auto"]
     ) = Field(
         "auto",
-        description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is the second GPU)",
+        description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is "
+        "the second GPU)",
     )
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
     num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
@@ -162,7 +173,8 @@ class TrainerSection(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
     compile: bool = Field(
         False,
-        description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)",
+        description="torch.compile the model's features and loss as one graph (for GPUs: "
+        "on CPUs compiling costs more than it saves)",
     )
     output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
     _output_path = field_validator("output")(no_nul)
@@ -177,11 +189,13 @@ class TrainerSection(Section):
     )
     progress: bool = Field(
         True,
-        description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)",
+        description="show the step, loss, tokens/s, learning rate and ETA while training (false: "
+        "only the start and each validation)",
     )
     threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
         "auto",
-        description="CPU threads of the training process; auto: the cores not already busy (cores minus those other processes keep busy, at least 1), "
+        description="CPU threads of the training process; "
+        "auto: the cores not already busy (cores minus those other processes keep busy, at least 1), "
         "since threads fighting another process for a core run many times slower",
     )
 

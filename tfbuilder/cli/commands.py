@@ -585,7 +585,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
     else:
         recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
-    from tfbuilder.train.training import fit  # deferred: start-up time
+    from tfbuilder.train.fit import fit  # deferred: start-up time
 
     summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
     if summary is not None and _is_rank_zero():
@@ -931,7 +931,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{run.status:>9}  {run.dir}")
         return 0
     sweeps.write_plan(sweep)
-    from tfbuilder.train.training import quiet_lightning  # deferred: start-up time
+    from tfbuilder.train.trainer import quiet_lightning  # deferred: start-up time
 
     with quiet_lightning():
         failed = _run_with_progress(todo, sweep)
@@ -963,7 +963,7 @@ def _run_with_progress(todo: list, sweep, console=None) -> list[str]:
         TimeRemainingColumn,
     )
 
-    from tfbuilder.train.training import NonFiniteLoss  # deferred: start-up time
+    from tfbuilder.train.callbacks import NonFiniteLoss  # deferred: start-up time
     from tfbuilder.use.sweeps import execute  # deferred: start-up time
 
     console = console or Console(stderr=True)

@@ -1,4 +1,4 @@
-"""The Lightning side of a run you can trust (see training.py for the modules that import Lightning).
+"""The Lightning side of a run you can trust (:mod:`tfbuilder.train` lists the modules that import Lightning).
 
 - :class:`AtomicCheckpointIO` writes every checkpoint atomically and never writes non-finite weights.
 - :class:`RunGuard` checkpoints at every validation (``last.ckpt`` is always the latest validated
@@ -28,7 +28,7 @@ from tfbuilder.runs.checkpoints import STEP_PREFIX, step_checkpoints
 
 
 class FiniteWatch(Protocol):
-    """What the callbacks read of training's Task (training.py imports this module, not the reverse):
+    """What the callbacks read of the Task (task.py and trainer.py import this module, not the reverse):
     ``bad_step``, a device tensor holding the first step whose loss was not finite (0: none), or None."""
 
     bad_step: torch.Tensor | None

@@ -17,6 +17,7 @@ import inspect
 import shlex
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from types import FrameType
 
@@ -39,7 +40,7 @@ class Reached(BaseException):
 def files_until_trainer(overrides: list[str], nth: int) -> list[str]:
     """The ``tfbuilder/`` files (relative to the repository) that ``fit`` enters until the ``nth`` Trainer."""
     trainer_init = inspect.unwrap(pl.Trainer.__init__).__code__
-    seen: dict[str, None] = {}
+    seen: dict[str, str] = {}  # file -> the step of the fit that first entered it
     importing: list[FrameType] = []  # module bodies being run by an import, and what they call, are left out
     built = 0
 
@@ -60,8 +61,8 @@ def files_until_trainer(overrides: list[str], nth: int) -> list[str]:
                 raise Reached
             return
         path = Path(code.co_filename)
-        if path.is_relative_to(PACKAGE):
-            seen.setdefault(str(path.relative_to(ROOT)), None)
+        if path.is_relative_to(PACKAGE) and str(path.relative_to(ROOT)) not in seen:
+            seen[str(path.relative_to(ROOT))] = _step(frame, seen)
 
     recipe = tfbuilder.load_recipe(ROOT / "recipes" / "quickstart.yaml", overrides)
     sys.setprofile(profile)
@@ -73,7 +74,26 @@ def files_until_trainer(overrides: list[str], nth: int) -> list[str]:
         sys.setprofile(None)
     if built < nth:
         raise SystemExit(f"fit returned before Trainer.__init__ was called {nth} time(s)")
-    return list(seen)
+    return [f"{name}  ({step})" if step else name for name, step in seen.items()]
+
+
+def _step(frame: FrameType, seen: dict[str, str]) -> str:
+    """The call of the orchestrating module (the second file entered: the one ``tfbuilder.fit`` calls) that
+    ``frame`` runs under, e.g. ``preflight.check_run``; empty for the orchestrator's own frames."""
+    files = list(seen)
+    if len(files) < 2:
+        return ""
+    orchestrator = str(ROOT / files[1])
+    here: FrameType | None = frame
+    outermost: FrameType | None = None  # the tfbuilder frame nearest the orchestrator's
+    while here is not None and here.f_code.co_filename != orchestrator:
+        if Path(here.f_code.co_filename).is_relative_to(PACKAGE):
+            outermost = here
+        here = here.f_back
+    if here is None or outermost is None:
+        return ""
+    module = Path(outermost.f_code.co_filename).stem
+    return f"under {module}.{outermost.f_code.co_qualname}"
 
 
 def main() -> None:
@@ -87,6 +107,8 @@ def main() -> None:
     print(f"overrides: {' '.join(OVERRIDES)} trainer.output=<temporary folder>")
     for i, name in enumerate(files, 1):
         print(f"{i:3d}  {name}")
+    steps = Counter(name.partition("(under ")[2].rstrip(")") or "the orchestrator itself" for name in files)
+    print("by step: " + "; ".join(f"{step}: {n}" for step, n in steps.most_common()))
     print(f"{len(files)} tfbuilder files entered before Trainer.__init__ (call {args.nth})")
 
 

@@ -253,14 +253,14 @@ def test_init_from_starts_from_the_weights_with_a_fresh_schedule(tmp_path, monke
     from tfbuilder.train import fit as fitting
 
     seen = {}
-    real = fitting._train
+    real = fitting.initial_model
 
-    def spy(start):
-        seen["model"] = start.model
-        seen["before"] = {k: v.clone() for k, v in start.model.state_dict().items()}
-        return real(start)
+    def spy(recipe, origin):
+        model = seen["model"] = real(recipe, origin)
+        seen["before"] = {k: v.clone() for k, v in model.state_dict().items()}
+        return model
 
-    monkeypatch.setattr(fitting, "_train", spy)
+    monkeypatch.setattr(fitting, "initial_model", spy)
     new = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.val_every=3", "trainer.max_steps=3")), init_from=source.last_checkpoint)
     assert new.run_dir != source.run_dir and new.steps == 3  # a new run, counted from 0
     assert new.history[-1]["kind"] == "init_from"

@@ -1,188 +1,63 @@
-"""``fit``: train a recipe through Lightning, from a new run, a resumed checkpoint or trained weights."""
+"""``fit``: train a recipe through Lightning, from a new run, a resumed checkpoint or trained weights.
+
+A fit is one :class:`FitRequest` (its keywords, checked) carried out as a short list of steps
+(:func:`run`): the checks first (the pre-flight, where it starts, the room and the machine, the data),
+then the run directory, then training. Nothing is created before every check has passed.
+"""
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
-from torch import nn
 
-from tfbuilder import atomic, devices, torch_state
-from tfbuilder.data.datamodule import DataModule
-from tfbuilder.data.prepare import Prepared, prepare
+from tfbuilder import torch_state
+from tfbuilder.data.prepare import prepare
 from tfbuilder.data.settle import settle
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.runs.checkpoints import RUN_DIR_ENV, Interrupted, RunLock, display_path
+from tfbuilder.runs.checkpoints import Interrupted
 from tfbuilder.spec.recipe import Recipe
-from tfbuilder.train import diskspace, loggers, memory, preflight, stopping
-from tfbuilder.train.callbacks import RunGuard
-from tfbuilder.train.lifecycle import (
-    Claim,
-    Origin,
-    _set_up_run_dir,
-    claim_run_dir,
-    initial_model,
-    read_origin,
-    stopped_outside_training,
-)
-from tfbuilder.train.progress import Progress, say
-from tfbuilder.train.summary import SCORE_NAMES, Summary
+from tfbuilder.train import preflight, stopping
+from tfbuilder.train.lifecycle import Claim, initial_model, read_origin
+from tfbuilder.train.progress import say
+from tfbuilder.train.summary import Summary
 from tfbuilder.train.task import Task
-from tfbuilder.train.trainer import StepHook, accelerated, new_trainer, probe, quiet_lightning, world_size
+from tfbuilder.train.trainer import build, data_module, probe, quiet_lightning
 
 
-@dataclass
-class _Start:
-    """What :func:`_train` starts from, once every check has passed and the run directory is set up."""
+@dataclass(frozen=True)
+class FitRequest:
+    """What a fit is asked to do (the keywords of :func:`fit`), checked when made: a recipe with data to
+    train on, callbacks and loggers that Lightning takes (a clear error, not one from deep inside it)."""
 
     recipe: Recipe
-    model: nn.Module  # built (and seeded) from the recipe; --init-from's weights loaded
-    prepared: Prepared  # the data, as prepare() made it
-    vocab_json: str
-    run_dir: Path
-    origin: Origin  # the checkpoint a resume continues, and this invocation's record
-    started: float  # perf_counter() when fit began (data preparation counts in the wall time)
-    on_step: Callable[[int, int], None] | None = None
-    callbacks: list[Callback] = field(default_factory=list)  # given to fit() in Python, after tfbuilder's own
-    loggers: list[Logger] = field(default_factory=list)
+    resume: str | Path | None = None  # a checkpoint or run directory: the run continues where it lies
+    run_dir: str | Path | None = None  # train here instead of a new <output>/<name>/version_<n>
+    init_from: str | Path | None = None  # a checkpoint whose weights (and vocabulary) a new run starts from
+    force: bool = False  # resume a checkpoint written in another directory (a copied or moved run)
+    restart: bool = False  # start run_dir over when it stopped before its first checkpoint
+    on_step: Callable[[int, int], None] | None = None  # on_step(step, max_steps) after every optimizer step
+    callbacks: Sequence[Callback] = ()  # Lightning callbacks, after tfbuilder's own
+    loggers: Sequence[Logger] = ()  # Lightning loggers, beside metrics.csv and trainer.loggers
 
-
-def fit(
-    recipe: Recipe,
-    *,
-    resume: str | Path | None = None,
-    run_dir: str | Path | None = None,
-    init_from: str | Path | None = None,
-    force: bool = False,
-    restart: bool = False,
-    on_step: Callable[[int, int], None] | None = None,
-    callbacks: Sequence[Callback] = (),
-    loggers: Sequence[Logger] = (),
-) -> Summary:
-    """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
-
-    ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
-    instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
-    (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
-    written in another directory (a copied or moved run); ``restart`` starts ``run_dir`` over when
-    it stopped before its first checkpoint (its metrics kept as ``metrics.interrupted-<n>.csv``);
-    ``on_step(step, max_steps)`` is called after every optimizer step. ``callbacks`` (Lightning
-    callbacks) run after tfbuilder's own, and ``loggers`` (Lightning loggers) receive the metrics
-    beside ``metrics.csv`` and those ``trainer.loggers`` names. Every way into a run directory holds
-    its ``fit.lock``: a second fit there is refused while one trains. Nothing is created before
-    every check has passed. The process's
-    thread count, random generators and deterministic settings are given back as they were when
-    ``fit`` returns or raises (:mod:`tfbuilder.torch_state`)."""
-    extra = _extras(callbacks, loggers)
-    with torch_state.kept(), quiet_lightning():
-        return _fit(
-            recipe,
-            resume=resume,
-            run_dir=run_dir,
-            init_from=init_from,
-            force=force,
-            restart=restart,
-            on_step=on_step,
-            extra=extra,
-        )
-
-
-def _extras(callbacks: Sequence[Callback], loggers: Sequence[Logger]) -> tuple[list[Callback], list[Logger]]:
-    """``fit``'s callbacks and loggers, each checked to be what Lightning takes (a clear error, not one from deep inside Lightning)."""
-    for what, items, cls in (("callbacks", callbacks, Callback), ("loggers", loggers, Logger)):
-        if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
-            raise TfbuilderError(
-                f"fit({what}=...) takes a list of Lightning {cls.__name__} objects, not {type(items).__name__}"
-            )
-        for i, item in enumerate(items):
-            if not isinstance(item, cls):
-                raise TfbuilderError(f"fit({what}=...)[{i}] is a {type(item).__name__}, not a Lightning {cls.__name__}")
-    return list(callbacks), list(loggers)
-
-
-def _fit(
-    recipe: Recipe,
-    *,
-    resume: str | Path | None,
-    run_dir: str | Path | None,
-    init_from: str | Path | None,
-    force: bool,
-    restart: bool,
-    on_step: Callable[[int, int], None] | None,
-    extra: tuple[list[Callback], list[Logger]] = ([], []),
-) -> Summary:
-    _refuse_untrainable(recipe, resume=resume, init_from=init_from)
-    at = Claim()
-    try:
-        with stopping.raising():  # a signal before training starts unwinds start-up (RunGuard handles those during it)
-            return _start_and_train(
-                recipe,
-                resume=resume,
-                run_dir=run_dir,
-                init_from=init_from,
-                force=force,
-                restart=restart,
-                on_step=on_step,
-                at=at,
-                extra=extra,
-            )
-    except stopping.Stop as stop:
-        raise Interrupted(stopped_outside_training(stop.signum, at), stop.signum) from None
-
-
-def _start_and_train(
-    recipe: Recipe,
-    *,
-    resume: str | Path | None,
-    run_dir: str | Path | None,
-    init_from: str | Path | None,
-    force: bool,
-    restart: bool,
-    on_step: Callable[[int, int], None] | None,
-    at: Claim,
-    extra: tuple[list[Callback], list[Logger]] = ([], []),
-) -> Summary:
-    preflight.check_run(recipe)  # builds, steps and fits this machine, before any run directory exists
-    start = time.perf_counter()
-    origin = at.origin = read_origin(
-        recipe, resume=resume, init_from=init_from, run_dir=run_dir, force=force, restart=restart
-    )
-    rank_zero = rank_zero_only.rank == 0
-    lock = None
-    if rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
-        # An existing run directory is locked at once: a second fit there is refused before it prepares anything.
-        lock = RunLock(origin.run_dir).acquire()
-    try:
-        if rank_zero:  # room for the checkpoints, before anything is prepared or trained
-            target = origin.run_dir if origin.run_dir is not None else Path(recipe.trainer.output) / recipe.name
-            diskspace.check_free(recipe, target, resumed=origin.resumed)
-        probe(recipe)
-        # All data problems surface here, before a run directory exists or anything trains.
-        prepared = prepare(recipe.data, vocab=origin.vocab, model_vocab=recipe.model.vocab_size, say=say)
-        recipe = settle(recipe, prepared)  # labelled data: label ids, and the mapping recorded in the recipe
-        preflight.check_split_lengths(recipe, prepared.splits)
-        vocab_json = prepared.vocab.to_json()
-        model = initial_model(recipe, origin)
-        model.specials = prepared.vocab.specials  # the tokenizer's ids: decoders and checkpoints read them here
-        run_dir = at.run_dir = claim_run_dir(recipe, origin.run_dir, create=rank_zero)
-        at.fresh = origin.run_dir is None
-        if rank_zero and lock is None:
-            lock = RunLock(run_dir).acquire()
-        if rank_zero:
-            _set_up_run_dir(run_dir, recipe, origin, prepared.vocab, restart=restart)
-        return _train(_Start(recipe, model, prepared, vocab_json, run_dir, origin, start, on_step, *extra))
-    finally:
-        if lock is not None:
-            lock.release()
+    def __post_init__(self) -> None:
+        for what, items, cls in (("callbacks", self.callbacks, Callback), ("loggers", self.loggers, Logger)):
+            if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+                raise TfbuilderError(
+                    f"fit({what}=...) takes a list of Lightning {cls.__name__} objects, not {type(items).__name__}"
+                )
+            for i, item in enumerate(items):
+                if not isinstance(item, cls):
+                    raise TfbuilderError(
+                        f"fit({what}=...)[{i}] is a {type(item).__name__}, not a Lightning {cls.__name__}"
+                    )
+            object.__setattr__(self, what, tuple(items))  # the caller's list may change; the request does not
+        _refuse_untrainable(self.recipe, resume=self.resume, init_from=self.init_from)
 
 
 def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None) -> None:
@@ -197,131 +72,81 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
         raise TfbuilderError("give --resume or --init-from, not both")
 
 
-def _train(start: _Start) -> Summary:
-    recipe, model, prepared, run_dir, on_step = start.recipe, start.model, start.prepared, start.run_dir, start.on_step
-    ckpt_path, invocation = start.origin.checkpoint, start.origin.invocation
-    bleu_lines = None
-    if recipe.trainer.val_bleu:
-        sources, references = prepared.raw["val"]
-        bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
-    task = Task(recipe, model, start.vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=start.started)
-    task.run_dir = str(run_dir.resolve())
-    task.invocation = invocation
-    if recipe.trainer.compile:
-        # Features and the fused loss as one graph (tested to have no breaks for every built-in
-        # component); varying batch shapes are traced as dynamic after the first change.
-        task.objective = torch.compile(task.objective)
-    on_accelerator = accelerated(recipe)
-    workers = recipe.data.workers
-    if workers == "auto":
-        workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if on_accelerator else 0
-    datamodule = DataModule(
-        prepared,
-        recipe.data,
-        seed=recipe.trainer.seed,
-        workers=workers,
-        pin_memory=on_accelerator,
-        position_source=lambda: task.batches_seen,
-        causal=recipe.model.kind == "decoder",
-        specials=prepared.vocab.specials,
-    )
+def fit(recipe: Recipe, **options: Any) -> Summary:
+    """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
 
-    t = recipe.trainer
-    ckpt_dir = run_dir / "checkpoints"
-    guard = RunGuard(ckpt_dir, monitor=t.monitor, patience=t.patience, keep_last=t.keep_last, log_every=t.log_every)
-    guard.record = invocation
-    max_steps = t.max_steps
-    if t.max_epochs:
-        per_epoch = datamodule.sampler("train", train=True).batches_per_epoch // world_size(recipe) or 1
-        max_steps = min(max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
-    # On an accelerator the display reads the loss back (a sync) only every log_every steps.
-    threads = devices.threads(t.threads)
-    torch.set_num_threads(threads)
-    shown = Progress(
-        run_dir=display_path(run_dir),
-        every=t.log_every,
-        read_every=t.log_every if on_accelerator else 1,
-        quiet=not t.progress,
-        detail=f"{threads} CPU thread{'s' if threads > 1 else ''} (trainer.threads: {t.threads})",
-    )
-    callbacks: list[Callback] = [guard, shown] + ([StepHook(on_step)] if on_step else []) + start.callbacks
-    built = loggers.build(recipe, run_dir)  # metrics.csv first, always
-    metrics_to = built + start.loggers
-    trainer = new_trainer(recipe, run_dir, callbacks, max_steps, metrics_to)
-    if trainer.is_global_zero:
-        loggers.start(
-            metrics_to, recipe, run_dir
-        )  # before the first step: a tracker that cannot start stops the run here
-    ours = RUN_DIR_ENV not in os.environ
-    os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
-    gpu = on_accelerator and torch.cuda.is_available()
-    memory.reset_peak(gpu)
-    try:
-        trainer.fit(task, datamodule=datamodule, ckpt_path=str(ckpt_path) if ckpt_path else None, weights_only=True)
-    except SystemExit:
-        if guard.signum is None:
-            raise
-        guard.stopped = "interrupted at once"  # a second Ctrl-C: Lightning exits without validating
-    except atomic.WriteError as exc:
-        if exc.errno not in diskspace.FULL or exc.path is None:
-            raise
-        what = display_path(exc.path) if run_dir not in exc.path.parents else str(exc.path.relative_to(run_dir))
-        each = diskspace.checkpoint_bytes(recipe) if exc.path.suffix == ".ckpt" else None  # else metrics, a summary
-        again = (
-            f"then continue with: tfbuilder fit --resume {run_dir}"
-            if guard.kept_step is not None
-            else "then run the same command again"
-        )
-        free = f"Free at least {diskspace.size(2 * each)} there" if each is not None else "Free some space there"
-        raise diskspace.DiskFull(
-            f"{diskspace.full_disk_message(exc.path.parent, what, each)} {guard.kept()} {free}, {again}"
-        ) from None
-    finally:
-        if ours:
-            os.environ.pop(RUN_DIR_ENV, None)
-        loggers.finish(built)
-    if guard.signum is not None:
-        name = stopping.name(guard.signum)
-        raise Interrupted(
-            f"{name}: training stopped at step {trainer.global_step}; {guard.kept()} "
-            f"Continue with: tfbuilder fit --resume {run_dir}",
-            guard.signum,
-        )
+    ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
+    instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
+    (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
+    written in another directory (a copied or moved run); ``restart`` starts ``run_dir`` over when
+    it stopped before its first checkpoint (its metrics kept as ``metrics.interrupted-<n>.csv``);
+    ``on_step(step, max_steps)`` is called after every optimizer step. ``callbacks`` (Lightning
+    callbacks) run after tfbuilder's own, and ``loggers`` (Lightning loggers) receive the metrics
+    beside ``metrics.csv`` and those ``trainer.loggers`` names. Every way into a run directory holds
+    its ``fit.lock``: a second fit there is refused while one trains. Nothing is created before
+    every check has passed. The process's thread count, random generators and deterministic settings
+    are given back as they were when ``fit`` returns or raises (:mod:`tfbuilder.torch_state`).
 
-    stopped = guard.stopped or ("max_steps" if trainer.global_step >= max_steps else "max_minutes")
-    invocation["stopped"] = stopped
-    best = ckpt_dir / "best.ckpt"
-    summary = Summary(
-        run_dir=str(run_dir),
-        steps=trainer.global_step,
-        seconds=task.elapsed(),
-        best_val_loss=guard.best_val_loss,
-        best_val_ppl=math.exp(min(guard.best_val_loss, 50)) if guard.best_val_loss is not None else None,
-        best_checkpoint=str(best) if best.exists() and guard.best_step is not None else None,
-        last_checkpoint=str(ckpt_dir / "last.ckpt"),
-        tokens_per_s=task.train_tokens / max(task.train_seconds, 1e-9),
-        ranks_agree=task.ranks_agree,
-        last_val_acc=guard.last_metrics.get("val_acc"),
-        train_tokens=task.train_tokens,
-        last_val_bleu=guard.last_metrics.get("val_bleu"),
-        monitor=guard.monitor,
-        best_score=guard.best_score,
-        best_step=guard.best_step,
-        last_val_step=guard.last_step,
-        stopped=stopped,
-        history=task.history + [{**invocation, "to_step": trainer.global_step}],
-        peak_memory_mb=memory.peak_mb(gpu),
-        head_scores=None
-        if recipe.model.head is None
-        else {
-            k: v
-            for k, v in guard.last_metrics.items()
-            if k in SCORE_NAMES and math.isfinite(v)  # Pearson's r of a constant: none
-        },
+    ``options`` are :class:`FitRequest`'s fields (listed there once; an unknown one is a TypeError)."""
+    return run(FitRequest(recipe, **options))
+
+
+def run(request: FitRequest) -> Summary:
+    """Carry out ``request``. A signal before training unwinds the start-up (RunGuard handles those during
+    it) into :class:`Interrupted`, saying what was kept; the run directory's lock is released first."""
+    claim = Claim()
+    with torch_state.kept(), quiet_lightning():
+        try:
+            with stopping.raising(), claim:
+                return _steps(request, claim)
+        except stopping.Stop as stop:
+            raise Interrupted(claim.stopped(stop.signum), stop.signum) from None
+
+
+def _steps(request: FitRequest, claim: Claim) -> Summary:
+    """The steps of a fit, in order."""
+    r = request
+    # 1. The model builds, steps and fits this machine (the pre-flight), before any run directory exists.
+    preflight.check_run(r.recipe)
+    started = time.perf_counter()  # the wall time counts the data preparation
+    # 2. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
+    #    locked at once, and there must be room for the checkpoints.
+    where = read_origin(
+        r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force, restart=r.restart
     )
-    if trainer.is_global_zero:
-        atomic.write_text(run_dir / "summary.json", json.dumps(asdict(summary), indent=2), what="summary")
+    origin = claim.hold(where, r.recipe)
+    # 3. A Trainer this machine can run: accelerator, precision, strategy.
+    probe(r.recipe)
+    # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
+    prepared = prepare(r.recipe.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)
+    recipe = settle(r.recipe, prepared)
+    preflight.check_split_lengths(recipe, prepared.splits)
+    # 5. The model, seeded, with --init-from's weights, and the tokenizer's special ids (decoders and
+    #    checkpoints read them there).
+    model = initial_model(recipe, origin)
+    model.specials = prepared.vocab.specials
+    # 6. The run directory, claimed, locked and set up: vocabulary, recipe, a resume's later history set aside.
+    run_dir = claim.set_up(recipe, origin, prepared.vocab, restart=r.restart)
+    # 7. The task and its batches.
+    task = Task.for_run(recipe, model, prepared, run_dir=run_dir, invocation=origin.invocation, started=started)
+    datamodule = data_module(recipe, prepared, task)
+    # 8. The Trainer: tfbuilder's callbacks and loggers, then the caller's.
+    training = build(
+        recipe,
+        run_dir,
+        datamodule,
+        invocation=origin.invocation,
+        on_step=r.on_step,
+        callbacks=r.callbacks,
+        user_loggers=r.loggers,
+    )
+    # 9. Train.
+    training.fit(recipe, task, datamodule, checkpoint=origin.checkpoint)
+    # 10. What the run did, kept as summary.json.
+    summary = Summary.of(recipe, training, task)
+    if training.trainer.is_global_zero:
+        summary.save(run_dir)
     return summary
 
 
-__all__ = ["Summary", "fit"]
+__all__ = ["FitRequest", "Summary", "fit", "run"]

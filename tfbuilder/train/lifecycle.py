@@ -6,7 +6,7 @@
 - The run directory: claimed (a new ``<output>/<name>/version_<n>``, or the one given), locked
   (``fit.lock``: one fit at a time), set up (what a killed run left cleared, vocabulary and recipe written)
   and, on a resume from an earlier step, rewound (what came after set aside, never deleted).
-- What a signal before training leaves behind (:class:`Claim`).
+- The fit's hold on it all (:class:`Claim`), and what a signal before training leaves behind.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from tfbuilder.runs.checkpoints import (
     CheckpointError,
     Interrupted,
     RunDirError,
+    RunLock,
     check_foreign,
     display_path,
     find_checkpoint,
@@ -43,7 +44,7 @@ from tfbuilder.runs.checkpoints import (
 from tfbuilder.runs.rewind import ABANDONED, checkpoint_step, set_aside
 from tfbuilder.spec.diffing import MISSING, differences
 from tfbuilder.spec.recipe import Recipe
-from tfbuilder.train import stopping
+from tfbuilder.train import diskspace, stopping
 from tfbuilder.train.heads import transfer
 from tfbuilder.train.progress import say
 
@@ -106,34 +107,68 @@ class Origin:
         return self.invocation["kind"] == "resume"
 
 
-@dataclass
 class Claim:
-    """How far a fit got before training: what a signal then leaves behind."""
+    """A fit's hold on its run directory, from where it starts to the end of training: the origin
+    (:meth:`hold`), the directory claimed and set up (:meth:`set_up`), its ``fit.lock`` held until the
+    ``with`` block ends, and what a signal before training leaves behind (:meth:`stopped`)."""
 
-    origin: Origin | None = None
-    run_dir: Path | None = None
-    fresh: bool = False  # the run directory was made by this fit (a new version_<n>)
+    def __init__(self) -> None:
+        self.origin: Origin | None = None
+        self.run_dir: Path | None = None
+        self.fresh = False  # the run directory was made by this fit (a new version_<n>)
+        self.rank_zero = rank_zero_only.rank == 0
+        self.lock: RunLock | None = None
 
+    def __enter__(self) -> Claim:
+        return self
 
-def stopped_outside_training(signum: int, at: Claim) -> str:
-    """The message of a fit stopped by a signal outside its training loop: what was kept, and how to go on.
-    A run directory this fit made and trained nothing in goes (it held only the recipe and vocabulary)."""
-    name = stopping.name(signum)
-    run_dir = at.run_dir or (at.origin.run_dir if at.origin is not None else None)
-    last = run_dir / "checkpoints" / "last.ckpt" if run_dir is not None else None
-    if last is not None and last.is_file():
-        step = checkpoint_step(last, {})
-        held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
-        return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
-    if run_dir is not None and at.fresh and rank_zero_only.rank == 0:
-        for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
-            (run_dir / made).unlink(missing_ok=True)
-        for folder in (run_dir / "checkpoints", run_dir):
-            try:
-                folder.rmdir()  # only when empty: nothing else is removed
-            except OSError:
-                pass
-    return f"{name}: stopped before the first step; nothing was trained or kept. {Interrupted.AGAIN}"
+    def __exit__(self, *exc: object) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def hold(self, origin: Origin, recipe: Recipe) -> Origin:
+        """Hold ``origin``'s run directory when it exists (locked at once: a second fit there is refused
+        before it prepares anything), once there is room for the checkpoints."""
+        self.origin = origin
+        self.rank_zero = rank_zero_only.rank == 0
+        if self.rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
+            self.lock = RunLock(origin.run_dir).acquire()
+        if self.rank_zero:  # room for the checkpoints, before anything is prepared or trained
+            target = origin.run_dir if origin.run_dir is not None else Path(recipe.trainer.output) / recipe.name
+            diskspace.check_free(recipe, target, resumed=origin.resumed)
+        return origin
+
+    def set_up(self, recipe: Recipe, origin: Origin, vocab: Vocab, *, restart: bool) -> Path:
+        """The run directory, claimed (a new ``version_<n>``, or the one given, created) and locked;
+        rank 0 sets it up (:func:`_set_up_run_dir`). Called once every check has passed."""
+        run_dir = self.run_dir = _claim_run_dir(recipe, origin.run_dir, create=self.rank_zero)
+        self.fresh = origin.run_dir is None
+        if self.rank_zero and self.lock is None:
+            self.lock = RunLock(run_dir).acquire()
+        if self.rank_zero:
+            _set_up_run_dir(run_dir, recipe, origin, vocab, restart=restart)
+        return run_dir
+
+    def stopped(self, signum: int) -> str:
+        """The message of a fit stopped by a signal outside its training loop: what was kept, and how to go
+        on. A run directory this fit made and trained nothing in goes (it held only the recipe and vocabulary)."""
+        name = stopping.name(signum)
+        run_dir = self.run_dir or (self.origin.run_dir if self.origin is not None else None)
+        last = run_dir / "checkpoints" / "last.ckpt" if run_dir is not None else None
+        if last is not None and last.is_file():
+            step = checkpoint_step(last, {})
+            held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
+            return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
+        if run_dir is not None and self.fresh and rank_zero_only.rank == 0:
+            for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
+                (run_dir / made).unlink(missing_ok=True)
+            for folder in (run_dir / "checkpoints", run_dir):
+                try:
+                    folder.rmdir()  # only when empty: nothing else is removed
+                except OSError:
+                    pass
+        return f"{name}: stopped before the first step; nothing was trained or kept. {Interrupted.AGAIN}"
 
 
 def read_origin(
@@ -216,7 +251,7 @@ def initial_model(recipe: Recipe, origin: Origin) -> nn.Module:
     return model
 
 
-def claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Path:
+def _claim_run_dir(recipe: Recipe, run_dir: Path | None, *, create: bool) -> Path:
     if run_dir is None:
         return Path(new_run_dir(recipe.trainer.output, recipe.name))
     if create:

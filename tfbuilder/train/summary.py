@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
+from tfbuilder import atomic
 from tfbuilder.runs.checkpoints import display_path
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.train import memory
+from tfbuilder.train.task import Task
+from tfbuilder.train.trainer import Training
 
 
 SCORE_NAMES = {"val_acc": "accuracy", "val_f1": "macro-F1", "val_mse": "MSE", "val_pearson": "Pearson r"}
@@ -38,6 +46,45 @@ class Summary:
     peak_memory_mb: float | None = (
         None  # this invocation's peak: GPU memory allocated, or the process's resident memory on a CPU
     )
+
+    @classmethod
+    def of(cls, recipe: Recipe, training: Training, task: Task) -> Summary:
+        """What ``training`` of ``task`` did (the run's whole history, earlier invocations included)."""
+        guard, steps = training.guard, training.trainer.global_step
+        ckpt_dir = training.run_dir / "checkpoints"
+        best = ckpt_dir / "best.ckpt"
+        return cls(
+            run_dir=str(training.run_dir),
+            steps=steps,
+            seconds=task.elapsed(),
+            best_val_loss=guard.best_val_loss,
+            best_val_ppl=math.exp(min(guard.best_val_loss, 50)) if guard.best_val_loss is not None else None,
+            best_checkpoint=str(best) if best.exists() and guard.best_step is not None else None,
+            last_checkpoint=str(ckpt_dir / "last.ckpt"),
+            tokens_per_s=task.train_tokens / max(task.train_seconds, 1e-9),
+            ranks_agree=task.ranks_agree,
+            last_val_acc=guard.last_metrics.get("val_acc"),
+            train_tokens=task.train_tokens,
+            last_val_bleu=guard.last_metrics.get("val_bleu"),
+            monitor=guard.monitor,
+            best_score=guard.best_score,
+            best_step=guard.best_step,
+            last_val_step=guard.last_step,
+            stopped=training.stopped,
+            history=task.history + [{**task.invocation, "to_step": steps}],
+            peak_memory_mb=memory.peak_mb(training.gpu),
+            head_scores=None
+            if recipe.model.head is None
+            else {
+                k: v
+                for k, v in guard.last_metrics.items()
+                if k in SCORE_NAMES and math.isfinite(v)  # Pearson's r of a constant: none
+            },
+        )
+
+    def save(self, run_dir: Path) -> None:
+        """Write ``summary.json`` (atomically)."""
+        atomic.write_text(run_dir / "summary.json", json.dumps(asdict(self), indent=2), what="summary")
 
     def lines(self) -> list[str]:
         best = (

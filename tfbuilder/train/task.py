@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
 from torch import nn
 
 from tfbuilder import registry
-from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.prepare import Prepared, Vocab
 from tfbuilder.inference.translate import translate
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import objectives
@@ -71,6 +72,26 @@ class Task(L.LightningModule):
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
         self.history: list[dict] = []  # earlier invocations (from the resumed checkpoint)
         self.invocation: dict = {}  # this invocation's record; its to_step follows the checkpoints
+
+    @classmethod
+    def for_run(
+        cls, recipe: Recipe, model: nn.Module, prepared: Prepared, *, run_dir: Path, invocation: dict, started: float
+    ) -> Task:
+        """The task of a fit in ``run_dir``: validation BLEU on the first ``trainer.val_bleu`` validation
+        lines, this invocation's record, the objective compiled when ``trainer.compile`` asks."""
+        bleu_lines = None
+        if recipe.trainer.val_bleu:
+            sources, references = prepared.raw["val"]
+            bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
+        vocab_json = prepared.vocab.to_json()
+        task = cls(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=started)
+        task.run_dir = str(run_dir.resolve())
+        task.invocation = invocation
+        if recipe.trainer.compile:
+            # Features and the fused loss as one graph (tested to have no breaks for every built-in
+            # component); varying batch shapes are traced as dynamic after the first change.
+            task.objective = torch.compile(task.objective)
+        return task
 
     # --- training -----------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch, dataloader_idx: int):

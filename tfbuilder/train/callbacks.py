@@ -47,7 +47,7 @@ def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
         return []
     # One reduction per tensor, one host read in all: this runs only when a checkpoint is written.
     finite = torch.stack([torch.isfinite(v).all().cpu() for v in floats.values()])
-    return [k for k, ok in zip(floats, finite.tolist()) if not ok]
+    return [k for k, ok in zip(floats, finite.tolist(), strict=True) if not ok]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -197,7 +197,8 @@ class RunGuard(Callback):
         if self.patience is not None and self.stale >= self.patience:
             self.stop(
                 trainer,
-                f"early stopping: {self.monitor} did not improve for {self.stale} validations (patience {self.patience})",
+                f"early stopping: {self.monitor} did not improve for {self.stale} validations "
+                f"(patience {self.patience})",
             )
         if self.signum is not None:
             self.stop(trainer, "interrupted")

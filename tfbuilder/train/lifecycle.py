@@ -67,7 +67,8 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
         and not force
     ):
         raise RunDirError(
-            f"{ckpt_path} belongs to the history that a resume from an earlier step set aside in {display_path(run_dir)}: "
+            f"{ckpt_path} belongs to the history that a resume from an earlier step set aside in "
+            f"{display_path(run_dir)}: "
             f"give --force to continue it there as a run of its own, or start a new run from its weights with "
             f"tfbuilder fit RECIPE --init-from {ckpt_path}"
         )
@@ -302,7 +303,8 @@ def _start_over(run_dir: Path) -> None:
     if stale.exists():
         kept = atomic.move_new(stale, str(run_dir / "metrics.interrupted-{}.csv"))
         say(
-            f"{display_path(run_dir)} stopped before its first checkpoint: starting over; its metrics were kept as {kept.name}"
+            f"{display_path(run_dir)} stopped before its first checkpoint: starting over; "
+            f"its metrics were kept as {kept.name}"
         )
     empty = run_dir / "checkpoints"
     if empty.is_dir() and is_empty(empty):

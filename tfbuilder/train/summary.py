@@ -14,7 +14,6 @@ from tfbuilder.train import memory
 from tfbuilder.train.task import Task
 from tfbuilder.train.trainer import Training
 
-
 SCORE_NAMES = {"val_acc": "accuracy", "val_f1": "macro-F1", "val_mse": "MSE", "val_pearson": "Pearson r"}
 
 
@@ -119,7 +118,8 @@ class Summary:
             rows.append(
                 (
                     "best checkpoint",
-                    f"{display_path(self.best_checkpoint)} (step {self.best_step}, {self.monitor} {self.best_score:.4f})",
+                    f"{display_path(self.best_checkpoint)} "
+                    f"(step {self.best_step}, {self.monitor} {self.best_score:.4f})",
                 )
             )
         else:

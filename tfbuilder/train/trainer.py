@@ -82,8 +82,9 @@ class Training:
     stopped: str = "max_steps"  # why training ended: max_steps, max_minutes, or the guard's reason
 
     def fit(self, recipe: Recipe, task: Task, datamodule: DataModule, *, checkpoint: Path | None) -> None:
-        """Train ``task`` (from ``checkpoint``, a resume). A full disk becomes :class:`~tfbuilder.train.diskspace.DiskFull`
-        and a signal :class:`Interrupted`, each saying what was kept and how to go on."""
+        """Train ``task`` (from ``checkpoint``, a resume). A full disk becomes
+        :class:`~tfbuilder.train.diskspace.DiskFull` and a signal :class:`Interrupted`, each saying what was kept
+        and how to go on."""
         guard, run_dir = self.guard, self.run_dir
         ours = RUN_DIR_ENV not in os.environ
         os.environ[RUN_DIR_ENV] = str(run_dir)  # inherited by the processes a DDP launcher starts
@@ -114,7 +115,8 @@ class Training:
 
 
 def _disk_full(path: Path, recipe: Recipe, run_dir: Path, guard: RunGuard) -> str:
-    """What a full disk stopped (a checkpoint, the metrics, the summary), what was kept, the room to free, how to go on."""
+    """What a full disk stopped (a checkpoint, the metrics, the summary), what was kept, the room to free,
+    and how to go on."""
     what = display_path(path) if run_dir not in path.parents else str(path.relative_to(run_dir))
     each = diskspace.checkpoint_bytes(recipe) if path.suffix == ".ckpt" else None  # else metrics, a summary
     again = (
@@ -236,7 +238,8 @@ def probe(recipe: Recipe) -> None:
     if isinstance(t.devices, list) and not accelerated(recipe):
         where = "accelerator: cpu" if t.accelerator == "cpu" else "this machine has no GPU"
         raise TfbuilderError(
-            f"trainer.devices {t.devices} names GPUs by index, but training runs on the CPU ({where}): give a number of processes"
+            f"trainer.devices {t.devices} names GPUs by index, but training runs on the CPU ({where}): "
+            "give a number of processes"
         )
     try:
         L.Trainer(

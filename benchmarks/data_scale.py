@@ -41,7 +41,7 @@ FIT = r"""
 import json, sys, time
 t0 = float(sys.argv[1])
 import tfbuilder
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 stamps = []
 recipe = tfbuilder.load_recipe(sys.argv[2], json.loads(sys.argv[3]))
 fit(recipe, on_step=lambda step, total: stamps.append(time.time()))

@@ -129,7 +129,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("causal lm predicts the current token", "tfbuilder/train/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
     Mutation("masked lm: 70% shown as <mask>", "tfbuilder/train/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
     Mutation("masked lm: special tokens may be chosen", "tfbuilder/train/objectives.py", "candidates = tokens >= SPECIAL_COUNT", "candidates = tokens >= 0", OBJ),
-    Mutation("training metrics over every real token", "tfbuilder/train/training.py", "predicted = result.tokens.clamp(min=1)", "predicted = max(size, 1)", ("tests/test_training_metrics.py",)),
+    Mutation("training metrics over every real token", "tfbuilder/train/task.py", "predicted = result.tokens.clamp(min=1)", "predicted = max(size, 1)", ("tests/test_training_metrics.py",)),
     Mutation("residual scaling misses the output projections", "tfbuilder/model/builder.py", "for linear in residual.inner.output_projections():", "for linear in []:", ("tests/test_contracts.py", "-k", "residual_scaling")),
     Mutation("positions built for one head", "tfbuilder/model/builder.py", "return shape.heads, shape.key_dim", "return 1, self.spec.d_model", ("tests/test_contracts.py", "-k", "declared_shape")),
     Mutation("target count includes the first token", "tfbuilder/train/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),

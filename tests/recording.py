@@ -13,7 +13,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from tfbuilder.train import training
+from tfbuilder.train.fit import fit
+from tfbuilder.train.summary import Summary
 from tfbuilder.spec.recipe import Recipe
 
 
@@ -56,10 +57,10 @@ class StepRecorder(Callback):
         self._pending = []
 
 
-def fit_recording(recipe: Recipe, monkeypatch: pytest.MonkeyPatch, recorder: StepRecorder) -> training.Summary:
+def fit_recording(recipe: Recipe, monkeypatch: pytest.MonkeyPatch, recorder: StepRecorder) -> Summary:
     """``tfbuilder.fit(recipe)`` with ``recorder`` among the trainer's callbacks (``monkeypatch``: kept
     for callers; the public ``callbacks`` argument needs none)."""
-    return training.fit(recipe, callbacks=[recorder])
+    return fit(recipe, callbacks=[recorder])
 
 
 def global_norm(grads: dict[str, Tensor]) -> float:

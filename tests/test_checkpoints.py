@@ -76,7 +76,7 @@ SCRIPTED_VAL_LOSS = {2: 5.0, 4: 4.0, 6: 4.5, 8: 3.0, 10: 3.5, 12: 3.0, 14: 3.7, 
 
 def scripted_validation(monkeypatch) -> None:
     """Make every validation report SCRIPTED_VAL_LOSS at its step (whatever the model does)."""
-    from tfbuilder.train.training import Task
+    from tfbuilder.train.task import Task
 
     def on_validation_epoch_end(self):
         loss = SCRIPTED_VAL_LOSS[self.global_step]
@@ -250,17 +250,17 @@ def test_scoring_commands_say_which_checkpoint_they_use(tmp_path, capsys):
 def test_init_from_starts_from_the_weights_with_a_fresh_schedule(tmp_path, monkeypatch, capsys):
     learn = ["optim.schedule.type=constant", "optim.schedule.warmup=0", "optim.lr=3e-3"]
     source = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, *learn, "trainer.val_every=4", "trainer.max_steps=4")))
-    from tfbuilder.train import training
+    from tfbuilder.train import fit as fitting
 
     seen = {}
-    real = training._train
+    real = fitting.initial_model
 
-    def spy(start):
-        seen["model"] = start.model
-        seen["before"] = {k: v.clone() for k, v in start.model.state_dict().items()}
-        return real(start)
+    def spy(recipe, origin):
+        model = seen["model"] = real(recipe, origin)
+        seen["before"] = {k: v.clone() for k, v in model.state_dict().items()}
+        return model
 
-    monkeypatch.setattr(training, "_train", spy)
+    monkeypatch.setattr(fitting, "initial_model", spy)
     new = tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.val_every=3", "trainer.max_steps=3")), init_from=source.last_checkpoint)
     assert new.run_dir != source.run_dir and new.steps == 3  # a new run, counted from 0
     assert new.history[-1]["kind"] == "init_from"

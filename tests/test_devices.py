@@ -187,7 +187,7 @@ def test_auto_threads_are_the_idle_cores_of_the_readings(monkeypatch):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without a GPU gives")
 def test_gpu_indices_on_a_cpu_are_a_clear_error(tmp_path):
     from conftest import ROOT
-    from tfbuilder.train.training import fit
+    from tfbuilder.train.fit import fit
 
     recipe = tfbuilder.load_recipe(ROOT / "recipes" / "quickstart.yaml", [f"trainer.output={tmp_path}", "trainer.devices=[1]"])
     with pytest.raises(TfbuilderError, match=r"trainer.devices \[1\] names GPUs by index, but training runs on the CPU"):

@@ -148,7 +148,7 @@ def test_scores_have_one_writer_with_one_overwrite_rule(tmp_path):
 
 def test_recipe_differences_are_computed_once():
     """A resume's recorded changes come from diffing.differences, as `tfbuilder diff` and sweeps do."""
-    from tfbuilder.train.training import _changes
+    from tfbuilder.train.lifecycle import _changes
 
     assert [rel for rel, text in sources() if re.search(r"def (flatten|differences)\(", text)] == [Path("spec/diffing.py")]
     # Nobody else flattens recipes to compare them key by key (tensors' .flatten() are another thing).

@@ -23,7 +23,9 @@ import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli
 from tfbuilder import atomic
-from tfbuilder.train import diskspace, metrics_log, training
+from tfbuilder.train import diskspace, lifecycle, metrics_log
+from tfbuilder.train import fit as fitting
+from tfbuilder.train.task import Task
 from tfbuilder.atomic import TEMP_MARK
 from tfbuilder.cli.commands import main
 from tfbuilder.runs.checkpoints import RunDirError, read_checkpoint
@@ -163,7 +165,7 @@ def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys, mon
     empty.mkdir()
     with held(run / "fit.lock") as pid, held(empty / "fit.lock") as other:
         with monkeypatch.context() as patch:
-            patch.setattr(training, "prepare", lambda *a, **k: pytest.fail("data prepared for a run in use"))
+            patch.setattr(fitting, "prepare", lambda *a, **k: pytest.fail("data prepared for a run in use"))
             for args in (["fit", "--resume", str(run)], ["fit", "--resume", str(run / "checkpoints" / "step-00000008.ckpt")]):
                 outcome = run_cli(args, capsys)  # refused before preparing anything
                 assert_refused(outcome, f"{run} is in use: a fit is training there (pid {pid} on testhost")
@@ -198,7 +200,7 @@ def test_every_interrupted_attempt_of_a_sweep_run_keeps_its_metrics(tmp_path, ca
     sweep = tmp_path / "sweep"
     args = ["sweep", str(QUICKSTART), "--no-bleu", "--out", str(sweep), *tiny(tmp_path, "trainer.log_every=1")]
     seed = sweep / "runs" / "quickstart" / "seed-0"
-    step_end = training.Task.on_train_batch_end
+    step_end = Task.on_train_batch_end
     for attempt in (1, 2):  # killed at steps 2 and 3, having logged 1 and 2 rows: before the first checkpoint (step 4)
 
         def die(self, *a, attempt=attempt):
@@ -206,14 +208,14 @@ def test_every_interrupted_attempt_of_a_sweep_run_keeps_its_metrics(tmp_path, ca
             if self.global_step == attempt + 1:
                 raise Killed
 
-        monkeypatch.setattr(training.Task, "on_train_batch_end", die)
+        monkeypatch.setattr(Task, "on_train_batch_end", die)
         with pytest.raises(Killed):
             main(args)
         assert not list((seed / "checkpoints").glob("*.ckpt"))
     # The last attempt was killed halfway through its first checkpoint write: its temporary remains.
     (seed / "checkpoints").mkdir(exist_ok=True)
     (seed / "checkpoints" / f".step-00000004.ckpt{TEMP_MARK}99999").write_bytes(b"half a checkpoint")
-    monkeypatch.setattr(training.Task, "on_train_batch_end", step_end)
+    monkeypatch.setattr(Task, "on_train_batch_end", step_end)
     before = hashes(seed)
     assert main(args) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
@@ -325,24 +327,24 @@ def test_a_signal_at_every_moment_keeps_what_was_done_and_says_how_to_go_on(tmp_
         return read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"]
 
     # Start-up of a new run (its directory made, nothing trained): SIGTERM; the empty run directory goes.
-    err = strike(args, training, "_set_up_run_dir", signal.SIGTERM)
+    err = strike(args, lifecycle, "_set_up_run_dir", signal.SIGTERM)
     assert f"SIGTERM: stopped before the first step; nothing was trained or kept. Start again with: tfbuilder {shlex.join(args)}" in err
     assert not run.exists()
     # Mid-step, before the first checkpoint: the current step is validated and checkpointed.
-    err = strike(args, training.Task, "on_train_batch_end", signal.SIGINT, step=2)
+    err = strike(args, Task, "on_train_batch_end", signal.SIGINT, step=2)
     assert f"Ctrl-C: training stopped at step {kept()}; checkpoints/last.ckpt holds step {kept()}" in err
     assert f"Continue with: tfbuilder fit --resume {run}" in err
     # Start-up of a resume: nothing changes.
     before = hashes(run)
-    err = strike(resume, training, "_set_up_run_dir", signal.SIGINT)
+    err = strike(resume, lifecycle, "_set_up_run_dir", signal.SIGINT)
     assert f"Ctrl-C: stopped before training went on; checkpoints/last.ckpt holds step {kept()}. Continue with: tfbuilder fit --resume {run}" in err
     assert hashes(run) == before
     # Right after a resume: SIGTERM.
     first = kept()
-    err = strike(resume, training.Task, "on_train_batch_end", signal.SIGTERM, step=first + 1)
+    err = strike(resume, Task, "on_train_batch_end", signal.SIGTERM, step=first + 1)
     assert kept() == first + 1 and f"SIGTERM: training stopped at step {first + 1}; checkpoints/last.ckpt holds step {first + 1}" in err
     # During a validation (of step 8): that validation completes and is the checkpoint.
-    strike(resume, training.Task, "on_validation_epoch_start", signal.SIGINT, step=8)
+    strike(resume, Task, "on_validation_epoch_start", signal.SIGINT, step=8)
     assert kept() == 8
     # During a checkpoint write (of step 12): the write completes; the next step is validated and kept.
     err = strike(resume, atomic, "_serialize", signal.SIGTERM)

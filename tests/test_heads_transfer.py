@@ -18,7 +18,8 @@ from tfbuilder.interop.hf import import_hf  # noqa: E402
 from tfbuilder.spec.recipe import load_recipe  # noqa: E402
 from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint  # noqa: E402
 from tfbuilder import torch_state  # noqa: E402
-from tfbuilder.train.training import _initial_model, _origin  # noqa: E402
+from tfbuilder.train.lifecycle import initial_model as _initial_model  # noqa: E402
+from tfbuilder.train.lifecycle import read_origin as _origin  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(91)]  # with [PAD], [UNK], [CLS], [SEP] and [MASK]: the model's 96 ids
 POSITIVE, NEGATIVE = WORDS[:30], WORDS[30:]

@@ -42,18 +42,19 @@ OVERRIDES = [
 DRIVER = r"""
 import io, sys
 from tfbuilder import atomic
-from tfbuilder.train import callbacks, training
+from tfbuilder.train import callbacks
+from tfbuilder.train.task import Task
 from tfbuilder.cli.commands import main
 
 def wait_for_the_test(announcement):
     print(announcement, flush=True)
     sys.stdin.readline()  # a line, or the end of the input once the test has struck
 
-step_end = training.Task.on_train_batch_end
+step_end = Task.on_train_batch_end
 def announce(self, *args):
     step_end(self, *args)
     wait_for_the_test(f"STEP {self.global_step}")
-training.Task.on_train_batch_end = announce
+Task.on_train_batch_end = announce
 
 serialize = atomic._serialize
 def slow_write(obj, f):

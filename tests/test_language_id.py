@@ -13,7 +13,7 @@ from tfbuilder.errors import TfbuilderError
 from tfbuilder.use.predict import score
 from tfbuilder.spec.recipe import load_recipe
 from tfbuilder.runs.checkpoints import load_checkpoint
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 
 TARGET = 0.95  # accuracy after 80 steps of 32 sentences (99% here; the full recipe reaches 100%: docs/tasks/classification.md)
 

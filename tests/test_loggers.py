@@ -13,7 +13,7 @@ import tfbuilder
 from conftest import ONE_LAYER, QUICKSTART, short_run
 from tfbuilder.train import loggers
 from tfbuilder.cli.commands import main
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 
 
 def wandb_records(run_file: Path):

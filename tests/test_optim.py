@@ -17,7 +17,7 @@ from tfbuilder.data.tokenizers import PAD
 from tfbuilder.train.objectives import objective
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.runs.checkpoints import read_checkpoint
-from tfbuilder.train.training import Task
+from tfbuilder.train.task import Task
 
 
 

@@ -17,7 +17,7 @@ from tfbuilder.train.objectives import objective
 from tfbuilder.train.optimizers import MuonWithAdamW, build_optimizer
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sections import OptimSection
-from tfbuilder.train.training import Task
+from tfbuilder.train.task import Task
 
 SPECS = {
     "encoder_decoder-untied": tiny_model(tie_output=False, head_bias=True, position={"type": "learned", "max_len": 32}),
@@ -144,7 +144,7 @@ def test_training_with_muon_resumes_bit_equal(tmp_path):
     from conftest import ONE_LAYER, QUICKSTART, short_run
     from tfbuilder.spec.recipe import recipe_from_dict
     from tfbuilder.runs.checkpoints import read_checkpoint
-    from tfbuilder.train.training import fit
+    from tfbuilder.train.fit import fit
 
     common = short_run(tmp_path, *ONE_LAYER, "optim.optimizer=muon", "optim.muon.lr=0.02", "trainer.val_every=3", "trainer.threads=1", train=200, val=10)
     full = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=6"]))

@@ -91,7 +91,7 @@ def test_the_vectorised_cut_equals_the_greedy_definition(seed):
 
 
 def test_a_packed_language_model_trains_on_documents_longer_than_its_block(tmp_path, monkeypatch):
-    from tfbuilder.train.training import fit
+    from tfbuilder.train.fit import fit
 
     monkeypatch.setenv("TFBUILDER_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "data"

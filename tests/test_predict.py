@@ -13,7 +13,7 @@ from tfbuilder.cli.commands import main
 from tfbuilder.spec.recipe import load_recipe, recipe_from_dict
 from tfbuilder.use.reports import group, markdown, read_runs
 from tfbuilder.runs.checkpoints import load_checkpoint
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 
 FRUIT, VEHICLE = "apple banana cherry grape lemon mango".split(), "car bus train plane boat bike".split()
 

@@ -15,7 +15,7 @@ from tfbuilder.cli.commands import main
 from tfbuilder.data.collate import Collate
 from tfbuilder.data.prepare import prepare
 from tfbuilder.runs.checkpoints import load_checkpoint, read_checkpoint
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 
 WORDS = "a the dog cat runs sits on mat in park red big small house tree".split()
 EN = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 2 + i % 5)) for i in range(120)]

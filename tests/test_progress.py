@@ -17,7 +17,7 @@ from conftest import ONE_LAYER
 from test_training import QUICKSTART, small
 from tfbuilder.runs.checkpoints import display_path
 from tfbuilder.train.progress import clock, forecast, scientific
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 
 STEP_LINE = re.compile(r"^step (?P<step>[\d,]+)/(?P<total>[\d,]+)  loss \d+\.\d{3}  \S+ tok/s  lr \d\.\de[-+]\d\d( .*)?  eta \d+:\d\d:\d\d$")
 

@@ -236,7 +236,7 @@ def test_a_small_gzip_that_expands_to_one_huge_line_is_refused_in_bounded_memory
 
 
 def test_fit_prepares_once_and_a_second_fit_reuses_the_store(tmp_path, monkeypatch):
-    from tfbuilder.train.training import fit
+    from tfbuilder.train.fit import fit
 
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
     folder = corpus(tmp_path / "data")
@@ -262,7 +262,7 @@ def test_a_run_on_the_store_resumes_bit_equal_with_loader_workers(tmp_path, monk
 
     from tfbuilder.spec.recipe import recipe_from_dict
     from tfbuilder.runs.checkpoints import read_checkpoint
-    from tfbuilder.train.training import fit
+    from tfbuilder.train.fit import fit
 
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
     folder = corpus(tmp_path / "data")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import tfbuilder.train.training
+import tfbuilder.train.fit
 from conftest import ROOT
 from tfbuilder.cli.commands import main
 
@@ -93,7 +93,7 @@ def test_a_second_invocation_runs_nothing_new(swept, recipes, monkeypatch, capsy
     def refuse(*args, **kwargs):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setattr(tfbuilder.train.training, "fit", refuse)
+    monkeypatch.setattr(tfbuilder.train.fit, "fit", refuse)
     stamp = {p: p.stat().st_mtime_ns for p in swept.rglob("*.ckpt")}
     assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY]) == 0
     assert "4 finished, 0 to resume, 0 to score, 0 to train" in capsys.readouterr().err
@@ -106,13 +106,13 @@ def test_an_unfinished_run_resumes_and_only_it(swept, recipes, monkeypatch, caps
     for scores in run.glob("test-val-*.json"):
         scores.unlink()
     calls = []
-    real = tfbuilder.train.training.fit
+    real = tfbuilder.train.fit.fit
 
     def counting(recipe, **kwargs):
         calls.append((recipe.name, recipe.trainer.seed, kwargs.get("resume")))
         return real(recipe, **kwargs)
 
-    monkeypatch.setattr(tfbuilder.train.training, "fit", counting)
+    monkeypatch.setattr(tfbuilder.train.fit, "fit", counting)
     assert main(["sweep", *map(str, recipes), "--seeds", "2", "--out", str(swept), *TINY]) == 0
     assert "3 finished, 1 to resume" in capsys.readouterr().err
     assert calls == [("tiny-pre", 1, run)]

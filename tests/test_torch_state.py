@@ -13,7 +13,7 @@ import torch
 
 import tfbuilder
 from conftest import QUICKSTART, short_run
-from tfbuilder.train import training
+from tfbuilder.train import trainer
 from tfbuilder.torch_state import TorchState
 
 
@@ -56,7 +56,7 @@ def test_fit_gives_them_back_when_it_raises(tmp_path, caller_threads, monkeypatc
         seen["threads"] = torch.get_num_threads()  # what the fit set before building its Trainer
         raise RuntimeError("no trainer today")
 
-    monkeypatch.setattr(training, "_trainer", broken_trainer)
+    monkeypatch.setattr(trainer, "new_trainer", broken_trainer)
     before = TorchState.now()
     with pytest.raises(RuntimeError, match="no trainer today"):
         tfbuilder.fit(tfbuilder.load_recipe(QUICKSTART, short_run(tmp_path, "trainer.max_steps=2", "trainer.threads=1")))

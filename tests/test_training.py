@@ -19,7 +19,7 @@ from conftest import QUICKSTART, ROOT, ddp_env, short_run
 from tfbuilder.cli.commands import main
 from tfbuilder.spec.recipe import recipe_from_dict
 from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint, model_state, read_checkpoint
-from tfbuilder.train.training import fit
+from tfbuilder.train.fit import fit
 
 
 
@@ -160,15 +160,15 @@ def test_fit_without_data_section_is_refused(tmp_path):
 DDP_DRIVER = """
 import os, sys
 import torch
-from tfbuilder.train import training
+from tfbuilder.train.task import Task
 from tfbuilder.cli.commands import main
 
-train_end = training.Task.on_train_end
+train_end = Task.on_train_end
 def save_weights(self):
     train_end(self)
     state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
     torch.save(state, os.path.join(os.environ["WEIGHTS_DIR"], f"rank-{self.global_rank}.pt"))
-training.Task.on_train_end = save_weights
+Task.on_train_end = save_weights
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -235,7 +235,7 @@ def test_a_training_step_adds_the_moe_balancing_losses_to_the_objective():
 
     from tfbuilder.model.components.ffn import MixtureOfExperts
     from tfbuilder.train.objectives import objective
-    from tfbuilder.train.training import Task
+    from tfbuilder.train.task import Task
 
     moe = "model.ffn={type: moe, experts: 3, top_k: 1, hidden: 32, aux_weight: 0.1}"
     recipe = tfbuilder.load_recipe(QUICKSTART, [moe, "model.encoder.layers=1", "model.decoder.layers=1"])

@@ -12,7 +12,7 @@ import tfbuilder
 from conftest import tiny_model
 from tfbuilder.train import objectives
 from tfbuilder.spec.recipe import recipe_from_dict
-from tfbuilder.train.training import Task
+from tfbuilder.train.task import Task
 
 EPSILON = 0.1  # label smoothing: the logged loss is smoothed, perplexity is not
 

@@ -15,7 +15,8 @@ import pytest
 
 import tfbuilder
 from conftest import ROOT
-from tfbuilder.train import preflight, training
+from tfbuilder.train import fit as fitting
+from tfbuilder.train import preflight
 from tfbuilder.data.prepare import Split
 from tfbuilder.errors import DataError
 from tfbuilder.errors import RecipeError, TfbuilderError
@@ -185,8 +186,8 @@ def test_every_prepared_example_fits_the_learned_positions():
 def test_a_model_without_padding_trains_only_on_batches_of_one():
     decoder = tfbuilder.load_recipe(DECODER, ["model.pad_id=null"])
     with pytest.raises(TfbuilderError, match="model.pad_id is null"):
-        training._refuse_untrainable(decoder, resume=None, init_from=None)
+        fitting._refuse_untrainable(decoder, resume=None, init_from=None)
     ones = tfbuilder.load_recipe(DECODER, ["model.pad_id=null", "data.max_tokens=null", "data.batch_size=1"])
-    training._refuse_untrainable(ones, resume=None, init_from=None)
+    fitting._refuse_untrainable(ones, resume=None, init_from=None)
     with pytest.raises(TfbuilderError, match="model.pad_id is null"):
-        training._refuse_untrainable(tfbuilder.load_recipe(DECODER, ["model.pad_id=null", "data.max_tokens=null", "data.batch_size=2"]), resume=None, init_from=None)
+        fitting._refuse_untrainable(tfbuilder.load_recipe(DECODER, ["model.pad_id=null", "data.max_tokens=null", "data.batch_size=2"]), resume=None, init_from=None)

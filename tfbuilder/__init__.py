@@ -22,8 +22,8 @@ _ports.provide_tokenizer_files(_pretrained)
 def fit(recipe: Recipe, **options):
     """Train a recipe through Lightning; returns a summary. ``options``: ``resume``, ``run_dir``,
     ``init_from``, ``on_step``, ``callbacks`` (Lightning callbacks) and ``loggers`` (Lightning
-    loggers, beside metrics.csv) (see :func:`tfbuilder.train.training.fit`)."""
-    from tfbuilder.train.training import fit as _fit  # deferred: start-up time (Lightning only when training)
+    loggers, beside metrics.csv) (see :func:`tfbuilder.train.fit.fit`)."""
+    from tfbuilder.train.fit import fit as _fit  # deferred: start-up time (Lightning only when training)
 
     return _fit(recipe, **options)
 

@@ -98,7 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{run.status:>9}  {run.dir}")
         return 0
     sweeps.write_plan(sweep)
-    from tfbuilder.train.training import quiet_lightning  # deferred: start-up time
+    from tfbuilder.train.trainer import quiet_lightning  # deferred: start-up time
 
     with quiet_lightning():
         failed = _run_with_progress(todo, sweep)
@@ -130,7 +130,7 @@ def _run_with_progress(todo: list[Run], sweep: Sweep, console: Console | None = 
         TimeRemainingColumn,
     )
 
-    from tfbuilder.train.training import NonFiniteLoss  # deferred: start-up time
+    from tfbuilder.train.callbacks import NonFiniteLoss  # deferred: start-up time
     from tfbuilder.use.sweeps import execute  # deferred: start-up time
 
     console = console or Console(stderr=True)

@@ -64,7 +64,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
     else:
         recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
-    from tfbuilder.train.training import fit  # deferred: start-up time
+    from tfbuilder.train.fit import fit  # deferred: start-up time
 
     summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
     if summary is not None and _is_rank_zero():

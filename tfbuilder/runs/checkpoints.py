@@ -2,7 +2,8 @@
 
     <trainer.output>/<recipe name>/version_<n>/
         recipe.yaml        the resolved recipe
-        tfbuilder-vocab.json  the vocabulary; tokenizer.json (or tokenizer.model) the same for other tools (data/vocab_files.py)
+        tfbuilder-vocab.json  the vocabulary; tokenizer.json (or tokenizer.model) the same for other tools
+                           (data/vocab_files.py)
         metrics.csv        always; TensorBoard, W&B and MLflow beside it (loggers.py; loggers.json says where)
         checkpoints/last.ckpt   the latest validated state (written at every validation)
         checkpoints/best.ckpt   the best by trainer.monitor
@@ -195,8 +196,23 @@ def load_checkpoint(
 
     ckpt_path = choose_checkpoint(path, checkpoint)
     data = read_checkpoint(ckpt_path)
-    meta = data["tfbuilder"]
-    # The metadata is checked as a recipe file would be: a damaged checkpoint is an error, not a traceback.
+    model, recipe, vocab = _rebuild(data["tfbuilder"], data, ckpt_path)
+    try:
+        model.load_state_dict(_finite_weights(data, ckpt_path))
+    except RuntimeError as exc:
+        raise CheckpointError(
+            f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}"
+        ) from None
+    step = data.get("global_step", 0)
+    model = model.to(resolve(device)).eval()
+    loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
+    logging.getLogger("tfbuilder").info("loaded %s", loaded.describe())
+    return loaded
+
+
+def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[nn.Module, Recipe, Vocab]:
+    """The model (its special ids set, weights not loaded), recipe and vocabulary a checkpoint's metadata
+    describes, each checked as a recipe file would be: a damaged checkpoint is an error, not a traceback."""
     try:
         recipe = recipe_from_dict(meta["recipe"])
         _check_stored_size(recipe, data, ckpt_path)
@@ -222,7 +238,12 @@ def load_checkpoint(
         )
     except ValueError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
-    state = {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
+    return model, recipe, vocab
+
+
+def _finite_weights(data: dict, ckpt_path: Path) -> dict[str, torch.Tensor]:
+    """The model's weights in ``data``, refused when one is not a finite real number (NaN, inf or complex)."""
+    state = model_state(data)
     unfit = next(
         (
             k
@@ -235,20 +256,10 @@ def load_checkpoint(
         raise CheckpointError(
             f"{ckpt_path}: damaged checkpoint: the weights of {unfit} are not finite real numbers (NaN, inf or complex)"
         )
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}"
-        ) from None
-    step = data.get("global_step", 0)
-    model = model.to(resolve(device)).eval()
-    loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
-    logging.getLogger("tfbuilder").info("loaded %s", loaded.describe())
-    return loaded
+    return state
 
 
-def _check_stored_size(recipe: object, data: dict, ckpt_path: Path) -> None:
+def _check_stored_size(recipe: Recipe, data: dict, ckpt_path: Path) -> None:
     """Before a stored recipe is built: its model has no more parameters than the checkpoint holds
     weights for, and fits this machine (both counted on the meta device, nothing allocated)."""
 
@@ -377,7 +388,8 @@ class RunLock:
             holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
             raise RunDirError(
-                f"{self.path.parent} is in use: a fit is training there ({holder}); wait for it, or choose another directory"
+                f"{self.path.parent} is in use: a fit is training there ({holder}); "
+                "wait for it, or choose another directory"
             ) from None
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)

@@ -1,4 +1,4 @@
-"""The Lightning side of a run you can trust (see training.py for the modules that import Lightning).
+"""The Lightning side of a run you can trust (:mod:`tfbuilder.train` lists the modules that import Lightning).
 
 - :class:`AtomicCheckpointIO` writes every checkpoint atomically and never writes non-finite weights.
 - :class:`RunGuard` checkpoints at every validation (``last.ckpt`` is always the latest validated
@@ -28,7 +28,7 @@ from tfbuilder.runs.checkpoints import STEP_PREFIX, step_checkpoints
 
 
 class FiniteWatch(Protocol):
-    """What the callbacks read of training's Task (training.py imports this module, not the reverse):
+    """What the callbacks read of the Task (task.py and trainer.py import this module, not the reverse):
     ``bad_step``, a device tensor holding the first step whose loss was not finite (0: none), or None."""
 
     bad_step: torch.Tensor | None
@@ -47,7 +47,7 @@ def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
         return []
     # One reduction per tensor, one host read in all: this runs only when a checkpoint is written.
     finite = torch.stack([torch.isfinite(v).all().cpu() for v in floats.values()])
-    return [k for k, ok in zip(floats, finite.tolist()) if not ok]
+    return [k for k, ok in zip(floats, finite.tolist(), strict=True) if not ok]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -197,7 +197,8 @@ class RunGuard(Callback):
         if self.patience is not None and self.stale >= self.patience:
             self.stop(
                 trainer,
-                f"early stopping: {self.monitor} did not improve for {self.stale} validations (patience {self.patience})",
+                f"early stopping: {self.monitor} did not improve for {self.stale} validations "
+                f"(patience {self.patience})",
             )
         if self.signum is not None:
             self.stop(trainer, "interrupted")

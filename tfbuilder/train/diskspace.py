@@ -1,8 +1,9 @@
 """Free space for a run's checkpoints: checked before training, and a full disk named (no Lightning here).
 
 A checkpoint holds the weights (4 bytes a parameter) and Adam's two moments (8 more), plus its
-recipe, vocabulary and archive entries (the buffers, position tables and masks, are not saved). At the moment one is written a run holds up to
-``keep_last`` kept checkpoints, a ``best.ckpt`` older than them, and the one being written.
+recipe, vocabulary and archive entries (the buffers, position tables and masks, are not saved). At the moment
+one is written a run holds up to ``keep_last`` kept checkpoints, a ``best.ckpt`` older than them,
+and the one being written.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ class LinearCrossEntropy(torch.autograd.Function):
         softcap: float | None = None,
         z_loss: float = 0.0,
     ):
-        vocab = weight.shape[0]
         chunk = -(-x.shape[0] // pieces)  # a fixed number of pieces: compiled graphs stay shape-generic
         loss = x.new_zeros((), dtype=torch.float32)
         nll = x.new_zeros((), dtype=torch.float32)
@@ -69,6 +68,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             if bias is not None:
                 logits = logits + bias.to(logits.dtype)
             logits = logits.float()
+            tanh: Tensor | None = None
             if softcap is not None:
                 tanh = torch.tanh(logits / softcap)
                 logits = softcap * tanh
@@ -84,15 +84,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             nll = nll + row_nll.masked_fill(~valid, 0.0).sum()
             correct = correct + ((logp.argmax(dim=-1) == t) & valid).sum()
             if grad:
-                g = logp.exp_()  # softmax, in place: the log-probabilities are not needed any more
-                if z_loss:  # d(w log(Z)^2)/d logits = 2 w log(Z) softmax
-                    g.mul_(1 + 2 * z_loss * log_z[:, None])
-                g.scatter_add_(1, safe[:, None], torch.full_like(g[:, :1], -(1.0 - epsilon)))
-                if epsilon:
-                    g.sub_(epsilon / vocab)
-                if softcap is not None:  # through the cap: d(c tanh(l / c))/dl = 1 - tanh^2
-                    g.mul_(1 - tanh.square())
-                g.mul_(valid[:, None])
+                # softmax minus the smoothed target, in place: the log-probabilities are not needed any more
+                g = LinearCrossEntropy._grad_logits(logp, log_z, safe, valid, epsilon, z_loss, tanh=tanh)
                 g = g.to(rows.dtype)
                 grad_x[start : start + chunk] = (g @ weight.to(g.dtype)).to(x.dtype)
                 if rows.dtype == grad_w.dtype:
@@ -106,6 +99,30 @@ class LinearCrossEntropy(torch.autograd.Function):
         ctx.mark_non_differentiable(nll, correct)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return loss, nll, correct
+
+    @staticmethod
+    def _grad_logits(
+        logp: Tensor,
+        log_z: Tensor,
+        target: Tensor,
+        valid: Tensor,
+        epsilon: float,
+        z_loss: float,
+        *,
+        tanh: Tensor | None,
+    ) -> Tensor:
+        """The gradient of a chunk's summed loss with respect to its logits, made in ``logp``'s storage:
+        softmax minus the smoothed one-hot target (plus the z-loss's term), through the soft cap, 0 on
+        rows that do not count."""
+        g = logp.exp_()  # softmax
+        if z_loss:  # d(w log(Z)^2)/d logits = 2 w log(Z) softmax
+            g.mul_(1 + 2 * z_loss * log_z[:, None])
+        g.scatter_add_(1, target[:, None], torch.full_like(g[:, :1], -(1.0 - epsilon)))
+        if epsilon:
+            g.sub_(epsilon / g.shape[-1])
+        if tanh is not None:  # through the cap: d(c tanh(l / c))/dl = 1 - tanh^2
+            g.mul_(1 - tanh.square())
+        return g.mul_(valid[:, None])
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _nll, _correct):

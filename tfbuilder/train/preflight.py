@@ -4,8 +4,8 @@ model builds, runs forward and backward, fits this machine, and the run can star
 Three checks, all before anything big is allocated:
 
 1. lengths: a learned position table must cover the longest sequence the data can hold;
-2. size (:mod:`tfbuilder.model.sizing`): parameters are counted on the ``meta`` device (no memory) from models of one and two layers
-   per stack, extrapolated to the recipe's depth; training needs about 16 bytes per parameter
+2. size (:mod:`tfbuilder.model.sizing`): parameters are counted on the ``meta`` device (no memory) from models
+   of one and two layers per stack, extrapolated to the recipe's depth; training needs about 16 bytes per parameter
    (weights, gradients and Adam's two moments in float32), refused when that exceeds the memory of
    the devices the run would use;
 3. a trial step: the recipe's model with one layer per stack and a small vocabulary (every width,
@@ -72,8 +72,9 @@ def check_lengths(recipe: Recipe) -> list[Problem]:
     return [
         recipe.problem(
             ("model", "position", "max_len"),
-            f"learned positions cover {limit} but {dotted_path(where)} allows {longest} tokens ({longest + extra} positions with "
-            f"the special tokens): raise max_len to at least {longest + extra}, or lower {dotted_path(where)}",
+            f"learned positions cover {limit} but {dotted_path(where)} allows {longest} tokens "
+            f"({longest + extra} positions with the special tokens): "
+            f"raise max_len to at least {longest + extra}, or lower {dotted_path(where)}",
         )
     ]
 
@@ -103,7 +104,8 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
                 index = int(too_long[0])
                 side_name = side if split.tgt is not None else "text"
                 raise DataError(
-                    f"the {name} split's example {index + 1:,} has {int(rows.lengths[index]):,} {side_name} tokens, more than the "
+                    f"the {name} split's example {index + 1:,} has {int(rows.lengths[index]):,} {side_name} tokens, "
+                    "more than the "
                     f"{limit - extra:,} the learned positions cover (model.position.max_len {limit}); "
                     "raise max_len or shorten the data"
                 )

@@ -1,4 +1,4 @@
-"""What a training run shows while it runs: one line that states the truth.
+"""What a training run shows while it runs: one line that states the truth (and :func:`say`, a line from start-up).
 
 ``step 1,200/3,000  loss 2.345  1.8e+03 tok/s  lr 4.0e-04  val_loss 2.101  eta 0:14:05``
 
@@ -20,9 +20,16 @@ import time
 from typing import TextIO
 
 import lightning as L
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, Timer
 
 REDRAW_SECONDS = 0.25  # a terminal line is redrawn at most this often
+
+
+def say(line: str) -> None:
+    """One line on the terminal from the first process (what the data preparation or the start-up did)."""
+    if rank_zero_only.rank == 0:
+        print(line, file=sys.stderr, flush=True)
 
 
 def scientific(value: float) -> str:

@@ -25,7 +25,7 @@ from tfbuilder.runs.checkpoints import default_checkpoint, is_empty, load_checkp
 from tfbuilder.runs.checkpoints import scores_file as checkpoint_scores
 from tfbuilder.spec.diffing import MISSING, differences
 from tfbuilder.spec.recipe import Recipe, load_recipe, recipe_from_dict
-from tfbuilder.train import training
+from tfbuilder.train import fit as fitting
 from tfbuilder.use.evaluation import evaluate, save_scores
 
 Status = Literal["finished", "evaluate", "resume", "new"]
@@ -170,9 +170,9 @@ def execute(
     if run.status == "new":
         # A run that started before but stopped ahead of its first checkpoint starts over, holding the
         # run's lock; what each attempt logged is kept (metrics.interrupted-<n>.csv).
-        training.fit(run.recipe, run_dir=run.dir, restart=True, on_step=on_step)
+        fitting.fit(run.recipe, run_dir=run.dir, restart=True, on_step=on_step)
     elif run.status == "resume":
-        training.fit(run.recipe, resume=run.dir, on_step=on_step)
+        fitting.fit(run.recipe, resume=run.dir, on_step=on_step)
     if bleu_beam is not None and _translates(run.recipe) and not scores_file(run.dir, bleu_beam).exists():
         loaded = load_checkpoint(run.dir)  # the checkpoint every command scores
         save_scores(loaded, evaluate(loaded, "val", beam=bleu_beam))

@@ -40,12 +40,13 @@ def load_body(model: nn.Module, weights: dict[str, Tensor]) -> list[str]:
 def note(source: str, ours: dict[str, Any], theirs: dict[str, Any], model: nn.Module, dropped: list[str]) -> str:
     """The line ``fit`` prints: what was loaded, what is new, what was left out."""
     new = [k for k in model.state_dict() if k.startswith(HEAD)]
+    head = _describe(ours["model"].get("head"), ours["model"].get("kind", ""))
+    their_head = _describe(theirs["model"].get("head"), theirs["model"].get("kind", ""))
+    left_out = ""
+    if dropped:
+        shown = ", ".join(dropped[:4]) + (", ..." if len(dropped) > 4 else "")
+        left_out = f" ({len(dropped)} weight{'s' if len(dropped) > 1 else ''} left out: {shown})"
     return (
-        f"init-from: the body comes from {source}; a new {_describe(ours['model'].get('head'), ours['model'].get('kind', ''))} is initialised "
-        f"({', '.join(new)}) in place of its {_describe(theirs['model'].get('head'), theirs['model'].get('kind', ''))}"
-        + (
-            f" ({len(dropped)} weight{'s' if len(dropped) > 1 else ''} left out: {', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''})"
-            if dropped
-            else ""
-        )
+        f"init-from: the body comes from {source}; a new {head} is initialised "
+        f"({', '.join(new)}) in place of its {their_head}{left_out}"
     )

@@ -1,0 +1,152 @@
+"""``fit``: train a recipe through Lightning, from a new run, a resumed checkpoint or trained weights.
+
+A fit is one :class:`FitRequest` (its keywords, checked) carried out as a short list of steps
+(:func:`run`): the checks first (the pre-flight, where it starts, the room and the machine, the data),
+then the run directory, then training. Nothing is created before every check has passed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers.logger import Logger
+
+from tfbuilder import torch_state
+from tfbuilder.data.prepare import prepare
+from tfbuilder.data.settle import settle
+from tfbuilder.errors import TfbuilderError
+from tfbuilder.runs.checkpoints import Interrupted
+from tfbuilder.spec.recipe import Recipe
+from tfbuilder.train import preflight, stopping
+from tfbuilder.train.lifecycle import Claim, initial_model, read_origin
+from tfbuilder.train.progress import say
+from tfbuilder.train.summary import Summary
+from tfbuilder.train.task import Task
+from tfbuilder.train.trainer import build, data_module, probe, quiet_lightning
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    """What a fit is asked to do (the keywords of :func:`fit`), checked when made: a recipe with data to
+    train on, callbacks and loggers that Lightning takes (a clear error, not one from deep inside it)."""
+
+    recipe: Recipe
+    resume: str | Path | None = None  # a checkpoint or run directory: the run continues where it lies
+    run_dir: str | Path | None = None  # train here instead of a new <output>/<name>/version_<n>
+    init_from: str | Path | None = None  # a checkpoint whose weights (and vocabulary) a new run starts from
+    force: bool = False  # resume a checkpoint written in another directory (a copied or moved run)
+    restart: bool = False  # start run_dir over when it stopped before its first checkpoint
+    on_step: Callable[[int, int], None] | None = None  # on_step(step, max_steps) after every optimizer step
+    callbacks: Sequence[Callback] = ()  # Lightning callbacks, after tfbuilder's own
+    loggers: Sequence[Logger] = ()  # Lightning loggers, beside metrics.csv and trainer.loggers
+
+    def __post_init__(self) -> None:
+        for what, items, cls in (("callbacks", self.callbacks, Callback), ("loggers", self.loggers, Logger)):
+            if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
+                raise TfbuilderError(
+                    f"fit({what}=...) takes a list of Lightning {cls.__name__} objects, not {type(items).__name__}"
+                )
+            for i, item in enumerate(items):
+                if not isinstance(item, cls):
+                    raise TfbuilderError(
+                        f"fit({what}=...)[{i}] is a {type(item).__name__}, not a Lightning {cls.__name__}"
+                    )
+            object.__setattr__(self, what, tuple(items))  # the caller's list may change; the request does not
+        _refuse_untrainable(self.recipe, resume=self.resume, init_from=self.init_from)
+
+
+def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None) -> None:
+    if recipe.data is None:
+        raise TfbuilderError("the recipe has no data section: nothing to train on")
+    if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
+        # Padding would be indistinguishable from a token, and would count as a target.
+        raise TfbuilderError(
+            "model.pad_id is null (no padding token): train with data.batch_size: 1, or set model.pad_id"
+        )
+    if resume is not None and init_from is not None:
+        raise TfbuilderError("give --resume or --init-from, not both")
+
+
+def fit(recipe: Recipe, **options: Any) -> Summary:
+    """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
+
+    ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
+    instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
+    (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
+    written in another directory (a copied or moved run); ``restart`` starts ``run_dir`` over when
+    it stopped before its first checkpoint (its metrics kept as ``metrics.interrupted-<n>.csv``);
+    ``on_step(step, max_steps)`` is called after every optimizer step. ``callbacks`` (Lightning
+    callbacks) run after tfbuilder's own, and ``loggers`` (Lightning loggers) receive the metrics
+    beside ``metrics.csv`` and those ``trainer.loggers`` names. Every way into a run directory holds
+    its ``fit.lock``: a second fit there is refused while one trains. Nothing is created before
+    every check has passed. The process's thread count, random generators and deterministic settings
+    are given back as they were when ``fit`` returns or raises (:mod:`tfbuilder.torch_state`).
+
+    ``options`` are :class:`FitRequest`'s fields (listed there once; an unknown one is a TypeError)."""
+    return run(FitRequest(recipe, **options))
+
+
+def run(request: FitRequest) -> Summary:
+    """Carry out ``request``. A signal before training unwinds the start-up (RunGuard handles those during
+    it) into :class:`Interrupted`, saying what was kept; the run directory's lock is released first."""
+    claim = Claim()
+    with torch_state.kept(), quiet_lightning():
+        try:
+            with stopping.raising(), claim:
+                return _steps(request, claim)
+        except stopping.Stop as stop:
+            raise Interrupted(claim.stopped(stop.signum), stop.signum) from None
+
+
+def _steps(request: FitRequest, claim: Claim) -> Summary:
+    """The steps of a fit, in order."""
+    r = request
+    # 1. The model builds, steps and fits this machine (the pre-flight), before any run directory exists.
+    preflight.check_run(r.recipe)
+    started = time.perf_counter()  # the wall time counts the data preparation
+    # 2. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
+    #    locked at once, and there must be room for the checkpoints.
+    where = read_origin(
+        r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force, restart=r.restart
+    )
+    origin = claim.hold(where, r.recipe)
+    # 3. A Trainer this machine can run: accelerator, precision, strategy.
+    probe(r.recipe)
+    # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
+    prepared = prepare(r.recipe.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)
+    recipe = settle(r.recipe, prepared)
+    preflight.check_split_lengths(recipe, prepared.splits)
+    # 5. The model, seeded, with --init-from's weights, and the tokenizer's special ids (decoders and
+    #    checkpoints read them there).
+    model = initial_model(recipe, origin)
+    model.specials = prepared.vocab.specials
+    # 6. The run directory, claimed, locked and set up: vocabulary, recipe, a resume's later history set aside.
+    run_dir = claim.set_up(recipe, origin, prepared.vocab, restart=r.restart)
+    # 7. The task and its batches.
+    task = Task.for_run(recipe, model, prepared, run_dir=run_dir, invocation=origin.invocation, started=started)
+    datamodule = data_module(recipe, prepared, task)
+    # 8. The Trainer: tfbuilder's callbacks and loggers, then the caller's.
+    training = build(
+        recipe,
+        run_dir,
+        datamodule,
+        invocation=origin.invocation,
+        on_step=r.on_step,
+        callbacks=r.callbacks,
+        user_loggers=r.loggers,
+    )
+    # 9. Train.
+    training.fit(recipe, task, datamodule, checkpoint=origin.checkpoint)
+    # 10. What the run did, kept as summary.json.
+    summary = Summary.of(recipe, training, task)
+    if training.trainer.is_global_zero:
+        summary.save(run_dir)
+    return summary
+
+
+__all__ = ["FitRequest", "Summary", "fit", "run"]

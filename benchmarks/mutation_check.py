@@ -193,6 +193,15 @@ MUTATIONS: list[Mutation] = [
     Mutation("sources: </s> placed one too far", D, "out[rows, lengths[rows]] = end", "out[rows, lengths[rows] + 1] = end", SEARCH),
     Mutation("greedy: the limit counts without </s>", D, "last = step + 1 >= limits[alive]  # the limit counts the closing </s>", "last = step >= limits[alive]", ("tests/test_decoding.py", "-k", "length_limit or sampled")),
     Mutation("ensemble: sum of probabilities, not mean", "tfbuilder/inference/ensemble.py", "return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))", "return torch.logsumexp(torch.stack(logps), dim=0)", ("tests/test_ensemble.py",)),
+    # --- gaps found by planting bugs (issue #36): each with the test written for it
+    Mutation("store: ids above 65,535 kept in uint16", "tfbuilder/data/tokens.py", "np.uint16 if vocab_size <= 2**16 else", "np.uint16 if vocab_size <= 2**17 else", ("tests/test_store.py", "-k", "narrowest or largest_ids")),
+    Mutation("packing: a stored split's last document dropped (its end offset)", "tfbuilder/data/tokens.py", "        return self.owner.examples + 1\n", "        return self.owner.examples\n", ("tests/test_packing.py", "-k", "stored_documents")),
+    Mutation("beam: the bound ignores the length still to grow", D, "now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha)", "now / _length_penalty(step + 2, self.alpha), now / _length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
+    Mutation("latent: a beam reads another input's source", "tfbuilder/model/components/latent_attention.py", "k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))", "k, v = (t.repeat(group, 1, 1, 1) for t in (k, v))", ("tests/test_decoding.py", "-k", "groups_beams")),
+    Mutation("muon: AdamW's half never stepped", "tfbuilder/train/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
+    Mutation("z-loss: ignored by the masked LM", "tfbuilder/train/objectives.py", "        documents=documents,\n        z_loss=z_loss,\n    )", "        documents=documents,\n    )", OBJ + ("-k", "z_loss")),
+    Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/train/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
+    Mutation("pattern: the kind applied over the override", "tfbuilder/spec/recipe.py", "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
 ]
 
 

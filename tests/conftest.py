@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").rglob("*.yaml"))
 # Multi30k lies beside the clone here and in CI; elsewhere point MULTI30K_DIR at a copy (docs/multi30k.md, "Data").
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", ROOT.parent / "shared" / "data" / "multi30k"))
+# A small generated corpus with Multi30k's file names (tests/fixtures/make_multi30k.py), committed: what
+# the tests that need Multi30k's files, not its content, read where the real data is absent.
+MULTI30K_FIXTURE = ROOT / "tests" / "fixtures" / "multi30k"
+
+
+def multi30k_or_fixture() -> tuple[Path, bool]:
+    """Multi30k where it is here, else the generated stand-in; and whether it is the real data."""
+    real = (MULTI30K / "train.de.gz").exists()
+    return (MULTI30K, True) if real else (MULTI30K_FIXTURE, False)
 
 # The smallest model that still has every part: used wherever a test needs "some model".
 TINY_MODEL = {

@@ -265,7 +265,7 @@ def test_a_text_file_that_raises_writes_nothing(tmp_path):
 # --output, flushed per batch), the run lock (created exclusively; its content is a note), the
 # probe of a failing standard output (not a file), and the kernel's reset of the peak memory
 # (/proc/self/clear_refs, not a file anyone keeps).
-STREAMED = {("cli.py", "cmd_translate"), ("runs.py", "acquire"), ("cli.py", "_stdout_failed"), ("memory.py", "reset_peak")}
+STREAMED = {("decoding.py", "_open_sink"), ("checkpoints.py", "acquire"), ("commands.py", "_stdout_failed"), ("memory.py", "reset_peak")}
 SAVERS = {"save", "save_file", "save_model", "savefig", "copyfile", "copy2", "tofile"}
 
 

@@ -15,7 +15,6 @@ from conftest import ROOT, tiny_model
 from tfbuilder.inference import decoding
 from tfbuilder import registry
 from tfbuilder.data.tokenizers import BOS, EOS, MASK, PAD
-from tfbuilder.model.components.attention import MultiHeadAttention
 from tfbuilder.registry import BuildContext
 from tfbuilder.cli.commands import main
 from tfbuilder.data.collate import pad
@@ -162,23 +161,34 @@ def test_sampled_translations_carry_their_log_probability():
     assert [[ids for _, ids in found] for found in top1] == [[g, g] for g in decoding.greedy(model, src, max_len_b=6)]
 
 
-def test_cross_attention_groups_beams_over_one_source():
-    """q rows (b*g) against b sources equals the same attention with each source copied g times."""
+CROSS_CASES = [pytest.param(name, {"heads": 4}, id=name) for name in registry.types("attention")] + [
+    pytest.param("multihead", {"heads": 4, "kv_heads": 2}, id="multihead-grouped-query"),
+]
+
+
+@pytest.mark.parametrize("name, params", CROSS_CASES)
+def test_cross_attention_groups_beams_over_one_source(name, params):
+    """q rows (b*g) against b sources equals the same attention with each source copied g times, for
+    every registered attention type (each may cross-attend: decoder.cross_attention takes any)."""
     torch.manual_seed(0)
-    params = MultiHeadAttention.Params(heads=4, kv_heads=2)
-    attn = MultiHeadAttention(params, BuildContext(d_model=32, cross=True)).eval()
+    entry = registry.get("attention", name)
+    attn = registry.build("attention", entry.params.model_validate({"type": name, **params}), BuildContext(d_model=32, cross=True)).eval()
     x, context = torch.randn(6, 1, 32), torch.randn(2, 5, 32)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
-    grouped = attn(x, context=context, mask=mask)
-    copied = attn(x, context=context.repeat_interleave(3, 0), mask=mask.repeat_interleave(3, 0))
-    torch.testing.assert_close(grouped, copied)
+    for key_mask in (mask, None):
+        grouped = attn(x, context=context, mask=key_mask)
+        copied = attn(x, context=context.repeat_interleave(3, 0), mask=None if key_mask is None else key_mask.repeat_interleave(3, 0))
+        torch.testing.assert_close(grouped, copied)
+        alone = torch.cat([attn(x[3 * s : 3 * s + 3], context=context[s : s + 1], mask=None if key_mask is None else key_mask[s : s + 1]) for s in range(2)])
+        torch.testing.assert_close(grouped, alone)  # each beam reads its own input's source only
     with pytest.raises(ValueError, match="do not group"):
         attn(torch.randn(5, 1, 32), context=context, mask=mask)
 
 
+@pytest.mark.parametrize("attention", registry.types("attention"))
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_batched_padded_inputs_decode_as_alone(search):
-    model = model_with(seed=3)
+def test_batched_padded_inputs_decode_as_alone(search, attention):
+    model = model_with("attention", attention, seed=3)
     rows = [torch.randint(5, 53, (n,)).tolist() for n in (3, 9, 5, 1)]
     run = (lambda s: decoding.greedy(model, s, max_len_b=7)) if search == "greedy" else (
         lambda s: decoding.beam_search(model, s, beam=3, max_len_b=7)

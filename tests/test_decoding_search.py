@@ -70,21 +70,37 @@ def trap(limit: int = 6) -> Tensor:
     return table
 
 
+def slow_start(limit: int = 6) -> Tensor:
+    """An uncertain first token (</s> the likeliest single choice: 0.4 against 0.22, 0.2 and 0.18 for
+    5, 6 and 7), then near-certain tokens up to the limit. Every live hypothesis has lost as much as it ever
+    will after one step; under a strong length penalty (alpha 1.5) one that grows to the limit beats
+    the early </s>, which beats it at its present length: a search that stops when no live hypothesis
+    can win at its next length, not at the longest it may reach, ends with the empty output."""
+    table = torch.full((limit, VOCAB), -12.0)
+    table[0, [EOS, 5, 6, 7]] = torch.tensor([0.4, 0.22, 0.2, 0.18]).log()
+    for t in range(1, limit - 1):
+        table[t, REAL[t % 3]] = 10.0
+    table[limit - 1, EOS] = 10.0
+    return table
+
+
 @pytest.mark.parametrize("beam", [2, 4, 8])  # a beam of one is greedy search (tests/test_decoding.py)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
 def test_beam_search_finds_the_exhaustive_best(beam, alpha):
     limit = 6
-    tables = [trap(limit)] + [torch.randn(limit, VOCAB, generator=torch.Generator().manual_seed(s)) * 3 for s in range(4)]
+    tables = [trap(limit), slow_start(limit)] + [torch.randn(limit, VOCAB, generator=torch.Generator().manual_seed(s)) * 3 for s in range(4)]
     src = torch.tensor([[5, EOS]])
-    for table in tables:
+    for table, nbest in itertools.product(tables, (1, min(beam, 3))):  # the stopping bar: the best ended, or the nbest-th
         model = TableModel(table)
-        nbest = min(beam, 3)
         got = decoding.beam_search_nbest(model, src, beam=beam, nbest=nbest, alpha=alpha, max_len_a=0, max_len_b=limit)[0]
         want = exhaustive_best(table, limit=limit, alpha=alpha, nbest=nbest)
         assert [h for _, h in got] == [h for _, h in want]
         assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=1e-5)
     # The trap: the confident long output, not an early </s>.
     assert decoding.beam_search(TableModel(trap(limit)), src, beam=beam, alpha=alpha, max_len_a=0, max_len_b=limit) == [[5, 6, 7, 5]]
+    # The slow start: under alpha 1.5 the output that grows to the limit, not the early </s>.
+    grown = decoding.beam_search(TableModel(slow_start(limit)), src, beam=beam, alpha=alpha, max_len_a=0, max_len_b=limit)
+    assert grown == ([[5, 6, 7, 5, 6]] if alpha == 1.5 else [[]])
 
 
 class MarkovTable(TableModel):

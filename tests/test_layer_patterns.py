@@ -42,6 +42,14 @@ def test_each_layer_gets_its_kind_then_its_override():
         assert [getattr(layer, residual).norm.eps for layer in model.decoder.layers] == [1e-6] * 5 + [1e-3]
 
 
+def test_an_override_wins_over_the_pattern_on_the_field_both_set():
+    """The rule (docs/recipes.md, "Layers that differ"): a layer's override is applied after its
+    kind's changes, so where both set a field (here the window of a local layer) the override wins."""
+    model = patterned(overrides={0: {"attention": {"window": 5}}, -2: {"attention": {"window": None}}})
+    attentions = [layer.self_attn.inner for layer in model.decoder.layers]
+    assert [a.window for a in attentions] == [5, 2, None, 2, None, None]  # layers 0 and 4 are local
+
+
 def test_a_patterned_model_decodes_with_a_cache_as_without():
     model = patterned()
     tokens = torch.randint(5, 53, (2, 7))

@@ -192,6 +192,46 @@ def test_logit_softcap_and_z_loss_are_the_papers_formulas(pieces):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
+KIND_BATCHES = {
+    "decoder": lambda t: {"tokens": t},
+    "encoder": lambda t: {"tokens": t},  # the masked LM
+    "encoder_decoder": lambda t: {"src": t, "tgt_in": t[:, :-1], "tgt_out": t[:, 1:]},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_BATCHES))
+def test_the_recipes_z_loss_reaches_the_objective_of_every_model_kind(monkeypatch, kind):
+    """optim.z_loss adds w * log(Z)^2 per predicted token to the loss of every kind of model (the
+    masked LM: the chosen tokens only), and leaves the nll (perplexity) alone."""
+    from tfbuilder.train.objectives import objective
+
+    spec = tiny_model(kind=kind, **({"encoder": None} if kind == "decoder" else {}), **({"decoder": None} if kind == "encoder" else {}))
+    plain = tfbuilder.Recipe.model_validate({"model": spec})
+    with_z = tfbuilder.Recipe.model_validate({"model": spec, "optim": {"z_loss": 0.5}})
+    assert plain.model.kind == kind
+    model = tfbuilder.build_model(plain).eval()
+    batch = KIND_BATCHES[kind](torch.randint(5, 53, (3, 7)))
+    seen = []
+
+    def record(head, hidden, target, **kw):
+        seen.append((head(hidden), target, kw["ignore"]))
+        return head_loss(head, hidden, target, **kw)
+
+    monkeypatch.setattr("tfbuilder.train.objectives.head_loss", record)
+    results = []
+    for recipe in (plain, with_z):
+        torch.manual_seed(0)  # the masked LM draws the same tokens to predict
+        with torch.no_grad():
+            results.append(objective(recipe, epsilon=0.0)(model, batch))
+    (logits, target, ignore), again = seen
+    assert torch.equal(target, again[1])
+    log_z = torch.logsumexp(logits.float(), dim=-1)[target != ignore]
+    assert 0 < len(log_z) and log_z.abs().min() > 0.1
+    a, b = results
+    torch.testing.assert_close(b.loss - a.loss, 0.5 * log_z.square().mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(a.nll, b.nll)
+
+
 def test_the_recipes_z_loss_and_logit_softcap_reach_the_objective_and_decoding():
     spec = tiny_model(kind="decoder", encoder=None, logit_softcap=2.0)
     plain = tfbuilder.Recipe.model_validate({"model": spec})

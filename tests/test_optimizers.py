@@ -6,6 +6,7 @@ and that its state survives a checkpoint."""
 from __future__ import annotations
 
 import copy
+import typing
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from conftest import tiny_model
 from tfbuilder.train.objectives import objective
 from tfbuilder.train.optimizers import MuonWithAdamW, build_optimizer
 from tfbuilder.spec.recipe import Recipe
+from tfbuilder.spec.sections import OptimSection
 from tfbuilder.train.training import Task
 
 SPECS = {
@@ -151,3 +153,36 @@ def test_training_with_muon_resumes_bit_equal(tmp_path):
     a, b = (read_checkpoint(s.last_checkpoint) for s in (full, resumed))
     assert set(a["optimizer_states"][0]) == {"muon", "adamw"}
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+
+
+OPTIMIZERS = typing.get_args(OptimSection.model_fields["optimizer"].annotation)  # every one the recipe schema allows
+
+
+def batch_for(kind: str) -> dict:
+    tokens = torch.randint(5, 53, (4, 8))
+    if kind == "encoder_decoder":
+        return {"src": tokens, "tgt_in": tokens[:, :-1], "tgt_out": tokens[:, 1:]}
+    return {"tokens": tokens}
+
+
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_one_step_changes_every_parameter_that_has_a_gradient(name, spec):
+    """Whatever the optimizer: Muon's matrices and AdamW's half (embeddings, head, norms, biases,
+    scalars) alike. A tiny model still learns from Muon alone, so learning says nothing of the rest."""
+    assert set(OPTIMIZERS) >= {"adam", "adamw", "muon"}
+    optim = {"optimizer": name, "lr": 1e-3, "weight_decay": 0.0, "schedule": {"type": "constant", "warmup": 0}}
+    if name == "muon":
+        optim["muon"] = {"lr": 0.02}
+    recipe = Recipe.model_validate({"model": spec, "optim": optim})
+    model = tfbuilder.build_model(recipe).train()
+    optimizer = Task(recipe, model, "{}").configure_optimizers()["optimizer"]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    loss = objective(recipe, epsilon=0.0)(model, batch_for(recipe.model.kind)).loss
+    auxiliary = model.auxiliary_loss()  # the MoE's balancing loss: its router's gradient
+    (loss if auxiliary is None else loss + auxiliary).backward()
+    stepped = {n for n, p in model.named_parameters() if p.grad is not None and bool(p.grad.ne(0).any())}
+    optimizer.step()
+    assert any("embed" in n for n in stepped) and any(n.endswith("bias") or "norm" in n for n in stepped)
+    unchanged = sorted(n for n, p in model.named_parameters() if n in stepped and torch.equal(p.detach(), before[n]))
+    assert not unchanged, f"{name}: a gradient but no step for {unchanged}"

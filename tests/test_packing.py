@@ -13,7 +13,8 @@ import tfbuilder
 from conftest import ROOT
 from tfbuilder import masks
 from tfbuilder.data.batching import cut
-from tfbuilder.data.packing import Packed, segments
+from tfbuilder.data.packing import Packed, packed_splits, segments
+from tfbuilder.data import text
 from tfbuilder.data.prepare import prepare
 from tfbuilder.data.tokenizers import EOS
 from tfbuilder.data.tokens import TokenArray
@@ -128,3 +129,33 @@ def test_sorting_by_length_equals_a_stable_sort_on_the_pair(seed):
     order = rng.permutation(n).astype(np.int32)
     expected = sorted(order.tolist(), key=lambda i: (src[i], tgt[i]))  # Python's sort is stable
     assert by_length(order, src, tgt).tolist() == expected
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "masked"])
+def test_packing_the_stored_documents_gives_the_blocks_of_packing_them_in_memory(tmp_path, causal):
+    """The prepared store on disk, packed, against the same documents tokenized and held in memory,
+    for every split; each split's last document is longer than a block, so a stored split that lost
+    its last document (its end offset) would give fewer blocks."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    words = "the cat sat on a mat and then it ran far away to the big red house".split()
+    for split, n in (("train", 40), ("val", 7), ("test", 5)):
+        docs = [" ".join(rng.choice(words, rng.integers(1, 12))) for _ in range(n - 1)]
+        docs.append(" ".join(rng.choice(words, 30)))  # about 100 characters: over four blocks of 24
+        (folder / f"{split}.en").write_text("\n".join(docs) + "\n", encoding="utf-8")
+    recipe = tfbuilder.load_recipe(ROOT / "recipes" / "decoder-lm.yaml", [
+        f"data.path={folder}", f"data.cache={tmp_path / 'cache'}", "data.splits.test=test", "data.packing=true", "data.block_size=24",
+        "data.tokenizer.type=char", "data.tokenizer.vocab_size=24", "data.max_len=16",
+    ])
+    prepared = prepare(recipe.data)
+    assert prepared.store is not None and set(prepared.splits) == {"train", "val", "test"}
+    packed = packed_splits(prepared.splits, recipe.data, causal=causal)
+    for split in ("train", "val", "test"):
+        documents = [prepared.vocab.src.encode(line) for line in text.read_lines(folder / f"{split}.en")]
+        assert prepared.splits[split].src.tolist() == documents  # the store holds them all
+        in_memory = Packed(TokenArray.from_rows(documents), window=24 + int(causal), stride=24)
+        stored = packed[split].src
+        assert len(stored) == len(in_memory) > 0, split
+        assert [stored[i].tolist() for i in range(len(stored))] == [in_memory[i].tolist() for i in range(len(in_memory))], split
+        assert list(stored.lengths) == list(in_memory.lengths)

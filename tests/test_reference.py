@@ -127,5 +127,20 @@ def test_missing_pages_are_stale_and_writing_makes_them_current(tmp_path, capsys
     assert reference.main(["--check", "--out", str(out)]) == 1
     assert "cli.md" in capsys.readouterr().err
     assert reference.main(["--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["cli.md", "components.md", "recipe.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["cli.md", "components.md", "packages.md", "recipe.md"]
     assert reference.main(["--check", "--out", str(out)]) == 0
+
+
+def test_the_package_map_follows_the_layers_contract(tmp_path):
+    """The package map's sections are the contract's layers, in its order: a layer added to (or moved
+    in) pyproject.toml changes the page."""
+    from tfbuilder.cli import package_map
+
+    layers = package_map.layers()
+    page = package_map.page("")
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert len(headings) == len(layers) and all(f"`{layer[0]}`" in h for h, layer in zip(headings, layers, strict=True))
+    moved = tmp_path / "pyproject.toml"
+    text = package_map.PYPROJECT.read_text(encoding="utf-8")
+    moved.write_text(text.replace('"tfbuilder.cli",\n    "tfbuilder.interop",', '"tfbuilder.interop",\n    "tfbuilder.cli",'))
+    assert package_map.layers(moved)[:2] == [["tfbuilder.interop"], ["tfbuilder.cli"]]

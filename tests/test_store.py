@@ -311,3 +311,33 @@ def test_stored_tokens_travel_to_spawned_workers(tmp_path):
     first = train.src[0].tolist()
     copy = pickle.loads(pickle.dumps(train.src))
     assert copy[0].tolist() == first and copy[len(copy) - 1].tolist() == train.src[len(train) - 1].tolist()
+
+
+@pytest.mark.parametrize("vocab_size, dtype", [
+    (2, np.uint16), (2**16 - 1, np.uint16), (2**16, np.uint16),  # ids 0 to 65,535: two bytes
+    (2**16 + 1, np.uint32), (2**17, np.uint32), (10_000_000, np.uint32), (2**32, np.uint32),  # id 65,536 and up: four
+])
+def test_token_ids_are_stored_in_the_narrowest_type_that_holds_the_vocabulary(vocab_size, dtype):
+    from tfbuilder.data.tokens import token_dtype
+
+    chosen = token_dtype(vocab_size)
+    assert chosen == np.dtype(dtype)
+    assert np.iinfo(chosen).max >= vocab_size - 1  # the largest id fits
+
+
+@pytest.mark.parametrize("vocab_size", [2**16, 2**16 + 1, 2**17, 2**32])
+def test_the_largest_ids_of_a_vocabulary_survive_the_store(tmp_path, vocab_size):
+    """Written by the store's writer in the type the vocabulary gets and read back as training reads
+    it: ids at the 16-bit edge (65,535, and 65,536 where the vocabulary has it) and the largest id."""
+    from tfbuilder.data.tokens import StoredTokens, token_dtype
+
+    dtype = np.dtype(token_dtype(vocab_size).name)  # as meta.json records it and open_store reads it
+    top = vocab_size - 1
+    rows = [[5, 2**16 - 1, top], [top], [min(2**16, top), 4, top - 1, 2**16 - 1]]
+    writer = store.SideWriter(tmp_path, "train.src", dtype)
+    writer.add(rows[:2])
+    writer.add(rows[2:])
+    writer.close()
+    read = StoredTokens(tmp_path / "train.src", dtype, writer.examples)
+    assert read.tolist() == rows
+    assert int(read[2][0]) == min(2**16, top) and int(read[0][2]) == top

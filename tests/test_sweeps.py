@@ -163,7 +163,7 @@ def test_progress_shows_the_run_and_its_steps(recipes, tmp_path):
     from rich.console import Console
 
     from tfbuilder.use import sweeps
-    from tfbuilder.cli.commands import _run_with_progress
+    from tfbuilder.cli.sweeps import _run_with_progress
 
     overrides = [o for o in TINY if o != "--set"]
     sweep = sweeps.plan([recipes[0]], seeds=1, overrides=overrides, out=tmp_path, bleu_beam=None)

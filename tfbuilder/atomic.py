@@ -65,10 +65,11 @@ def _os_error(exc: BaseException) -> OSError | None:
     """The OSError behind ``exc``: itself, or the one it was raised from or while handling
     (torch.save reports an error of its file, a full disk, as a RuntimeError)."""
     seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError):
-            return exc
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    current: BaseException | None = exc
+    while current is not None and seen < 10:
+        if isinstance(current, OSError):
+            return current
+        current, seen = current.__cause__ or current.__context__, seen + 1
     return None
 
 
@@ -120,7 +121,10 @@ def _commit(path: Path, produce: Callable[[Path], None], *, what: str) -> Path:
 
 
 def write_text(path: str | Path, text: str, *, what: str = "file") -> Path:
-    return write_atomic(path, lambda f: f.write(text.encode("utf-8")), what=what)
+    def write(f: BinaryIO) -> None:
+        f.write(text.encode("utf-8"))
+
+    return write_atomic(path, write, what=what)
 
 
 @contextmanager

@@ -32,8 +32,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
+
+from tfbuilder.params import (  # re-exported: the params half of the contract
+    AttentionParams,
+    AttentionShape,
+    ComponentParams,
+    ModelDims,
+    PositionParams,
+)
 
 KVCache = dict[str, Tensor]
 """One attention layer's key/value cache for incremental decoding: an empty dict the first time;
@@ -54,25 +61,6 @@ def default_head_dim(d_model: int, heads: int) -> int:
     """The query/key (and value) width per head when a recipe does not set one: d_model / heads
     (Vaswani et al. 2017, sec. 3.2.2)."""
     return d_model // heads
-
-
-class ComponentParams(BaseModel):
-    """Base of every component's params: strict (unknown keys are errors), immutable, described."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-    family: ClassVar[str] = ""
-    type: str
-
-    def check(self, dims: ModelDims) -> list[tuple[str, str]]:
-        """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
-        return []
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """Dimensions shared by the whole model, known when a recipe is validated."""
-
-    d_model: int
 
 
 @dataclass(frozen=True)
@@ -143,30 +131,6 @@ class AttentionPosition(nn.Module):
     def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
         """Additive scores (1, h, i, j) for queries at positions offset..offset+i-1 and keys at 0..j-1."""
         raise NotImplementedError(f"{type(self).__name__} adds no score bias (biases is False)")
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """Query heads and query/key width per head: what a position acting inside attention is built for."""
-
-    heads: int
-    key_dim: int
-
-
-class AttentionParams(ComponentParams):
-    """Base of attention params: :meth:`shape` tells the builder the heads and key width before the
-    attention is built (whatever the params' fields are called)."""
-
-    def shape(self, d_model: int) -> AttentionShape:
-        raise NotImplementedError(f"{type(self).__qualname__} must define shape(d_model) -> AttentionShape")
-
-
-class PositionParams(ComponentParams):
-    """Base of position params: :meth:`max_positions` is the longest sequence the position covers."""
-
-    def max_positions(self) -> int | None:
-        """None: any length (computed on the fly past a precomputed table)."""
-        return None
 
 
 @runtime_checkable
@@ -257,7 +221,8 @@ REQUIRED: dict[str, tuple[dict[str, str], dict[str, str]]] = {
         {
             "heads": "the number of query heads",
             "key_dim": "the query/key width per head",
-            "output_projections": "output_projections() -> list[nn.Linear]: what ends the residual branch (GPT-2 residual scaling)",
+            "output_projections": "output_projections() -> list[nn.Linear]: "
+            "what ends the residual branch (GPT-2 residual scaling)",
             "fused_widths": "the widths of its fused projections (exporters split them)",
             "keeps_weights": "whether it can keep its attention weights (attention maps)",
             "forward": "forward(x, *, context=None, mask=None, cache=None)",
@@ -271,7 +236,8 @@ REQUIRED: dict[str, tuple[dict[str, str], dict[str, str]]] = {
     "norm": ({"forward": "forward(x)"}, {}),
     "ffn": (
         {
-            "output_projections": "output_projections() -> list[nn.Linear]: what ends the residual branch (GPT-2 residual scaling)",
+            "output_projections": "output_projections() -> list[nn.Linear]: "
+            "what ends the residual branch (GPT-2 residual scaling)",
             "fused_widths": "the widths of its fused projections (exporters split them)",
             "forward": "forward(x)",
         },
@@ -299,10 +265,11 @@ def missing(family: str, cls: type) -> list[str]:
     is for)"`` each; empty when the class satisfies it."""
     members, params_members = REQUIRED[family]
     out = [f"{name} ({why})" for name, why in members.items() if not _declares(cls, name, ignore=(nn.Module,))]
+    params = getattr(cls, "Params", None)
     out += [
         f"Params.{name} ({why})"
         for name, why in params_members.items()
-        if not _declares(cls.Params, name, ignore=(ComponentParams,))
+        if params is None or not _declares(params, name, ignore=(ComponentParams,))
     ]
     return out
 
@@ -310,3 +277,29 @@ def missing(family: str, cls: type) -> list[str]:
 def satisfies(family: str, module: nn.Module) -> bool:
     """Whether a built ``module`` is what its family's protocol says (a check for tests and tools)."""
     return isinstance(module, {"attention": Attention, "position": Position, "norm": Norm, "ffn": FeedForward}[family])
+
+
+__all__ = [
+    "FFN_WIDTH",
+    "REQUIRED",
+    "Attention",
+    "AttentionBase",
+    "AttentionParams",
+    "AttentionPosition",
+    "AttentionShape",
+    "AuxiliaryLoss",
+    "BuildContext",
+    "ComponentParams",
+    "FeedForward",
+    "FeedForwardBase",
+    "KVCache",
+    "ModelDims",
+    "Norm",
+    "Position",
+    "PositionParams",
+    "StackShared",
+    "default_ffn_hidden",
+    "default_head_dim",
+    "missing",
+    "satisfies",
+]

@@ -3,7 +3,8 @@
 Components register themselves with :func:`register`; third-party packages do the same from Python
 or through the entry-point group ``tfbuilder.components`` (a recipe only ever names a registered
 type, never an import path). This module imports no component; the types a component is built from
-(:class:`ComponentParams`, :class:`BuildContext`, ...) are the contract's (:mod:`tfbuilder.contracts`), re-exported here.
+(:class:`ComponentParams`, :class:`BuildContext`, ...) are the contract's (:mod:`tfbuilder.contracts`),
+re-exported here.
 """
 
 from __future__ import annotations
@@ -93,7 +94,12 @@ def _add(family: str, name: str, cls: type, *, source: str) -> None:
         raise RegistryError(f"{cls.__name__} must define a nested Params(ComponentParams)")
     field = params.model_fields.get("type")
     annotation = field.annotation if field else None
-    if get_origin(annotation) is not Literal or get_args(annotation) != (name,) or field.default != name:
+    if (
+        field is None
+        or get_origin(annotation) is not Literal
+        or get_args(annotation) != (name,)
+        or field.default != name
+    ):
         raise RegistryError(f"{cls.__name__}.Params.type must be declared as: type: Literal['{name}'] = '{name}'")
     for pname, pfield in params.model_fields.items():
         if pname != "type" and not pfield.description:
@@ -167,7 +173,7 @@ def provenance(params: list[ComponentParams]) -> list[dict[str, str | None]]:
         entry = get(p.family, p.type)
         records.add((entry.family, entry.name, entry.source, entry.package, entry.package_version, entry.plugin))
     keys = ("family", "type", "module", "package", "version", "plugin")
-    out = [dict(zip(keys, record)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
+    out = [dict(zip(keys, record, strict=True)) for record in sorted(records, key=lambda r: tuple(str(x) for x in r))]
     for record in out:  # "plugin" only where a --plugins file or module registered the type
         if record["plugin"] is None:
             del record["plugin"]
@@ -183,19 +189,22 @@ def missing(records: list[dict]) -> list[str]:
             continue
         if r.get("plugin"):
             problems.append(
-                f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, which is not loaded: pass --plugins {r['plugin']}"
+                f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, "
+                f"which is not loaded: pass --plugins {r['plugin']}"
             )
         elif r.get("package"):
             need = (
                 f"pip install '{r['package']}=={r['version']}'" if r.get("version") else f"pip install '{r['package']}'"
             )
+            package = f"{r['package']} {r.get('version') or ''}".rstrip()
             problems.append(
-                f"{r['family']} type '{r['type']}' comes from the package {r['package']} {r.get('version') or ''}".rstrip()
-                + f", which is not installed here: {need}"
+                f"{r['family']} type '{r['type']}' comes from the package {package}, "
+                f"which is not installed here: {need}"
             )
         else:
             problems.append(
-                f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} (not an installed package): import it before loading"
+                f"{r['family']} type '{r['type']}' was registered by the module {r.get('module')} "
+                "(not an installed package): import it before loading"
             )
     return problems
 

@@ -66,12 +66,13 @@ class SpecialIds:
         if not isinstance(data, dict) or set(data) - {"mask"} != {"start", "end", "pad", "unk", "never"}:
             raise ValueError("specials: expected the keys start, end, pad, unk, never (and mask)")
 
-        def one(name: str, value: object) -> int | None:
-            if value is None:
-                return None
-            if type(value) is not int or not 0 <= value < vocab_size:
+        def an_id(name: str, value: object) -> int:
+            if not isinstance(value, int) or type(value) is not int or not 0 <= value < vocab_size:
                 raise ValueError(f"specials.{name}: {value!r} is not an id of a {vocab_size}-token vocabulary")
             return value
+
+        def one(name: str, value: object) -> int | None:
+            return None if value is None else an_id(name, value)
 
         never = data["never"]
         if not isinstance(never, list) or len(never) > COUNT * 4:
@@ -81,7 +82,7 @@ class SpecialIds:
             end=one("end", data["end"]),
             pad=one("pad", data["pad"]),
             unk=one("unk", data["unk"]),
-            never=tuple(one(f"never[{i}]", v) for i, v in enumerate(never)),
+            never=tuple(an_id(f"never[{i}]", v) for i, v in enumerate(never)),
             mask=one("mask", data.get("mask")),
         )
 

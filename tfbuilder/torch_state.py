@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ class TorchState:
     matmul_precision: str
     cpu_rng: torch.Tensor
     cuda_rng: tuple[torch.Tensor, ...] | None  # None: CUDA not initialised (restoring would initialise it)
-    python_rng: object
+    python_rng: tuple[Any, ...]  # what random.getstate() returns
     numpy_rng: dict
     # All of os.environ: Lightning's seeding sets PL_GLOBAL_SEED, loggers set theirs (W&B its service's address).
     environment: tuple[tuple[str, str], ...]

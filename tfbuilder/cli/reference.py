@@ -17,8 +17,6 @@ Output is deterministic: natural order where the code has one (fields, commands)
 from __future__ import annotations
 
 import argparse
-import inspect
-import re
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -27,12 +25,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
-import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tfbuilder import atomic, registry
 from tfbuilder.cli import commands as cli
+from tfbuilder.cli import package_map
+from tfbuilder.cli.markdown import code, first_paragraph, number, prose, table, yaml_value
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.recipe import _slot_family as recipe_slot_family  # the recipe module owns what a slot looks like
 
@@ -46,75 +45,6 @@ def header(source: str) -> str:
         f"<!-- Generated from {source} by `{COMMAND}`: do not edit by hand. "
         f"Regenerate with `{COMMAND}`; `{COMMAND} --check` fails while this page is stale. -->\n"
     )
-
-
-# --- Markdown text ---------------------------------------------------------------------------------
-
-_CODE_SPAN = re.compile(r"``(.+?)``|`([^`]+)`")
-_SPECIAL = re.compile(r"([\\*_\[\]|<>&])")
-
-
-def _escape_plain(text: str) -> str:
-    """Text outside code spans, made literal: Markdown emphasis, links, table pipes and HTML tags
-    (``<output>``) would otherwise be read as markup."""
-
-    def one(match: re.Match) -> str:
-        char = match.group(1)
-        return {"<": "&lt;", ">": "&gt;", "&": "&amp;"}.get(char, "\\" + char)
-
-    return _SPECIAL.sub(one, text)
-
-
-def code(text: str) -> str:
-    """``text`` as an inline code span. Text holding a pipe (``last|best``) is written as escaped plain
-    text instead: it may sit in a table cell, and Markdown dialects disagree on pipes in code spans."""
-    if "|" in text:
-        return _escape_plain(text)
-    return "`" + text + "`"
-
-
-def prose(text: str) -> str:
-    """Docstring or help text as Markdown: reST ``literals`` and Markdown `literals` become code
-    spans, everything else is escaped."""
-    out, last = [], 0
-    for match in _CODE_SPAN.finditer(text):
-        out.append(_escape_plain(text[last : match.start()]))
-        out.append(code(match.group(1) or match.group(2)))
-        last = match.end()
-    out.append(_escape_plain(text[last:]))
-    return "".join(out)
-
-
-def first_paragraph(doc: str | None) -> str:
-    """The first paragraph of a docstring, on one line."""
-    if not doc:
-        return ""
-    paragraph = inspect.cleandoc(doc).split("\n\n", 1)[0]
-    return " ".join(line.strip() for line in paragraph.splitlines())
-
-
-def table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A Markdown table (cells are already Markdown)."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell or " " for cell in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def yaml_value(value: Any) -> str:
-    """``value`` as it would be written in a recipe (flow style, one line)."""
-    if isinstance(value, tuple):
-        value = list(value)
-    text = yaml.safe_dump(value, default_flow_style=True, width=10_000, sort_keys=False).strip()
-    return text.removesuffix("...").strip()
-
-
-def number(value: Any) -> str:
-    """A bound, readable: thousands separated."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
-        return f"{value:,}"
-    if isinstance(value, float) and value.is_integer() and abs(value) >= 10_000:
-        return f"{value:,.1f}"
-    return repr(value)
 
 
 # --- field descriptions, shared by the recipe and components pages ----------------------------------
@@ -379,7 +309,8 @@ def synopsis(name: str, parser: argparse.ArgumentParser) -> str:
             continue
         if not action.option_strings:
             meta = _metavar(action)
-            parts.append({"+": f"{meta} [{meta} ...]", "?": f"[{meta}]", "*": f"[{meta} ...]"}.get(action.nargs, meta))
+            shapes: dict[int | str | None, str] = {"+": f"{meta} [{meta} ...]", "?": f"[{meta}]", "*": f"[{meta} ...]"}
+            parts.append(shapes.get(action.nargs, meta))
             continue
         flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
         text = f"{flag} {_metavar(action)}" if _takes_value(action) else flag
@@ -404,7 +335,7 @@ def _option_value(action: argparse.Action) -> str:
     if action.choices is not None:
         return " or ".join(code(str(c)) for c in action.choices)
     value = "" if not action.option_strings else code(_metavar(action))
-    if action.type is not None:  # cli.py names its checking types for argparse's messages
+    if action.type is not None:  # cli.arguments names its checking types for argparse's messages
         value += f" ({prose(getattr(action.type, '__name__', str(action.type)))})"
     if action.nargs == "+":
         value += ", one or more"
@@ -457,7 +388,12 @@ def cli_page(make_parser: Callable[[], argparse.ArgumentParser] | None = None) -
 
 def pages() -> dict[str, str]:
     """File name -> content of every generated page."""
-    return {"cli.md": cli_page(), "components.md": components_page(), "recipe.md": recipe_page()}
+    return {
+        "cli.md": cli_page(),
+        "components.md": components_page(),
+        "recipe.md": recipe_page(),
+        "packages.md": package_map.page(header("pyproject.toml's layers contract and the modules' docstrings")),
+    }
 
 
 def stale(directory: Path, generated: dict[str, str] | None = None) -> list[str]:

@@ -132,7 +132,7 @@ def batch_rows(
             if dotted in numbers and not _is_text(array.type):
                 values = [json.dumps(v) for v in values]
             columns.append(values)
-        yield from zip(*columns)
+        yield from zip(*columns, strict=True)
         start += batch.num_rows
 
 

@@ -60,7 +60,7 @@ def pack(
     order = np.asarray(order, dtype=np.int64)
     src, tgt = np.asarray(src_lens), np.asarray(tgt_lens)
     bounds = cut(src, tgt, order, max_tokens=max_tokens, batch_size=batch_size, extra=extra)
-    return [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    return [order[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def by_length(order: np.ndarray, src_lens: np.ndarray, tgt_lens: np.ndarray) -> np.ndarray:
@@ -106,8 +106,8 @@ class BucketBatchSampler:
 
     def __init__(
         self,
-        src_lens: Sequence[int],
-        tgt_lens: Sequence[int],
+        src_lens: Sequence[int] | np.ndarray,
+        tgt_lens: Sequence[int] | np.ndarray,
         *,
         max_tokens: int | None = None,
         batch_size: int | None = None,

@@ -10,6 +10,7 @@ import torch
 from tfbuilder.data.labels import positions
 from tfbuilder.data.packing import Packed
 from tfbuilder.data.tokens import Split
+from tfbuilder.errors import DataError
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED, OWN, TRANSLATION_ADDED, SpecialIds
 
 Batch = dict[str, torch.Tensor]
@@ -20,15 +21,23 @@ def pad(
 ) -> torch.Tensor:
     """Right-padded int64 (b, n) from ragged rows, adding <s> and/or </s> (the ids of ``ids``)."""
     extra = int(bos) + int(eos)
-    out = np.full((len(rows), max(map(len, rows)) + extra), ids.pad, dtype=np.int64)
+    out = np.full((len(rows), max(map(len, rows)) + extra), _needed(ids.pad, "padding"), dtype=np.int64)
     start = int(bos)
     if bos:
-        out[:, 0] = ids.start
+        out[:, 0] = _needed(ids.start, "<s>")
+    end = _needed(ids.end, "</s>") if eos else 0
     for r, row in enumerate(rows):
         out[r, start : start + len(row)] = row
         if eos:
-            out[r, start + len(row)] = ids.end
+            out[r, start + len(row)] = end
     return torch.from_numpy(out)
+
+
+def _needed(token: int | None, role: str) -> int:
+    """The id of a token batches are made with (settling the data against the model makes sure it exists)."""
+    if token is None:
+        raise DataError(f"the tokenizer has no {role} token, which batches of this model need")
+    return token
 
 
 class Collate:
@@ -75,7 +84,7 @@ def labelled(
         return {"tokens": tokens, "token_types": torch.zeros_like(tokens)}
     joined = [
         np.concatenate([np.asarray(a, dtype=np.int64), [ids.end], np.asarray(b, dtype=np.int64)])
-        for a, b in zip(texts, pairs)
+        for a, b in zip(texts, pairs, strict=True)
     ]
     tokens = pad(joined, bos=True, eos=True, ids=ids)
     types = np.zeros(tokens.shape, dtype=np.int64)

@@ -71,8 +71,8 @@ class DataModule(L.LightningDataModule):
         data = self.splits[split]
         # The dataset yields indices; Collate looks the examples up, so a batch is built in one go.
         return DataLoader(
-            range(len(data)),
-            batch_sampler=sampler,
+            range(len(data)),  # type: ignore[arg-type]  # torch types a map-style dataset as Dataset; any indexable works
+            batch_sampler=sampler,  # type: ignore[arg-type]  # batches are index arrays (no list each); torch says list
             collate_fn=Collate(data, self.specials),
             num_workers=self.workers,
             pin_memory=self.pin_memory,

@@ -5,7 +5,8 @@ A split is ``<data.path>/<stem>.<ext>`` (``.jsonl``, ``.csv``, ``.tsv``, each op
 models): dotted paths into JSON records (``translation.de``), header names in CSV/TSV files. Every
 record is checked as it is read; a missing field, a value that is not text, a malformed record or a
 row with the wrong number of cells is an error naming the file and the line or row. Reading goes
-through :func:`tfbuilder.data.text.lines`, so the same bounds hold (16 MiB per line).
+through :func:`tfbuilder.data.text.lines`, so the same bounds hold (16 MiB per line). The formats
+themselves are registered by :mod:`tfbuilder.data.builtin.records`.
 """
 
 from __future__ import annotations
@@ -18,17 +19,7 @@ from pathlib import Path
 from tfbuilder.data import text
 from tfbuilder.errors import DataError
 
-EXTENSIONS = {"jsonl": "jsonl", "csv": "csv", "tsv": "tsv"}
 MAX_FIELD = 16 * 2**20  # a cell is text, at most as long as a line
-
-
-def find(directory: Path, stem: str, fmt: str) -> Path:
-    """``<directory>/<stem>.<ext>`` or its ``.gz``."""
-    return text.find(directory, stem, EXTENSIONS[fmt])
-
-
-def exists(directory: Path, stem: str, fmt: str) -> bool:
-    return text.exists(directory, stem, EXTENSIONS[fmt])
 
 
 def _field(record: object, dotted: str) -> object:
@@ -87,7 +78,8 @@ def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterat
         missing = [name for name in fields if name not in header]
         if missing:
             raise DataError(
-                f"{path}:1: no column {', '.join(repr(m) for m in missing)} in the header (data.columns); it has {', '.join(map(repr, header[:20]))}"
+                f"{path}:1: no column {', '.join(repr(m) for m in missing)} in the header (data.columns); "
+                f"it has {', '.join(map(repr, header[:20]))}"
             )
         columns = [header.index(name) for name in fields]
         for row in reader:

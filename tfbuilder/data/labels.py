@@ -77,13 +77,15 @@ def names_of(values: list[str], classes: int, file: str) -> list[str]:
         wrong = sorted((v for v in distinct if not 0 <= int(v) < classes), key=int)
         if wrong:
             raise DataError(
-                f"{file}: integer labels are class ids 0..{classes - 1} (model.head.classes {classes}); found {_listed(wrong)}"
+                f"{file}: integer labels are class ids 0..{classes - 1} (model.head.classes {classes}); "
+                f"found {_listed(wrong)}"
             )
         return [str(i) for i in range(classes)]
     names = sorted(distinct)
     if len(names) != classes:
         raise DataError(
-            f"{file}: the training split has {len(names)} labels ({_listed(names)}), but model.head.classes is {classes}"
+            f"{file}: the training split has {len(names)} labels ({_listed(names)}), "
+            f"but model.head.classes is {classes}"
         )
     return names
 

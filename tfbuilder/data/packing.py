@@ -15,6 +15,7 @@ import numpy as np
 
 from tfbuilder.data.tokenizers import EOS
 from tfbuilder.data.tokens import Split, StoredTokens, TokenArray
+from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
 
 
@@ -74,12 +75,16 @@ def segments(tokens, eos: int = EOS):
     return (tokens == eos).cumsum(dim=1)
 
 
-def packed_splits(splits: dict[str, Split], data: DataSection, *, causal: bool, eos: int = EOS) -> dict[str, Split]:
+def packed_splits(
+    splits: dict[str, Split], data: DataSection, *, causal: bool, eos: int | None = EOS
+) -> dict[str, Split]:
     """The splits as training and scoring read them: with ``data.packing``, windows of ``block_size``
     tokens over the documents (one more for a causal LM, which predicts each next token); else as
     prepared."""
     if not data.packing or data.block_size is None:
         return splits
+    if eos is None:
+        raise DataError("packing joins the documents with </s>, and the tokenizer has none (data.tokenizer.specials)")
     out = {}
     for name, split in splits.items():
         if not isinstance(split.src, (TokenArray, StoredTokens)):

@@ -21,9 +21,9 @@ import numpy as np
 from tfbuilder.data import labels as label_files
 from tfbuilder.data import pretrained, store, synthetic
 from tfbuilder.data import tokenizers as toks
-from tfbuilder.data.readers import Row, SplitSource, chunks, split_sources
+from tfbuilder.data.readers import Row, SplitSource, chunks, label_of, split_sources
 from tfbuilder.data.tokenizers import Tokenizer
-from tfbuilder.data.tokens import Split, TokenArray, token_dtype
+from tfbuilder.data.tokens import Rows, Split, TokenArray, token_dtype
 from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED, TRANSLATION_ADDED, SpecialIds
@@ -103,7 +103,8 @@ def prepare(
     train = prepared.splits["train"]
     if train.dropped:
         say(
-            f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, or longer than data.max_len={data.max_len}"
+            f"data: {train.dropped:,} training examples ({train.dropped_tokens:,} tokens) left out: empty, "
+            f"or longer than data.max_len={data.max_len}"
         )
     for name, split in prepared.splits.items():
         if len(split) == 0:
@@ -113,7 +114,8 @@ def prepare(
         longest = max(positions(s) for s in prepared.splits.values())
         if longest > budget:
             raise DataError(
-                f"data.max_tokens ({budget}) is smaller than the longest example ({longest} tokens with its special tokens)"
+                f"data.max_tokens ({budget}) is smaller than the longest example "
+                f"({longest} tokens with its special tokens)"
             )
     return prepared
 
@@ -238,7 +240,7 @@ def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab:
             **info,
             "sides": names,
             "text": keep_text,
-            "tokens": {n: s.tokens for n, s in zip(names, sides)},
+            "tokens": {n: s.tokens for n, s in zip(names, sides, strict=True)},
         }
     return {
         "version": store.STORE_VERSION,
@@ -289,10 +291,11 @@ def _encode(
         for i, lines in enumerate(columns):
             nonblank[i] += sum(1 for line in lines if line.strip())
             if texts:
-                if isinstance(texts[i], list):
-                    texts[i].extend(lines)
+                sink = texts[i]
+                if isinstance(sink, list):
+                    sink.extend(lines)
                 else:
-                    texts[i].write("".join(line.replace("\n", " ") + "\n" for line in lines))
+                    sink.write("".join(line.replace("\n", " ") + "\n" for line in lines))
         encoded = [vocab.src.encode_batch(columns[0])] + ([vocab.tgt.encode_batch(columns[1])] if source.paired else [])
         keep = [
             i
@@ -304,18 +307,18 @@ def _encode(
             dropped += len(chunk) - len(keep)
             dropped_tokens += sum(len(ids[i]) for ids in encoded for i in range(len(chunk)) if i not in kept)
             encoded = [[ids[i] for i in keep] for ids in encoded]
-        for side, ids in zip(sides, encoded):
+        for side, ids in zip(sides, encoded, strict=True):
             side.add(ids)
         if labels is not None:
-            labels.add([rows + i + 1 for i in keep], [chunk[i][2] for i in keep])
+            labels.add([rows + i + 1 for i in keep], [label_of(chunk[i]) for i in keep])
         rows += len(chunk)
         seen += len(keep)
     for i, count in enumerate(nonblank[: len(sides)]):
         if count == 0:
             if source.label is None:  # text files: one per side
                 raise DataError(f"{source.files[i] if i < len(source.files) else f'the {source.name} split'} is empty")
-            side = "" if len(sides) == 1 else (" source" if i == 0 else " target")
-            raise DataError(f"{source.label} is empty: no{side} text in any row")
+            which = "" if len(sides) == 1 else (" source" if i == 0 else " target")
+            raise DataError(f"{source.label} is empty: no{which} text in any row")
     return {"examples": seen, "rows": rows, "dropped": dropped, "dropped_tokens": dropped_tokens}
 
 
@@ -341,17 +344,20 @@ def sample_rows(rows: Iterable[Row], size: int | None, *, seed: int = 0) -> list
 
 def build_vocab(data: DataSection, train: SplitSource) -> Vocab:
     """Train the tokenizer(s) on (a sample of ``data.tokenizer.sample`` examples of) the training split."""
+    tok: Tokenizer
     if data.type == "synthetic":
         tok = toks.CharTokenizer(synthetic.alphabet(data.symbols))
         return Vocab(tok, tok)
-    if data.tokenizer.given:  # a tokenizer people already have: used as it is, on both sides
+    if data.tokenizer.path is not None:  # given: a tokenizer people already have, used as it is on both sides
         named = data.tokenizer.specials.model_dump() if data.tokenizer.specials else None
         tok = pretrained.load(data.tokenizer.type, data.tokenizer.path, named)
         return Vocab(tok, tok)
+    size = data.tokenizer.vocab_size
+    if size is None:  # the schema requires it for a trained tokenizer; a section built without validation gets this
+        raise DataError("a tokenizer trained on the data needs data.tokenizer.vocab_size")
     rows = sample_rows(train.rows(), data.tokenizer.sample)
     src = [row[0] for row in rows]
     tgt = [row[1] or "" for row in rows] if train.paired else None
-    size = data.tokenizer.vocab_size
     if tgt is None or data.tokenizer.shared:
         tok = toks.train(data.tokenizer.type, src + (tgt or []), size)
         return Vocab(tok, tok)
@@ -362,8 +368,12 @@ def positions(split: Split) -> int:
     """The most positions one example of ``split`` takes in a batch, special tokens included (see
     collate.Collate): x</s>, <s>y and y</s> for translation; <s>x</s> for language models."""
     if split.tgt is None:
-        return split.src.longest() + LANGUAGE_MODEL_ADDED
-    return max(split.src.longest(), split.tgt.longest()) + TRANSLATION_ADDED
+        return _longest(split.src) + LANGUAGE_MODEL_ADDED
+    return max(_longest(split.src), _longest(split.tgt)) + TRANSLATION_ADDED
+
+
+def _longest(rows: Rows) -> int:
+    return int(rows.lengths.max()) if len(rows) else 0
 
 
 def summary_lines(prepared: Prepared) -> list[str]:

@@ -165,12 +165,14 @@ class SentencePieceTokenizer:
         except RuntimeError as exc:
             text = (str(exc).splitlines() or ["?"])[0]
             raise DataError(
-                f"SentencePiece could not train a {vocab_size}-piece vocabulary on the training text ({text[:200]}); lower data.tokenizer.vocab_size or add text"
+                f"SentencePiece could not train a {vocab_size}-piece vocabulary on the training text "
+                f"({text[:200]}); lower data.tokenizer.vocab_size or add text"
             ) from None
         tok = cls(out.getvalue())
         if tok.specials != OWN or tok.vocab_size != vocab_size:  # what the trainer was told
             raise DataError(
-                f"SentencePiece made {tok.vocab_size} pieces with specials {tok.specials}, not {vocab_size} with tfbuilder's at ids 0-4"
+                f"SentencePiece made {tok.vocab_size} pieces with specials {tok.specials}, "
+                f"not {vocab_size} with tfbuilder's at ids 0-4"
             )
         return tok
 

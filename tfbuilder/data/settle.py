@@ -37,7 +37,8 @@ def settle(recipe: Recipe, prepared: Prepared) -> Recipe:
         file, records, values = read_back[name]
         if len(values) != len(split):
             raise DataError(
-                f"the prepared data in {prepared.store} is damaged ({name}: {len(values)} labels for {len(split)} examples)"
+                f"the prepared data in {prepared.store} is damaged "
+                f"({name}: {len(values)} labels for {len(split)} examples)"
             )
         split.labels = numbers(values, records, file) if names is None else class_ids(values, records, names, file)
     check_positions(recipe, prepared)
@@ -59,6 +60,7 @@ def check_positions(recipe: Recipe, prepared: Prepared) -> None:
         if len(over):
             index = int(over[0])
             raise DataError(
-                f"the {name} split's example {index + 1:,} takes {int(positions(split)[index]):,} positions with its special "
-                f"tokens, more than the {limit:,} the model covers (model.position.max_len); raise it or shorten the data"
+                f"the {name} split's example {index + 1:,} takes {int(positions(split)[index]):,} positions "
+                f"with its special tokens, more than the {limit:,} the model covers (model.position.max_len); "
+                "raise it or shorten the data"
             )

@@ -8,13 +8,14 @@ Layout of one store, ``<root>/<key>/``::
     <split>.<side>.len     uint32 lengths (what bucketing reads)
     <split>.<side>.txt     validation and test text of translation data (for BLEU), one line per example
 
-``side`` is ``src`` or ``tgt`` (language models have ``src`` only). The ``key`` is a hash of everything
-that decides the content (:func:`key_material`): the data files' identity (resolved path, size,
-modification time), the data settings that change tokens, and the tokenizer (trained, the one a
-resumed run already uses, or the content of a given tokenizer file), so a changed file or setting prepares again and an unchanged one never
-does. A store is written into a hidden temporary folder and renamed into place when complete; an
-exclusive lock on ``<root>/<key>.lock`` makes concurrent preparers (sweeps, DDP ranks, several jobs)
-wait for the one that prepares, so nothing is prepared twice or read half-written.
+``side`` is ``src`` or ``tgt`` (language models have ``src`` only). The ``key`` is a hash of
+everything that decides the content (:func:`key_material`): the data files' identity (resolved path,
+size, modification time), the data settings that change tokens, and the tokenizer (trained, the one
+a resumed run already uses, or the content of a given tokenizer file), so a changed file or setting
+prepares again and an unchanged one never does. A store is written into a hidden temporary folder
+and renamed into place when complete; an exclusive lock on ``<root>/<key>.lock`` makes concurrent
+preparers (sweeps, DDP ranks, several jobs) wait for the one that prepares, so nothing is prepared
+twice or read half-written.
 
 The same layout as fairseq's binarized indexed datasets and Megatron's ``.bin``/``.idx`` pairs, with
 the cache keyed by content as Hugging Face ``datasets`` fingerprints its caches; examples are read

@@ -80,8 +80,10 @@ def lines(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
                     line = line[:-2] if line.endswith("\r\n") else line[:-1]
                 yield line
     except (OSError, EOFError, zlib.error) as exc:
-        damaged = isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile))
-        reason = "a damaged or truncated gzip stream" if damaged else (exc.strerror or exc)
+        if isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile)):
+            reason = "a damaged or truncated gzip stream"
+        else:
+            reason = exc.strerror or str(exc)
         raise DataError(f"cannot read {path}: {reason} (line {number + 1:,})") from None
 
 

@@ -8,11 +8,13 @@ from typing import Literal
 from torch import nn
 
 from tfbuilder import registry
+from tfbuilder.contracts import Attention, FeedForward
 from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.model.blocks import DecoderLayer, EncoderLayer, ParallelLayer, Residual, Stack
 from tfbuilder.model.components.position import AttentionPosition
 from tfbuilder.model.heads import SequenceHead
 from tfbuilder.model.model import (
+    AuxiliaryLosses,
     DecoderOnly,
     Embedding,
     EncoderDecoder,
@@ -23,8 +25,10 @@ from tfbuilder.model.model import (
 )
 from tfbuilder.model.multi_token import MultiTokenPrediction, PredictionModule
 from tfbuilder.registry import BuildContext, ComponentParams, StackShared
-from tfbuilder.spec.recipe import DecoderSection, InitSection, ModelSection, Recipe, StackSection
+from tfbuilder.spec.model_section import InitSection, ModelSection
+from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sources import dotted_path
+from tfbuilder.spec.stacks import DecoderSection, StackSection
 
 
 def build_model(recipe: Recipe | ModelSection) -> nn.Module:
@@ -91,9 +95,10 @@ class _Builder:
         side's position module, given to self-attention when it acts there (an :class:`AttentionPosition`)."""
         spec = self.spec
         in_attention = position if isinstance(position, AttentionPosition) else None
-        section = spec.stack(part)
+        section = spec.present_stack(part)
         decoder = isinstance(section, DecoderSection)
-        cross_params = (section.cross_attention if decoder else None) or spec.self_attention(part)
+        own_cross = section.cross_attention if isinstance(section, DecoderSection) else None
+        cross_params = own_cross or spec.self_attention(part)
         heads, head_dim = self.attention_shape(part)
         count = section.layers if layers is None else layers
         stack_ctx = BuildContext(
@@ -105,7 +110,7 @@ class _Builder:
             num_layers=count,
             shared=StackShared(),
         )
-        built = []
+        built: list[nn.Module] = []
         parallel = spec.block == "parallel"
         for index in range(count):
             ctx = replace(stack_ctx, layer=index)
@@ -127,7 +132,7 @@ class _Builder:
                 continue
             cross = None
             if spec.kind == "encoder_decoder":
-                where = (part, "cross_attention" if section.cross_attention else "attention")
+                where = (part, "cross_attention" if own_cross else "attention")
                 cross = self.residual(
                     self.component("attention", cross_params, cross_ctx, where), section, part, norm_params=norm
                 )
@@ -195,13 +200,12 @@ class _Builder:
             pad_id=spec.pad_id,
         )
 
-    def model(self) -> nn.Module:
+    def model(self) -> AuxiliaryLosses:
         model = self._model()
-        if self.spec.init.std is not None:
-            apply_init(model, self.spec.init)
+        apply_init(model, self.spec.init)
         return model
 
-    def _model(self) -> nn.Module:
+    def _model(self) -> AuxiliaryLosses:
         spec = self.spec
         tgt_tokens = token_embedding(spec.vocab_size, spec.d_model)
         if spec.kind == "encoder_decoder":
@@ -235,13 +239,15 @@ class _Builder:
         return EncoderOnly(embed=embed, encoder=self.stack("encoder", embed.position), head=head, pad_id=spec.pad_id)
 
 
-def apply_init(model: nn.Module, init: InitSection) -> None:
+def apply_init(model: AuxiliaryLosses, init: InitSection) -> None:
     """Every linear and embedding weight N(0, std), biases zero, norms left at their identity (GPT-2,
     Radford et al. 2019; BERT, Devlin et al. 2019). With ``residual_scaling``, the projections that end
     each residual branch (each attention's and feed-forward's ``output_projections()``, see
     :mod:`tfbuilder.contracts`) get std / sqrt(2 * layers), so that the residual stream's variance does
-    not grow with depth (GPT-2, sec. 2.3)."""
+    not grow with depth (GPT-2, sec. 2.3). Without ``std``, each component keeps its own."""
     std = init.std
+    if std is None:
+        return
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=std)
@@ -252,7 +258,10 @@ def apply_init(model: nn.Module, init: InitSection) -> None:
     for stack in model.stacks().values():
         scaled = std / (2 * len(stack.layers)) ** 0.5
         for residual in (m for m in stack.modules() if isinstance(m, Residual)):
-            for linear in residual.inner.output_projections():
+            branch = residual.inner
+            if not isinstance(branch, (Attention, FeedForward)):
+                raise TypeError(f"{type(branch).__name__} has no output_projections() (see tfbuilder.contracts)")
+            for linear in branch.output_projections():
                 nn.init.normal_(linear.weight, std=scaled)
 
 

@@ -108,19 +108,26 @@ class MLMHead(nn.Module):
         return self.out(self.transform(x))
 
 
-class AuxiliaryLosses:
-    """What every kind shares: the auxiliary losses its components computed in the last forward, and
-    the special ids it decodes with (tfbuilder's own 0-4; an imported model's own, set when it is
-    loaded from its checkpoint)."""
+class AuxiliaryLosses(nn.Module):
+    """What every kind shares: its stacks by name, the auxiliary losses its components computed in the
+    last forward, and the special ids it decodes with (tfbuilder's own 0-4; an imported model's own,
+    set when it is loaded from its checkpoint)."""
 
     specials: SpecialIds = OWN
+
+    def stacks(self) -> dict[str, Stack]:
+        """The model's stacks by name ("encoder", "decoder")."""
+        raise NotImplementedError
 
     def auxiliary_loss(self) -> Tensor | None:
         """The sum of the weighted auxiliary losses of the last forward (the load-balancing losses of
         mixture-of-experts layers, see :class:`~tfbuilder.registry.AuxiliaryLoss`), or None when no
         component has one. Training adds it to the objective."""
-        losses = [m.auxiliary_loss() for m in self.modules() if isinstance(m, AuxiliaryLoss)]
-        return sum(losses) if losses else None
+        total: Tensor | None = None
+        for m in self.modules():
+            if isinstance(m, AuxiliaryLoss):
+                total = m.auxiliary_loss() if total is None else total + m.auxiliary_loss()
+        return total
 
 
 class IncrementalDecoding:

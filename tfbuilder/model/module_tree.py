@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from torch import nn
+
+from tfbuilder.model.blocks import DecoderLayer, ParallelLayer
+from tfbuilder.model.model import AuxiliaryLosses
+
+
+@runtime_checkable
+class _SaysCacheSize(Protocol):
+    """An attention that tells its KV cache's size (``AttentionBase.cache_per_token``)."""
+
+    def cache_per_token(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,7 @@ def format_tree(rows: list[ModuleRow]) -> str:
     labels = [f"{'  ' * r.depth}{r.name}: {r.kind}" for r in rows]
     width = max(len(label) for label in labels)
     lines = []
-    for label, row in zip(labels, rows):
+    for label, row in zip(labels, rows, strict=True):
         note = f"  ({row.note})" if row.note else ""
         lines.append(f"{label.ljust(width)}  {row.params:>14,}{note}")
     return "\n".join(lines)
@@ -79,8 +90,14 @@ def kv_cache_per_token(model: nn.Module) -> int | None:
     """Numbers the KV cache of incremental decoding keeps per generated token: the self-attention
     (``cache_per_token``) of every layer of the decoder stack; None for a model without one, or when
     a component does not say."""
-    decoder = model.stacks().get("decoder")
+    decoder = model.stacks().get("decoder") if isinstance(model, AuxiliaryLosses) else None
     if decoder is None:
         return None
-    sizes = [layer.self_attn.inner.cache_per_token() for layer in decoder.layers]
-    return None if None in sizes else sum(sizes)
+    sizes: list[int] = []
+    for layer in decoder.layers:
+        attention = layer.self_attn.inner if isinstance(layer, (DecoderLayer, ParallelLayer)) else None
+        size = attention.cache_per_token() if isinstance(attention, _SaysCacheSize) else None
+        if size is None:
+            return None
+        sizes.append(size)
+    return sum(sizes)

@@ -42,13 +42,14 @@ def count_parameters(recipe: Recipe) -> int:
     """Parameters of the recipe's model, counted on the meta device from one- and two-layer stacks
     (layers alike), or from the whole model where a stack's layers differ (``pattern``, ``overrides``)."""
     model = recipe.model
-    parts = [p for p in ("encoder", "decoder") if model.stack(p) is not None]
-    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):
+    stacks = model.stacks()
+    if any(stack.pattern or stack.overrides for stack in stacks.values()):
         return meta_parameters(recipe, model)
+    parts: list[str] = list(stacks)
     base = meta_parameters(recipe, with_layers(model, {p: 1 for p in parts}))
     total = base
-    for part in parts:
-        layers = model.stack(part).layers
+    for part, stack in stacks.items():
+        layers = stack.layers
         if layers > 1:
             two = meta_parameters(recipe, with_layers(model, {p: 2 if p == part else 1 for p in parts}))
             total += (two - base) * (layers - 1)
@@ -106,8 +107,10 @@ def check_size(recipe: Recipe, parameters: int, *, training: bool = True) -> lis
 
 
 def with_layers(model: ModelSection, layers: dict[str, int], **update: Any) -> ModelSection:
-    for part, n in layers.items():
-        update[part] = model.stack(part).model_copy(update={"layers": n})
+    """``model`` with the stacks named in ``layers`` cut (or grown) to that many layers, and ``update``'s fields."""
+    for part, stack in model.stacks().items():
+        if part in layers:
+            update[part] = stack.model_copy(update={"layers": layers[part]})
     return model.model_copy(update=update)
 
 

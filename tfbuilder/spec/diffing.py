@@ -37,6 +37,6 @@ def format_table(rows: list[tuple[str, Any, Any]], left: str, right: str) -> str
     shown = [(k, "-" if x is MISSING else str(x), "-" if y is MISSING else str(y)) for k, x, y in rows]
     header = ("key", left, right)
     widths = [max(len(r[i]) for r in [header, *shown]) for i in range(3)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in shown]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in shown]
     return "\n".join(line.rstrip() for line in lines)

@@ -8,12 +8,12 @@ sec. 3.3).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from tfbuilder.spec.sections import Section, fail
+from tfbuilder.spec.base import Issue, Section, fail
 
 Pooling = Literal["cls", "mean", "last"]
 MAX_CLASSES = 100_000
@@ -30,7 +30,8 @@ class HeadSection(Section):
         None,
         ge=2,
         le=MAX_CLASSES,
-        description="classify: how many classes (or give labels); the training split must have exactly this many labels",
+        description="classify: how many classes (or give labels); "
+        "the training split must have exactly this many labels",
     )
     labels: list[str] | None = Field(
         None,
@@ -68,7 +69,7 @@ class HeadSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> HeadSection:
-        problems: list[tuple[tuple, str, Any]] = []
+        problems: list[Issue] = []
         if self.type == "regress":
             for name in ("classes", "labels"):
                 if getattr(self, name) is not None:
@@ -104,7 +105,7 @@ class HeadSection(Section):
         return self.pooling or ("cls" if kind == "encoder" else "last")
 
 
-def head_problems(head: HeadSection, kind: str) -> list[tuple[tuple, str, Any]]:
+def head_problems(head: HeadSection, kind: str) -> list[Issue]:
     """What is wrong with ``head`` on a model of ``kind`` (locations relative to ``model``)."""
     if kind == "encoder_decoder":
         return [
@@ -118,7 +119,8 @@ def head_problems(head: HeadSection, kind: str) -> list[tuple[tuple, str, Any]]:
         return [
             (
                 ("head", "pooling"),
-                "cls reads the first token, which in a decoder (causal attention) has seen only itself: use last or mean",
+                "cls reads the first token, which in a decoder (causal attention) has seen only itself: "
+                "use last or mean",
                 "cls",
             )
         ]
@@ -126,7 +128,8 @@ def head_problems(head: HeadSection, kind: str) -> list[tuple[tuple, str, Any]]:
         return [
             (
                 ("head", "pooling"),
-                "last is for decoders (the last token is the only one that has seen the whole text): an encoder uses cls or mean",
+                "last is for decoders (the last token is the only one that has seen the whole text): "
+                "an encoder uses cls or mean",
                 "last",
             )
         ]

@@ -1,71 +1,30 @@
-"""Recipe sections other than the model: data, optimisation, trainer (schema only, no tensors)."""
+"""The recipe's ``data`` section: where examples come from, how text becomes ids, how examples are
+batched (schema only, no tensors). The run's sections (``optim``, ``trainer``) are
+:mod:`tfbuilder.spec.training`, re-exported here."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import Field, field_validator, model_validator
+from pydantic.json_schema import JsonDict
+from pydantic_core import PydanticCustomError
 
-from tfbuilder.errors import did_you_mean
-from tfbuilder.spec.ports import tokenizer_files
+from tfbuilder.spec import formats
+from tfbuilder.spec.base import MAX_SEED, Issue, Section, StrictInt, fail, no_nul
+from tfbuilder.spec.formats import FormatName
+from tfbuilder.spec.ports import Facts, tokenizer_files
+from tfbuilder.spec.training import LOGGER_NAMES, MuonSection, OptimSection, ScheduleSection, TrainerSection
 from tfbuilder.specials import COUNT as SPECIAL_COUNT
-from tfbuilder.specials import SPECIAL_TOKENS  # noqa: F401 (re-exported for the data layer)
+from tfbuilder.specials import SPECIAL_TOKENS
 
 MLM_PROBABILITY = 0.15  # BERT's share of tokens a masked LM predicts (Devlin et al. 2019, sec. 3.1)
 DEFAULT_BATCH_SIZE = 32  # sentences per batch when a recipe sets neither max_tokens nor batch_size
 SYNTHETIC_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 # Bounds on what a recipe may ask for: far beyond any real run, short of what hangs or cannot work.
-MAX_SEED = 2**32 - 1  # numpy and the data order take 32-bit seeds
 MAX_EXAMPLES = 10_000_000  # synthetic examples per split (generated in memory, in Python)
 MAX_SYNTHETIC_LEN = 100_000
 MAX_SYNTHETIC_TOKENS = 1_000_000_000  # examples x longest length
-
-LOGGER_NAMES = ("csv", "tensorboard", "wandb", "mlflow")
-"""What ``trainer.loggers`` may name (the loggers themselves are :mod:`tfbuilder.train.loggers`)."""
-
-
-class Section(BaseModel):
-    """A recipe section: unknown keys are errors, no silent coercion (``yes`` is not 1.0), no inf/nan."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-def fail(model: str, problems: list[tuple[tuple, str, Any]]) -> None:
-    """Raise cross-field ``problems`` (loc, message, value) as one ValidationError, each at its loc."""
-    if problems:
-        details = [
-            InitErrorDetails(type=PydanticCustomError("cross_field", message), loc=loc, input=value)
-            for loc, message, value in problems
-        ]
-        raise ValidationError.from_exception_data(model, details)
-
-
-def _logger_name(value: str) -> str:
-    if value not in LOGGER_NAMES:
-        raise PydanticCustomError("logger_name", "unknown logger{hint}", {"hint": did_you_mean(value, LOGGER_NAMES)})
-    return value
-
-
-LoggerName = Annotated[str, AfterValidator(_logger_name)]
-StrictFloat = Annotated[float, Strict()]
-StrictInt = Annotated[int, Strict()]
-
-
-def no_nul(value: str | None) -> str | None:
-    """A path the operating system can open: no NUL byte (a path cannot hold one)."""
-    if value is not None and "\x00" in value:
-        raise PydanticCustomError("path_nul", "a path cannot hold a NUL byte")
-    return value
 
 
 class SpecialNames(Section):
@@ -133,7 +92,7 @@ class TokenizerSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TokenizerSection:
-        problems: list[tuple[tuple, str, Any]] = []
+        problems: list[Issue] = []
         if self.type == "pretrained" and self.path is None:
             problems.append((("path",), "a pretrained tokenizer needs path: its tokenizer.json", None))
         if self.path is not None and self.type not in ("pretrained", "sentencepiece"):
@@ -164,7 +123,7 @@ class TokenizerSection(Section):
         """Whether the tokenizer is a file (pretrained, or a SentencePiece model), not trained on the data."""
         return self.path is not None
 
-    def facts(self):
+    def facts(self) -> Facts | None:
         """The vocabulary size and special ids of the tokenizer file (:class:`tfbuilder.spec.ports.Facts`),
         or None (trained on the data, or the file cannot be read: preparing the data says why)."""
         if self.path is None:
@@ -174,7 +133,7 @@ class TokenizerSection(Section):
 
 
 # What _plain_stem checks, for editors (ECMA regex: the schema may say what pydantic's regex cannot).
-STEM_SCHEMA = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
+STEM_SCHEMA: JsonDict = {"pattern": "^(?!\\.*$)[^/\\\\*?\\[\\]\\u0000]+$"}
 
 
 class SplitsSection(Section):
@@ -205,7 +164,8 @@ class ColumnsSection(Section):
         None,
         min_length=1,
         max_length=255,
-        description="translation: the source field (JSON, Parquet, datasets: a dotted path into nested records such as translation.de)",
+        description="translation: the source field (JSON, Parquet, datasets: "
+        "a dotted path into nested records such as translation.de)",
     )
     target: str | None = Field(None, min_length=1, max_length=255, description="translation: the target field")
     text: str | None = Field(
@@ -242,7 +202,8 @@ class HubSection(Section):
         None,
         min_length=1,
         max_length=200,
-        description="a branch, tag or commit of the dataset's repository (default: its main branch); a commit pins the data",
+        description="a branch, tag or commit of the dataset's repository (default: its main branch); "
+        "a commit pins the data",
     )
 
 
@@ -275,16 +236,19 @@ class DataSection(Section):
     splits: SplitsSection = Field(
         default_factory=SplitsSection, description="file stems of the splits (format datasets: split names)"
     )
-    format: Literal["text", "jsonl", "csv", "tsv", "parquet", "datasets"] = Field(
+    format: FormatName = Field(
         "text",
-        description="text: <stem>.<lang>[.gz], one example per line; jsonl, csv, tsv: <stem>.<format>[.gz], records "
-        "whose fields data.columns names; parquet: <stem>.parquet or its shards <stem>-*.parquet; datasets: a Hugging "
-        "Face dataset (a save_to_disk folder in path, or data.hub), its splits named by data.splits",
+        description="a registered format (plugins may add more): text: <stem>.<lang>[.gz], one example per line; "
+        "jsonl, csv, tsv: <stem>.<format>[.gz], records whose fields data.columns names; "
+        "parquet: <stem>.parquet or its shards <stem>-*.parquet; "
+        "datasets: a Hugging Face dataset (a save_to_disk folder in path, or data.hub), "
+        "its splits named by data.splits",
     )
     columns: ColumnsSection | None = Field(None, description="every format but text: the fields that hold the text")
     hub: HubSection | None = Field(
         None,
-        description="format datasets: a dataset on the Hugging Face Hub (instead of path), downloaded and cached by datasets",
+        description="format datasets: a dataset on the Hugging Face Hub (instead of path), "
+        "downloaded and cached by datasets",
     )
     max_len: int = Field(
         256,
@@ -320,7 +284,8 @@ class DataSection(Section):
         None,
         ge=1,
         le=10_000_000,
-        description=f"sentences per batch (when max_tokens is not set); default {DEFAULT_BATCH_SIZE} when neither is set",
+        description=f"sentences per batch (when max_tokens is not set); "
+        f"default {DEFAULT_BATCH_SIZE} when neither is set",
     )
     workers: Annotated[int, Field(ge=0, le=64)] | Literal["auto"] = Field(
         "auto",
@@ -330,123 +295,126 @@ class DataSection(Section):
 
     @model_validator(mode="after")
     def _check(self) -> DataSection:
-        problems: list[tuple[tuple, str, Any]] = []
         if self.type == "synthetic":
-            if self.task is None:
-                problems.append((("task",), "synthetic data needs a task (copy, reverse or sort)", None))
-            if not 1 <= self.lengths[0] <= self.lengths[1]:
-                problems.append((("lengths",), f"lengths must satisfy 1 <= min <= max, got {list(self.lengths)}", None))
-            elif self.lengths[1] > MAX_SYNTHETIC_LEN:
-                problems.append(
-                    (
-                        ("lengths",),
-                        f"synthetic lengths are at most {MAX_SYNTHETIC_LEN:,}, got {self.lengths[1]:,}",
-                        None,
-                    )
-                )
-            else:
-                biggest = max(self.train_size, self.val_size, self.test_size) * self.lengths[1]
-                if biggest > MAX_SYNTHETIC_TOKENS:
-                    problems.append(
-                        (
-                            ("train_size",),
-                            f"a split of up to {biggest:,} synthetic tokens is more than the {MAX_SYNTHETIC_TOKENS:,} generated in memory",
-                            None,
-                        )
-                    )
-            if self.tokenizer.type != "char":
-                problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
+            problems = self._synthetic_problems()
         else:
-            if self.format == "datasets":
-                if self.path is None and self.hub is None:
-                    problems.append(
-                        (
-                            ("path",),
-                            f"{self.type} data in format datasets needs a path (a save_to_disk folder) or hub",
-                            None,
-                        )
-                    )
-                elif self.path is not None and self.hub is not None:
-                    problems.append(
-                        (
-                            ("hub",),
-                            "set path (a save_to_disk folder) or hub (a dataset on the Hub), not both; path: null drops an inherited one",
-                            self.hub.name,
-                        )
-                    )
-            elif self.path is None:
-                problems.append((("path",), f"{self.type} data needs a path", None))
-            if self.format == "text" and self.type == "labelled":
-                problems.append(
-                    (
-                        ("format",),
-                        "labelled data is read from records: set format to jsonl, csv, tsv, parquet or datasets, and columns.text and columns.label",
-                        self.format,
-                    )
+            problems = self._location_problems() + self._format_problems() + self._tokenizer_problems()
+        problems += self._batching_problems()
+        fail("DataSection", problems)
+        return self
+
+    def _synthetic_problems(self) -> list[Issue]:
+        """A synthetic task, lengths that make sense and fit in memory, and the char tokenizer."""
+        problems: list[Issue] = []
+        if self.task is None:
+            problems.append((("task",), "synthetic data needs a task (copy, reverse or sort)", None))
+        if not 1 <= self.lengths[0] <= self.lengths[1]:
+            problems.append((("lengths",), f"lengths must satisfy 1 <= min <= max, got {list(self.lengths)}", None))
+        elif self.lengths[1] > MAX_SYNTHETIC_LEN:
+            message = f"synthetic lengths are at most {MAX_SYNTHETIC_LEN:,}, got {self.lengths[1]:,}"
+            problems.append((("lengths",), message, None))
+        else:
+            biggest = max(self.train_size, self.val_size, self.test_size) * self.lengths[1]
+            if biggest > MAX_SYNTHETIC_TOKENS:
+                message = (
+                    f"a split of up to {biggest:,} synthetic tokens is more than the "
+                    f"{MAX_SYNTHETIC_TOKENS:,} generated in memory"
                 )
-            elif self.format == "text":
-                needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
-                for lang in needed:
-                    if getattr(self, lang) is None:
-                        problems.append(((lang,), f"{self.type} data needs {lang}", None))
-                if self.columns is not None:
-                    problems.append(
-                        (
-                            ("columns",),
-                            "columns name fields of records: set format to jsonl, csv, tsv, parquet or datasets",
-                            None,
-                        )
-                    )
-            else:
-                fields = {"parallel": ("source", "target"), "labelled": ("text", "label")}.get(self.type, ("text",))
-                optional = ("text_pair",) if self.type == "labelled" else ()
-                columns = self.columns or ColumnsSection()
-                named = {
-                    "source": columns.source,
-                    "target": columns.target,
-                    "text": columns.text,
-                    "text_pair": columns.text_pair,
-                    "label": columns.label,
-                }
-                for name in fields:
-                    if named[name] is None:
-                        problems.append(
-                            (("columns", name), f"{self.type} data in format {self.format} needs columns.{name}", None)
-                        )
-                for name, value in named.items():
-                    if value is not None and name not in fields + optional:
-                        problems.append((("columns", name), f"{self.type} data has no {name} column", value))
-                if self.documents != "lines":
-                    problems.append(
-                        (
-                            ("documents",),
-                            "documents separated by blank lines are plain text (format: text)",
-                            self.documents,
-                        )
-                    )
-            if self.tokenizer.vocab_size is None and not self.tokenizer.given:
-                problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
-            facts = self.tokenizer.facts()
-            if facts is None and self.tokenizer.given and self.tokenizer.vocab_size is None:
-                # (A resolved recipe, as checkpoints keep it, carries the size: it loads without the file.)
-                named = self.tokenizer.specials.model_dump() if self.tokenizer.specials else None
-                problems.append(
-                    (
-                        ("tokenizer", "path"),
-                        tokenizer_files().unreadable(self.tokenizer.type, self.tokenizer.path, named),
-                        self.tokenizer.path,
-                    )
-                )
-            if facts is not None and self.tokenizer.vocab_size not in (None, facts.vocab_size):
-                problems.append(
-                    (
-                        ("tokenizer", "vocab_size"),
-                        f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; leave vocab_size out",
-                        self.tokenizer.vocab_size,
-                    )
-                )
-        if self.hub is not None and self.format != "datasets":
-            problems.append((("hub",), "hub names a Hugging Face dataset: set format to datasets", self.hub.name))
+                problems.append((("train_size",), message, None))
+        if self.tokenizer.type != "char":
+            problems.append((("tokenizer", "type"), "synthetic data uses the char tokenizer", self.tokenizer.type))
+        return problems
+
+    def _location_problems(self) -> list[Issue]:
+        """Where the text is: a path, or (format datasets) a path or a Hub dataset."""
+        if not formats.get(self.format).hub:
+            return [] if self.path is not None else [(("path",), f"{self.type} data needs a path", None)]
+        if self.path is None and self.hub is None:
+            message = f"{self.type} data in format {self.format} needs a path (a save_to_disk folder) or hub"
+            return [(("path",), message, None)]
+        if self.path is not None and self.hub is not None:
+            message = (
+                "set path (a save_to_disk folder) or hub (a dataset on the Hub), not both; "
+                "path: null drops an inherited one"
+            )
+            return [(("hub",), message, self.hub.name)]
+        return []
+
+    def _format_problems(self) -> list[Issue]:
+        """What the format needs to read this type of data: languages (text) or columns (records)."""
+        traits = formats.get(self.format)
+        records = formats.choices(columns=True)  # "jsonl, csv, tsv, parquet or datasets"
+        if not traits.columns and self.type == "labelled":
+            message = f"labelled data is read from records: set format to {records}, and columns.text and columns.label"
+            return [(("format",), message, self.format)]
+        if not traits.columns:
+            needed = ("src_lang", "tgt_lang") if self.type == "parallel" else ("lang",)
+            problems: list[Issue] = [
+                ((lang,), f"{self.type} data needs {lang}", None)
+                for lang in (needed if traits.languages else ())
+                if getattr(self, lang) is None
+            ]
+            if self.columns is not None:
+                message = f"columns name fields of records: set format to {records}"
+                problems.append((("columns",), message, None))
+            if self.documents != "lines" and not traits.languages:
+                message = "documents separated by blank lines are plain text (format: text)"
+                problems.append((("documents",), message, self.documents))
+            return problems
+        return self._column_problems()
+
+    def _column_problems(self) -> list[Issue]:
+        """Records: the columns this type of data reads, and no others; one document per record."""
+        fields = {"parallel": ("source", "target"), "labelled": ("text", "label")}.get(self.type, ("text",))
+        optional = ("text_pair",) if self.type == "labelled" else ()
+        columns = self.columns or ColumnsSection()
+        named = {
+            "source": columns.source,
+            "target": columns.target,
+            "text": columns.text,
+            "text_pair": columns.text_pair,
+            "label": columns.label,
+        }
+        problems: list[Issue] = [
+            (("columns", name), f"{self.type} data in format {self.format} needs columns.{name}", None)
+            for name in fields
+            if named[name] is None
+        ]
+        for name, value in named.items():
+            if value is not None and name not in fields + optional:
+                problems.append((("columns", name), f"{self.type} data has no {name} column", value))
+        if self.documents != "lines":
+            message = "documents separated by blank lines are plain text (format: text)"
+            problems.append((("documents",), message, self.documents))
+        return problems
+
+    def _tokenizer_problems(self) -> list[Issue]:
+        """A vocabulary size for a trained tokenizer; a given tokenizer's file readable, its size its own."""
+        problems: list[Issue] = []
+        if self.tokenizer.vocab_size is None and not self.tokenizer.given:
+            problems.append((("tokenizer", "vocab_size"), f"{self.type} data needs tokenizer.vocab_size", None))
+        facts = self.tokenizer.facts()
+        path = self.tokenizer.path  # given: not None
+        if facts is None and path is not None and self.tokenizer.vocab_size is None:
+            # (A resolved recipe, as checkpoints keep it, carries the size: it loads without the file.)
+            named = self.tokenizer.specials.model_dump() if self.tokenizer.specials else None
+            problems.append(
+                (("tokenizer", "path"), tokenizer_files().unreadable(self.tokenizer.type, path, named), path)
+            )
+        if facts is not None and self.tokenizer.vocab_size not in (None, facts.vocab_size):
+            message = (
+                f"the tokenizer file has {facts.vocab_size} tokens, not {self.tokenizer.vocab_size}; "
+                "leave vocab_size out"
+            )
+            problems.append((("tokenizer", "vocab_size"), message, self.tokenizer.vocab_size))
+        return problems
+
+    def _batching_problems(self) -> list[Issue]:
+        """Settings that belong to another format, batching mode or type of data."""
+        problems: list[Issue] = []
+        if self.hub is not None and not formats.get(self.format).hub:
+            hubs = formats.choices(hub=True)
+            problems.append((("hub",), f"hub names a Hugging Face dataset: set format to {hubs}", self.hub.name))
         if self.max_tokens is not None and self.batch_size is not None:
             problems.append((("batch_size",), "set max_tokens or batch_size, not both", self.batch_size))
         if self.packing:
@@ -461,8 +429,7 @@ class DataSection(Section):
                 problems.append((("document_mask",), "document_mask needs packing: true", True))
         if self.documents != "lines" and self.type != "monolingual":
             problems.append((("documents",), "documents are monolingual text", self.documents))
-        fail("DataSection", problems)
-        return self
+        return problems
 
     @property
     def vocab_size(self) -> int | None:
@@ -482,192 +449,19 @@ class DataSection(Section):
         return SPECIAL_TOKENS.index("<pad>")
 
 
-class ScheduleSection(Section):
-    """Learning-rate schedule."""
-
-    type: Literal["inverse_sqrt", "cosine", "constant"] = Field(
-        "inverse_sqrt",
-        description="inverse_sqrt: scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (sec. 5.3); "
-        "cosine: linear warm-up to optim.lr then cosine decay to min_lr; constant: warm-up to optim.lr",
-    )
-    warmup: int = Field(4000, ge=0, le=100_000_000, description="warm-up steps")
-    scale: float = Field(1.0, gt=0.0, description="multiplies the inverse_sqrt schedule")
-    min_lr: float = Field(0.0, ge=0.0, description="cosine: learning rate at the last step")
-
-
-class MuonSection(Section):
-    """Muon's settings (Jordan et al. 2024; torch.optim.Muon), for optim.optimizer: muon."""
-
-    lr: float | None = Field(
-        None,
-        gt=0.0,
-        le=10.0,
-        description="Muon's peak learning rate (the reference: 0.02 with adjust_lr original); its schedule is optim.schedule's times lr / optim.lr; default optim.lr",
-    )
-    momentum: float = Field(0.95, ge=0.0, lt=1.0, description="momentum of the update before orthogonalisation")
-    nesterov: bool = Field(True, description="Nesterov momentum")
-    ns_steps: int = Field(5, ge=1, le=20, description="Newton-Schulz iterations that orthogonalise each update")
-    weight_decay: float | None = Field(
-        None, ge=0.0, le=1.0, description="decoupled weight decay of the Muon matrices; default optim.weight_decay"
-    )
-    adjust_lr: Literal["original", "match_rms_adamw"] = Field(
-        "original",
-        description="per-matrix rate: original (Keller Jordan's, lr * sqrt(max(1, rows / cols))) or match_rms_adamw (Moonshot's 0.2 * lr * sqrt(max(rows, cols)), so AdamW's lr and decay carry over)",
-    )
-
-
-class OptimSection(Section):
-    """Optimisation: the paper's Adam and warm-up by default (sec. 5.3), label smoothing (sec. 5.4)."""
-
-    optimizer: Literal["adam", "adamw", "muon"] = Field(
-        "adam",
-        description="adam, adamw, or muon: Muon for the 2-D weights of the stacks, AdamW (lr, betas, eps, weight_decay) for embeddings, the head, norms, biases and scalars",
-    )
-    muon: MuonSection = Field(default_factory=MuonSection, description="Muon's settings (optimizer: muon)")
-    lr: float = Field(1e-3, gt=0.0, description="peak learning rate (cosine, constant); inverse_sqrt uses scale")
-    betas: tuple[StrictFloat, StrictFloat] = Field((0.9, 0.98), strict=False, description="Adam beta1, beta2")
-    eps: float = Field(1e-9, gt=0.0, description="Adam epsilon")
-    weight_decay: float = Field(
-        0.0,
-        ge=0.0,
-        description="decoupled weight decay (adamw) of weight matrices and embedding tables; biases, norm gains and learned scalars are not decayed",
-    )
-    schedule: ScheduleSection = Field(default_factory=ScheduleSection, description="learning-rate schedule")
-    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0, description="epsilon_ls of the smoothed cross-entropy")
-    z_loss: float = Field(
-        0.0,
-        ge=0.0,
-        le=1.0,
-        description="weight w of the auxiliary z-loss w * log(Z)^2 per target token, Z the softmax normaliser (PaLM, Chowdhery et al. 2022: 1e-4); 0: off",
-    )
-    grad_clip: float | None = Field(None, gt=0.0, description="clip the gradient norm to this value")
-    accumulate: int = Field(
-        1,
-        ge=1,
-        le=65_536,
-        description="batches per optimizer step; the step averages the loss over all their target tokens, like one batch this many times larger",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> OptimSection:
-        problems = [
-            (("betas", i), f"Adam beta{i + 1} must be in [0, 1), got {b}", b)
-            for i, b in enumerate(self.betas)
-            if not 0 <= b < 1
-        ]
-        if self.optimizer != "muon" and self.muon != MuonSection():
-            problems.append(
-                (("muon",), f"muon settings apply to optimizer: muon (this recipe's is {self.optimizer})", None)
-            )
-        fail("OptimSection", problems)
-        return self
-
-
-class TrainerSection(Section):
-    """What Lightning's Trainer is told, and where runs go."""
-
-    max_steps: int = Field(
-        100_000, ge=1, le=1_000_000_000, description="optimizer steps to train (the paper: 100k base, 300k big)"
-    )
-    max_epochs: int | None = Field(
-        None, ge=1, le=1_000_000, description="stop after this many passes over the data, if sooner"
-    )
-    max_minutes: float | None = Field(
-        None, gt=0, le=525_600, description="stop after this much wall time, if sooner (at most a year)"
-    )
-    val_every: int = Field(1000, ge=1, description="validate (and checkpoint) every this many steps")
-    val_batches: int | None = Field(None, ge=1, description="validate on at most this many batches")
-    val_bleu: int = Field(
-        0,
-        ge=0,
-        description="at each validation, translate the first N validation sentences (greedy) and log their sacreBLEU as val_bleu; 0: off",
-    )
-    monitor: Literal["val_loss", "val_bleu", "val_acc", "val_f1", "val_mse"] = Field(
-        "val_loss",
-        description="what makes a checkpoint best.ckpt and drives patience: val_loss (lower is better), val_bleu (higher; needs val_bleu), "
-        "val_acc (higher), and for a sequence head val_f1 (higher; classify) or val_mse (lower; regress)",
-    )
-    patience: int | None = Field(
-        None,
-        ge=1,
-        le=1_000_000,
-        description="stop after this many validations without improvement of monitor; unset: never",
-    )
-    keep_last: int = Field(
-        0,
-        ge=0,
-        le=1000,
-        description="also keep the N most recent validated checkpoints as checkpoints/step-<n>.ckpt (for tfbuilder average)",
-    )
-    log_every: int = Field(
-        50, ge=1, description="log training metrics (and check the loss is finite) every this many steps"
-    )
-    precision: Literal["32", "64", "bf16-mixed", "16-mixed"] = Field("32", description="numeric precision")
-    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = Field(
-        "auto", description="device kind (auto: a GPU when present)"
-    )
-    devices: (
-        Annotated[int, Field(ge=1, le=4096)]
-        | Annotated[list[Annotated[int, Field(ge=0, le=4095)]], Field(min_length=1, max_length=4096)]
-        | Literal["auto"]
-    ) = Field(
-        "auto",
-        description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is the second GPU)",
-    )
-    strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
-    num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
-    deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
-    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
-    compile: bool = Field(
-        False,
-        description="torch.compile the model's features and loss as one graph (for GPUs: on CPUs compiling costs more than it saves)",
-    )
-    output: str = Field("runs", min_length=1, description="runs go to <output>/<name>/version_<n>/")
-    _output_path = field_validator("output")(no_nul)
-    logger: Literal["csv", "tensorboard"] = Field(
-        "csv", description="an older spelling: tensorboard is loggers: [tensorboard]"
-    )
-    loggers: list[LoggerName] = Field(
-        default_factory=list,
-        max_length=len(LOGGER_NAMES),
-        description="where metrics go besides metrics.csv (always written): any of tensorboard, wandb, mlflow "
-        "(Lightning's loggers; wandb and mlflow are the extras of the same names), each given the resolved recipe",
-    )
-    progress: bool = Field(
-        True,
-        description="show the step, loss, tokens/s, learning rate and ETA while training (false: only the start and each validation)",
-    )
-    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = Field(
-        "auto",
-        description="CPU threads of the training process; auto: the cores not already busy (cores minus those other processes keep busy, at least 1), "
-        "since threads fighting another process for a core run many times slower",
-    )
-
-    @field_validator("precision", mode="before")
-    @classmethod
-    def _precision_number(cls, value: Any) -> Any:
-        # `precision: 32` is what people write (and what Lightning accepts).
-        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-
-    @model_validator(mode="after")
-    def _check(self) -> TrainerSection:
-        twice = sorted({name for name in self.loggers if self.loggers.count(name) > 1})
-        if twice:
-            fail("TrainerSection", [(("loggers",), f"loggers names {', '.join(twice)} twice", self.loggers)])
-        if isinstance(self.devices, list) and len(set(self.devices)) != len(self.devices):
-            fail("TrainerSection", [(("devices",), f"devices {self.devices} names a device twice", self.devices)])
-        if self.monitor == "val_bleu" and not self.val_bleu:
-            fail(
-                "TrainerSection",
-                [
-                    (
-                        ("monitor",),
-                        "monitor: val_bleu needs trainer.val_bleu: N (sentences translated at each validation)",
-                        self.monitor,
-                    )
-                ],
-            )
-        return self
-
-
-__all__ = ["DataSection", "OptimSection", "Section", "TrainerSection", "fail"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "LOGGER_NAMES",
+    "MLM_PROBABILITY",
+    "SPECIAL_COUNT",
+    "SPECIAL_TOKENS",
+    "SYNTHETIC_ALPHABET",
+    "DataSection",
+    "MuonSection",
+    "OptimSection",
+    "ScheduleSection",
+    "Section",
+    "TokenizerSection",
+    "TrainerSection",
+    "fail",
+]

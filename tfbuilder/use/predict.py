@@ -2,9 +2,10 @@
 writes a label and its probabilities (or a number) per input, ``score`` tests it on a split of its
 data. No Lightning here.
 
-Inputs are read as the data layer reads them (:mod:`tfbuilder.data.formats`): ``.jsonl``, ``.csv``
-and ``.tsv`` files (optionally ``.gz``) through the run's ``data.columns`` (text, and text_pair for
-pairs; a label column is not needed and is ignored), any other file one text per line.
+Inputs are read as the data layer reads them (:mod:`tfbuilder.data.readers`): a file of a registered
+format whose split is one file (``.jsonl``, ``.csv`` and ``.tsv``, optionally ``.gz``) through the run's
+``data.columns`` (text, and text_pair for pairs; a label column is not needed and is ignored), any
+other file one text per line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tfbuilder.data import formats, text
+from tfbuilder.data import readers, text
 from tfbuilder.data.batching import pack
 from tfbuilder.data.collate import Collate, labelled, lengths
 from tfbuilder.data.prepare import prepare
@@ -51,12 +52,10 @@ def _head(loaded: Loaded) -> HeadSection:
 
 
 def input_format(path: Path) -> str:
-    """``jsonl``, ``csv`` or ``tsv`` by the file's extension (``.gz`` aside); ``text`` otherwise."""
-    suffixes = [s.lower() for s in path.suffixes]
-    if suffixes and suffixes[-1] == ".gz":
-        suffixes = suffixes[:-1]
-    ext = suffixes[-1].lstrip(".") if suffixes else ""
-    return ext if ext in formats.EXTENSIONS else "text"
+    """The format that reads ``path`` by its extension (``.gz`` aside), such as ``jsonl``, ``csv`` or
+    ``tsv``; ``text`` otherwise."""
+    found = readers.file_reader(path)
+    return found.traits.name if found is not None else "text"
 
 
 def read_inputs(loaded: Loaded, path: str | Path) -> Iterator[tuple[str, str | None]]:
@@ -66,26 +65,27 @@ def read_inputs(loaded: Loaded, path: str | Path) -> Iterator[tuple[str, str | N
         yield from ((line.rstrip("\n"), None) for line in sys.stdin)
         return
     path = Path(path)
-    fmt = input_format(path)
+    found = readers.file_reader(path)
     columns = loaded.recipe.data.columns if loaded.recipe.data is not None else None
-    if fmt == "text":
+    if found is None or found.rows is None:
         if columns is not None and columns.text_pair is not None:
             raise TfbuilderError(
                 f"--input {path}: the model reads pairs ({columns.text} and {columns.text_pair}): "
-                "give a .jsonl, .csv or .tsv file"
+                f"give a {readers.file_suffixes(columns=True)} file"
             )
         yield from ((line, None) for line in text.lines(path))
         return
-    if columns is None or columns.text is None:
+    if not found.traits.columns:  # rows are the texts themselves
+        pairs = columns is not None and columns.text_pair is not None
+        fields: tuple[str, ...] = ("text", "text_pair") if pairs else ("text",)
+    elif columns is None or columns.text is None:
         raise TfbuilderError(
-            f"--input {path}: the checkpoint's recipe names no data.columns.text to read from {fmt} records"
+            f"--input {path}: the checkpoint's recipe names no data.columns.text "
+            f"to read from {found.traits.name} records"
         )
-    fields = (columns.text,) + ((columns.text_pair,) if columns.text_pair else ())
-    if fmt == "jsonl":
-        rows = formats.jsonl_rows(path, fields)
     else:
-        rows = formats.table_rows(path, fields, delimiter="\t" if fmt == "tsv" else ",")
-    for values in rows:
+        fields = (columns.text,) + ((columns.text_pair,) if columns.text_pair else ())
+    for values in found.rows(path, fields):
         yield values[0], values[1] if len(values) > 1 else None
 
 

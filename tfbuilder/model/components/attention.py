@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from tfbuilder import masks
 from tfbuilder.contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
 from tfbuilder.model.components.position import AttentionPosition
-from tfbuilder.registry import BuildContext, ModelDims, register
+from tfbuilder.registry import BuildContext, ModelDims, StackShared, register
 
 Lambda = Annotated[float, Field(ge=-100.0, le=100.0)]
 
@@ -26,6 +26,69 @@ def init_projections(module: nn.Module) -> None:
             nn.init.xavier_uniform_(linear.weight)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
+
+
+class MultiHeadParams(AttentionParams):
+    """The fields of multi-head attention, shared by its variants (each names its own ``type``)."""
+
+    heads: int = Field(8, ge=1, le=1024, description="number of query heads h")
+    kv_heads: int | None = Field(
+        None, ge=1, description="key/value heads (grouped-query; 1 = multi-query); default heads"
+    )
+    key_dim: int | None = Field(None, ge=1, description="query/key width per head d_k; default d_model / heads")
+    value_dim: int | None = Field(None, ge=1, description="value width per head d_v; default d_model / heads")
+    window: int | None = Field(
+        None,
+        ge=1,
+        description="sliding-window self-attention: attend to keys at most window-1 positions away; default all",
+    )
+    qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
+    gate: Literal["none", "elementwise", "headwise"] = Field(
+        "none",
+        description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): "
+        "each head's output times sigmoid(x W), x the attention's input; elementwise: one gate per value channel, "
+        "headwise: one per head",
+    )
+    value_residual: Literal["none", "fixed", "learnable"] = Field(
+        "none",
+        description="value residual learning (ResFormer, Zhou et al. 2024, arXiv:2410.17897): "
+        "self-attention layers after the first use lambda1 * V_1 + lambda2 * V_n as values, V_1 the first layer's; "
+        "fixed or learnable lambdas",
+    )
+    value_lambdas: tuple[Lambda, Lambda] = Field(
+        (0.5, 0.5),
+        strict=False,
+        description="value residual: (lambda1, lambda2), the weights of V_1 and of the layer's own values "
+        "(learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
+    bias: bool = Field(True, description="learn biases in the input and output projections")
+    scale: float | None = Field(
+        None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
+    )
+    softcap: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e4,
+        description="soft-cap the scaled scores to softcap * tanh(scores / softcap) before the mask and the "
+        "softmax (Gemma 2: 50); default none",
+    )
+
+    def shape(self, d_model: int) -> AttentionShape:
+        return AttentionShape(self.heads, self.key_dim or default_head_dim(d_model, self.heads))
+
+    def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+        problems = []
+        if self.scale is not None and self.qk_norm:
+            problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
+        if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
+            unset = " and ".join(n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None)
+            problems.append(
+                ("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set {unset}")
+            )
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            problems.append(("kv_heads", f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"))
+        return problems
 
 
 @register("attention", "multihead")
@@ -45,64 +108,10 @@ class MultiHeadAttention(AttentionBase, nn.Module):
 
     keeps_weights = True  # keep_weights = True: the next forward keeps its weights in `weights`
 
-    class Params(AttentionParams):
+    class Params(MultiHeadParams):
         type: Literal["multihead"] = "multihead"
-        heads: int = Field(8, ge=1, le=1024, description="number of query heads h")
-        kv_heads: int | None = Field(
-            None, ge=1, description="key/value heads (grouped-query; 1 = multi-query); default heads"
-        )
-        key_dim: int | None = Field(None, ge=1, description="query/key width per head d_k; default d_model / heads")
-        value_dim: int | None = Field(None, ge=1, description="value width per head d_v; default d_model / heads")
-        window: int | None = Field(
-            None,
-            ge=1,
-            description="sliding-window self-attention: attend to keys at most window-1 positions away; default all",
-        )
-        qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
-        gate: Literal["none", "elementwise", "headwise"] = Field(
-            "none",
-            description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): each head's output times sigmoid(x W), x the attention's input; elementwise: one gate per value channel, headwise: one per head",
-        )
-        value_residual: Literal["none", "fixed", "learnable"] = Field(
-            "none",
-            description="value residual learning (ResFormer, Zhou et al. 2024, arXiv:2410.17897): self-attention layers after the first use lambda1 * V_1 + lambda2 * V_n as values, V_1 the first layer's; fixed or learnable lambdas",
-        )
-        value_lambdas: tuple[Lambda, Lambda] = Field(
-            (0.5, 0.5),
-            strict=False,
-            description="value residual: (lambda1, lambda2), the weights of V_1 and of the layer's own values (learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
-        )
-        dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
-        bias: bool = Field(True, description="learn biases in the input and output projections")
-        scale: float | None = Field(
-            None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
-        )
-        softcap: float | None = Field(
-            None,
-            gt=0.0,
-            le=1e4,
-            description="soft-cap the scaled scores to softcap * tanh(scores / softcap) before the mask and the softmax (Gemma 2: 50); default none",
-        )
 
-        def shape(self, d_model: int) -> AttentionShape:
-            return AttentionShape(self.heads, self.key_dim or default_head_dim(d_model, self.heads))
-
-        def check(self, dims: ModelDims) -> list[tuple[str, str]]:
-            problems = []
-            if self.scale is not None and self.qk_norm:
-                problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
-            if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
-                unset = " and ".join(
-                    n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None
-                )
-                problems.append(
-                    ("heads", f"d_model ({dims.d_model}) must be divisible by heads ({self.heads}), or set {unset}")
-                )
-            if self.kv_heads is not None and self.heads % self.kv_heads:
-                problems.append(("kv_heads", f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})"))
-            return problems
-
-    def __init__(self, params: Params, ctx: BuildContext):
+    def __init__(self, params: MultiHeadParams, ctx: BuildContext):
         super().__init__()
         d, h = ctx.d_model, params.heads
         self.heads = h
@@ -138,12 +147,13 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         self.to_gate = nn.Linear(d, gates, bias=False) if gates else None
         # Value residual learning: the stack's first self-attention layer hands its values to the others
         # through the stack's shared scratch (held in a tuple: not a module); layers after it mix them in.
-        residual = params.value_residual != "none" and not ctx.cross and ctx.shared is not None
-        self._shared = (ctx.shared,) if residual else ()
+        shared = ctx.shared if params.value_residual != "none" and not ctx.cross else None
+        self._shared: tuple[StackShared, ...] = () if shared is None else (shared,)
         self.layer, self.last_layer = ctx.layer, ctx.layer == ctx.num_layers - 1
         self.value_lambdas: nn.Parameter | tuple[float, float] | None = None
-        if residual and ctx.layer > 0:
-            lambdas = tuple(float(lam) for lam in params.value_lambdas)
+        if self._shared and ctx.layer > 0:
+            first, own = params.value_lambdas
+            lambdas = (float(first), float(own))
             self.value_lambdas = (
                 nn.Parameter(torch.tensor(lambdas)) if params.value_residual == "learnable" else lambdas
             )
@@ -190,13 +200,13 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             q, k, v, offset = self._self_qkv(x, cache)
             out = self._attend(q, k, v, mask, offset=offset)
         if self.to_gate is not None:
-            out = self._gated(out, x)
+            out = self._gated(out, x, self.to_gate)
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
 
-    def _gated(self, out: Tensor, x: Tensor) -> Tensor:
+    def _gated(self, out: Tensor, x: Tensor, to_gate: nn.Linear) -> Tensor:
         """Each head's output (b, h, i, v) times sigmoid(x W_theta), query-dependent: from this layer's
         input ``x`` (b, i, d), per value channel (elementwise) or per head (headwise)."""
-        scores = self.to_gate(x)
+        scores = to_gate(x)
         if self.gate == "headwise":
             return out * rearrange(scores, "b i h -> b h i 1").sigmoid()
         return out * rearrange(scores, "b i (h v) -> b h i v", h=out.shape[1]).sigmoid()
@@ -210,8 +220,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         if self._shared:
             v = self._value_residual(v)
         offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0
-        if self.rotates:
-            q, k = self.position.rotate(q, offset), self.position.rotate(k, offset)  # keys are cached rotated
+        position = self.position
+        if self.rotates and position is not None:
+            q, k = position.rotate(q, offset), position.rotate(k, offset)  # keys are cached rotated
         if cache is not None:
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -231,7 +242,10 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             raise RuntimeError("value residual: the stack's first layer did not run before this one")
         if self.last_layer:
             shared.first_values = None  # not kept alive between forwards
-        return self.value_lambdas[0] * first + self.value_lambdas[1] * v
+        lambdas = self.value_lambdas
+        if lambdas is None:
+            raise RuntimeError("value residual: a layer after the first needs its value_lambdas")
+        return lambdas[0] * first + lambdas[1] * v
 
     def _cross_qkv(
         self, x: Tensor, context: Tensor | None, mask: Tensor | None, cache: KVCache | None
@@ -292,9 +306,10 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             mask = masks.combine(
                 mask, masks.window_mask(n_q, n_k, self.window, offset=offset, causal=self.causal, device=q.device)
             )
-        if not self.biased:
+        position = self.position
+        if not self.biased or position is None:
             return mask, is_causal
-        bias = self.position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
+        bias = position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
         return (bias if mask is None else bias.masked_fill(~mask, float("-inf"))), is_causal
 
     def _scaled_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
@@ -364,7 +379,7 @@ class DifferentialAttention(MultiHeadAttention):
     values serve heads / kv_heads consecutive heads, both maps of a head reading the same group.
     """
 
-    class Params(MultiHeadAttention.Params):
+    class Params(MultiHeadParams):
         type: Literal["differential"] = "differential"
         heads: int = Field(8, ge=1, le=512, description="number of differential heads h (each with two softmax maps)")
         kv_heads: int | None = Field(

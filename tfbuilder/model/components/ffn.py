@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -14,7 +15,12 @@ from tfbuilder.contracts import FeedForwardBase, default_ffn_hidden
 from tfbuilder.model.dropout import Dropout
 from tfbuilder.registry import AuxiliaryLoss, BuildContext, ComponentParams, ModelDims, register
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "gelu_tanh": lambda: nn.GELU(approximate="tanh"), "silu": nn.SiLU}
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "silu": nn.SiLU,
+}
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
 
@@ -184,7 +190,7 @@ class MixtureOfExperts(FeedForwardBase, nn.Module, AuxiliaryLoss):
 
     def output_projections(self) -> list[nn.Linear]:
         """Every expert's ``ff_out``: each ends the residual branch for the tokens routed to it."""
-        return [p for expert in self.experts for p in expert.output_projections()]
+        return [p for expert in self.experts if isinstance(expert, MLP) for p in expert.output_projections()]
 
     def auxiliary_loss(self) -> Tensor:
         """``aux_weight`` times the balancing loss of the last forward."""

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from tfbuilder import masks
 from tfbuilder.contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
-from tfbuilder.model.components.attention import init_projections
+from tfbuilder.model.components.attention import MultiHeadAttention, init_projections
 from tfbuilder.model.components.position import AttentionPosition
 from tfbuilder.registry import BuildContext, ModelDims, register
 
@@ -108,6 +108,8 @@ class LatentAttention(AttentionBase, nn.Module):
         self.keep_weights = False
         self.weights = None
         q_width = h * self.key_dim
+        self.to_q_latent: nn.Linear | None
+        self.norm_q: nn.Module
         if params.q_rank:
             self.to_q_latent = nn.Linear(d, params.q_rank, bias=params.bias)
             self.norm_q = nn.RMSNorm(params.q_rank, eps=1e-6) if params.latent_norm else nn.Identity()
@@ -157,12 +159,15 @@ class LatentAttention(AttentionBase, nn.Module):
         k, v = rearrange(self.to_kv(latent), "b j (h k) -> b h j k", h=self.heads).split(
             [self.head_dim, self.value_dim], -1
         )
-        if self.rope_dim:
+        if k_rope is not None:  # a decoupled rotary part (self-attention with rope_dim)
             q_c, q_r = q.split([self.head_dim, self.rope_dim], dim=-1)
-            q = torch.cat([q_c, self.position.rotate(q_r, offset) if self.rotates else q_r], dim=-1)
+            position = self.position
+            q = torch.cat([q_c, position.rotate(q_r, offset) if self.rotates and position else q_r], dim=-1)
             k = torch.cat([k, k_rope.expand(-1, self.heads, -1, -1)], dim=-1)
         if k.shape[0] != q.shape[0]:  # consecutive query rows (the beams of one input) share a source
-            k, v = (t.repeat_interleave(q.shape[0] // k.shape[0], dim=0) for t in (k, v))
+            group = MultiHeadAttention._group(q.shape[0], k.shape[0], mask)
+            k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))
+            mask = mask.repeat_interleave(group, dim=0) if mask is not None and mask.shape[0] > 1 else mask
         out = self._attend(q, k, v, mask, offset)
         return self.to_out(rearrange(out, "b h i v -> b i (h v)"))
 
@@ -177,8 +182,9 @@ class LatentAttention(AttentionBase, nn.Module):
         latent, k_rope = self.to_kv_latent(source).split([self.kv_rank, self.rope_dim], dim=-1)
         latent = self.norm_kv(latent)
         k_rope = rearrange(k_rope, "b j r -> b 1 j r")
-        if self.rotates and self.rope_dim:
-            k_rope = self.position.rotate(k_rope, offset)
+        position = self.position
+        if self.rotates and self.rope_dim and position is not None:
+            k_rope = position.rotate(k_rope, offset)
         if cache is not None:
             if "latent" in cache and not self.cross:
                 latent = torch.cat([cache["latent"], latent], dim=1)
@@ -195,8 +201,9 @@ class LatentAttention(AttentionBase, nn.Module):
                 is_causal = True
             else:
                 mask = masks.combine(mask, masks.causal_mask(n_q, n_k, offset=offset, device=q.device))
-        if self.biased:
-            bias = self.position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
+        position = self.position
+        if self.biased and position is not None:
+            bias = position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
             mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         if self.keep_weights:
             scores = (q @ k.transpose(-2, -1)) * self.scale

@@ -35,6 +35,8 @@ class SinusoidalPosition(nn.Module):
             1024, ge=1, le=1_000_000, description="positions precomputed; longer inputs are computed on the fly"
         )
 
+    table: Tensor  # (max_len, d), a buffer
+
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base = params.base
@@ -121,8 +123,12 @@ class RotaryPosition(AttentionPosition):
         )
         pairing: Literal["interleaved", "half"] = Field(
             "interleaved",
-            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), GPT-NeoX's and Llama's",
+            description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), "
+            "GPT-NeoX's and Llama's",
         )
+
+    cos: Tensor  # (max_len, k/2), buffers
+    sin: Tensor
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
@@ -178,6 +184,8 @@ class ALiBiPosition(AttentionPosition):
     class Params(PositionParams):
         type: Literal["alibi"] = "alibi"
 
+    slopes: Tensor  # (h,), a buffer
+
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.causal = ctx.causal
@@ -214,14 +222,16 @@ class RelativeBiasPosition(AttentionPosition):
                 return [
                     (
                         "buckets",
-                        f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, and each half needs an exact bucket",
+                        f"buckets ({self.buckets}) must be at least 4: encoders halve them per direction, "
+                        "and each half needs an exact bucket",
                     )
                 ]
             if self.max_distance <= self.buckets // 2:
                 return [
                     (
                         "max_distance",
-                        f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), the distances with exact buckets",
+                        f"max_distance ({self.max_distance}) must exceed buckets / 2 ({self.buckets // 2}), "
+                        "the distances with exact buckets",
                     )
                 ]
             return []

@@ -1,0 +1,202 @@
+"""The verbs that compare runs: ``sweep`` (train recipes over seeds into one directory, then report)
+and ``compare`` (the same report from runs that exist)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import TYPE_CHECKING
+
+from tfbuilder.cli.arguments import add_set, directory_arg, positive_int
+from tfbuilder.cli.recipes import preflight
+from tfbuilder.errors import RecipeError, TfbuilderError, printable
+
+if TYPE_CHECKING:  # rich and the sweeps (torch, Lightning) are imported in the commands (start-up time)
+    from collections.abc import Callable
+
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+    from tfbuilder.cli.arguments import Subparsers
+    from tfbuilder.use.sweeps import Run, Sweep
+
+
+def add_sweep(sub: Subparsers) -> None:
+    w = sub.add_parser("sweep", help="train recipes over seeds into one directory; write a comparison report")
+    w.add_argument(
+        "recipes",
+        nargs="+",
+        metavar="RECIPE",
+        help="the recipes to compare (the first is the baseline unless --baseline)",
+    )
+    w.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
+    w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
+    w.add_argument(
+        "--beam", type=positive_int, default=4, help="beam of the validation BLEU after training (default 4)"
+    )
+    w.add_argument("--no-bleu", action="store_true", help="skip the validation BLEU")
+    w.add_argument(
+        "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
+    )
+    w.add_argument("--dry-run", action="store_true", help="say what would run, and stop")
+    add_set(w)
+    w.set_defaults(run=cmd_sweep)
+
+
+def add_compare(sub: Subparsers) -> None:
+    cp = sub.add_parser("compare", help="the sweep report from existing runs (run, sweep or output directories)")
+    cp.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories, sweep directories or output directories holding runs",
+    )
+    cp.add_argument(
+        "--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)"
+    )
+    cp.add_argument("--beam", type=positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
+    cp.add_argument(
+        "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
+    )
+    cp.set_defaults(run=cmd_compare)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tfbuilder.use import reports, sweeps  # deferred: start-up time
+
+    problems = []
+    for path in dict.fromkeys(args.recipes):  # every recipe's problems, before anything runs
+        try:
+            preflight(path, args.overrides)
+        except RecipeError as exc:
+            problems += exc.problems
+    if problems:
+        raise RecipeError(problems)
+    if args.out:
+        directory_arg(args.out, "--out")
+    command = "tfbuilder " + shlex.join(args.argv)
+    sweep = sweeps.plan(
+        args.recipes,
+        seeds=args.seeds,
+        overrides=args.overrides,
+        out=args.out,
+        bleu_beam=None if args.no_bleu else args.beam,
+        command=command,
+    )
+    sweeps.check_own(sweep.dir)  # never writes its reports over files it did not make
+    todo = [r for r in sweep.runs if r.status != "finished"]
+    counts = {s: sum(r.status == s for r in sweep.runs) for s in ("finished", "resume", "evaluate", "new")}
+    print(
+        f"sweep {sweep.dir}: {len(sweep.runs)} runs ({len(sweep.names)} recipes x {args.seeds} seeds); "
+        f"{counts['finished']} finished, {counts['resume']} to resume, "
+        f"{counts['evaluate']} to score, {counts['new']} to train",
+        file=sys.stderr,
+    )
+    if args.dry_run:
+        for run in sweep.runs:
+            print(f"{run.status:>9}  {run.dir}")
+        return 0
+    sweeps.write_plan(sweep)
+    from tfbuilder.train.training import quiet_lightning  # deferred: start-up time
+
+    with quiet_lightning():
+        failed = _run_with_progress(todo, sweep)
+    finished, _ = reports.find_runs([sweep.dir])
+    rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
+    note = f"Made by `{command}`." if command else ""
+    if failed:
+        note += "\n\nNot in the table (diverged): " + "; ".join(failed)
+    paths = reports.write(rows, sweep.dir, title=f"sweep {sweep.dir.name}", note=note.strip(), beam=args.beam)
+    print(reports.markdown(rows, beam=args.beam))
+    print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
+    for line in failed:
+        print(f"diverged: {line}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _run_with_progress(todo: list[Run], sweep: Sweep, console: Console | None = None) -> list[str]:
+    """Each run in turn under a rich progress display (plain lines when the output is not a terminal).
+    A run that diverges does not stop the others; returns what diverged."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from tfbuilder.train.training import NonFiniteLoss  # deferred: start-up time
+    from tfbuilder.use.sweeps import execute  # deferred: start-up time
+
+    console = console or Console(stderr=True)
+    failed: list[str] = []
+    columns = (
+        TextColumn("{task.description:<36}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        overall = progress.add_task("runs", total=len(todo))
+        for index, run in enumerate(todo, 1):
+            label = f"{run.recipe.name} seed {run.seed}"
+            current = progress.add_task(f"{label} ({run.status})", total=run.recipe.trainer.max_steps)
+            progress.refresh()  # show the run now, not at the next tick
+            if not console.is_terminal:
+                print(f"[{index}/{len(todo)}] {label}: {run.status} -> {run.dir}", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            try:
+                execute(
+                    run,
+                    bleu_beam=sweep.bleu_beam,
+                    on_step=_moving(progress, current),
+                )
+            except NonFiniteLoss as exc:
+                failed.append(f"{label} ({exc})")
+            progress.refresh()  # the run's last state (a short run can end between ticks)
+            progress.remove_task(current)
+            progress.advance(overall)
+            if console.is_terminal:
+                progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s")
+    return failed
+
+
+def _moving(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
+    """A run's ``on_step``: moves its bar to ``step`` of ``total``."""
+
+    def on_step(step: int, total: int) -> None:
+        progress.update(task, completed=step, total=total)
+
+    return on_step
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tfbuilder.use import reports  # deferred: start-up time
+
+    if args.out:
+        directory_arg(args.out, "--out")
+    finished, unfinished = reports.find_runs(args.dirs)
+    for run in unfinished:
+        print(f"skipping {run}: not finished (no summary.json)", file=sys.stderr)
+    rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
+    print(reports.markdown(rows, beam=args.beam))
+    if args.out:
+        out = Path(args.out)
+        taken = [n for n in ("report.md", "report.csv", "runs.csv", "curves.png") if (out / n).exists()]
+        if taken:
+            raise TfbuilderError(f"{out} already has {', '.join(taken)}: not overwriting; choose another --out")
+        paths = reports.write(rows, out, title="comparison of " + ", ".join(args.dirs), beam=args.beam)
+        print("\n" + "\n".join(f"wrote {p}" for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def _warn(line: str) -> None:
+    print(f"warning: {printable(line)}", file=sys.stderr)

@@ -1,0 +1,69 @@
+"""The params half of the component contract, without tensors: the strict base every component's
+``Params`` subclasses, the dimensions shared by the whole model, and what attention and position
+params tell the builder before anything is built.
+
+The recipe schema (:mod:`tfbuilder.spec`) validates component slots with these and imports no
+tensors; the modules half of the contract (what a built component exposes) is :mod:`tfbuilder.contracts`,
+which re-exports these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ComponentParams(BaseModel):
+    """Base of every component's params: strict (unknown keys are errors), immutable, described."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    family: ClassVar[str] = ""
+    type: str
+
+    def check(self, dims: ModelDims) -> list[tuple[str, str]]:
+        """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
+        return []
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Dimensions shared by the whole model, known when a recipe is validated."""
+
+    d_model: int
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Query heads and query/key width per head: what a position acting inside attention is built for."""
+
+    heads: int
+    key_dim: int
+
+
+class AttentionParams(ComponentParams):
+    """Base of attention params: :meth:`shape` tells the builder the heads and key width before the
+    attention is built (whatever the params' fields are called)."""
+
+    def shape(self, d_model: int) -> AttentionShape:
+        raise NotImplementedError(f"{type(self).__qualname__} must define shape(d_model) -> AttentionShape")
+
+
+@runtime_checkable
+class Shaped(Protocol):
+    """What every attention's params provide, whether or not they subclass :class:`AttentionParams`
+    (the contract asks for the member, not the base class)."""
+
+    def shape(self, d_model: int) -> AttentionShape: ...
+
+
+class PositionParams(ComponentParams):
+    """Base of position params: :meth:`max_positions` is the longest sequence the position covers."""
+
+    def max_positions(self) -> int | None:
+        """None: any length (computed on the fly past a precomputed table)."""
+        return None
+
+
+__all__ = ["AttentionParams", "AttentionShape", "ComponentParams", "ModelDims", "PositionParams", "Shaped"]

@@ -28,8 +28,11 @@ from tfbuilder.data.readers import chunks
 from tfbuilder.data.settle import settle
 from tfbuilder.devices import model_device
 from tfbuilder.errors import DataError, TfbuilderError
+from tfbuilder.model.heads import SequenceHead
+from tfbuilder.model.model import DecoderOnly, EncoderOnly
 from tfbuilder.model.sizing import max_positions
 from tfbuilder.runs.checkpoints import Loaded
+from tfbuilder.spec.head import HeadSection
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED
 from tfbuilder.train.heads import metrics
 from tfbuilder.train.objectives import objective
@@ -38,11 +41,12 @@ BATCH = 64  # texts per forward pass
 DIGITS = 6  # probabilities are written rounded to this many decimals
 
 
-def _head(loaded: Loaded):
+def _head(loaded: Loaded) -> HeadSection:
     head = loaded.recipe.model.head
     if head is None:
         raise TfbuilderError(
-            f"{loaded.describe()} has no sequence head (model.head): it predicts tokens, not labels; see tfbuilder generate or translate"
+            f"{loaded.describe()} has no sequence head (model.head): it predicts tokens, not labels; "
+            "see tfbuilder generate or translate"
         )
     return head
 
@@ -76,7 +80,8 @@ def read_inputs(loaded: Loaded, path: str | Path) -> Iterator[tuple[str, str | N
         fields: tuple[str, ...] = ("text", "text_pair") if pairs else ("text",)
     elif columns is None or columns.text is None:
         raise TfbuilderError(
-            f"--input {path}: the checkpoint's recipe names no data.columns.text to read from {found.traits.name} records"
+            f"--input {path}: the checkpoint's recipe names no data.columns.text "
+            f"to read from {found.traits.name} records"
         )
     else:
         fields = (columns.text,) + ((columns.text_pair,) if columns.text_pair else ())
@@ -109,19 +114,24 @@ def predict(loaded: Loaded, inputs: Iterable[tuple[str, str | None]], *, batch: 
     (classify) or ``{"value": x}`` (regress)."""
     head = _head(loaded)
     model = loaded.model.eval()
+    if not isinstance(model, (EncoderOnly, DecoderOnly)) or not isinstance(model.head, SequenceHead):
+        raise TfbuilderError(f"{loaded.describe()}: its model has no sequence head, though its recipe names one")
     device = model_device(model)
     names = head.labels or [str(i) for i in range(head.outputs)]
     for chunk in chunks(inputs, batch):
         encoded = {k: v.to(device) for k, v in _encoded(loaded, chunk).items()}
-        outputs = model.features(encoded["tokens"], token_types=encoded["token_types"])
-        outputs = model.head(outputs, tokens=encoded["tokens"]).float().cpu()
+        hidden = model.features(encoded["tokens"], token_types=encoded["token_types"])
+        outputs = model.head(hidden, tokens=encoded["tokens"]).float().cpu()
         if head.type == "regress":
             yield from ({"value": float(v)} for v in outputs[:, 0])
             continue
         probabilities = outputs.softmax(dim=-1)
         for row in probabilities:
             best = int(row.argmax())
-            yield {"label": names[best], "probabilities": {n: round(float(p), DIGITS) for n, p in zip(names, row)}}
+            yield {
+                "label": names[best],
+                "probabilities": {n: round(float(p), DIGITS) for n, p in zip(names, row, strict=True)},
+            }
 
 
 def lines(records: Iterable[dict]) -> Iterator[str]:
@@ -161,14 +171,15 @@ def score(loaded: Loaded, split: str = "test", *, max_tokens: int = 8000) -> Hea
     sizes, _, _ = lengths(examples)
     nll = 0.0
     sums = torch.zeros(metrics.size(head.type, head.outputs), dtype=torch.float64)
-    budget = (
-        {"max_tokens": max(max_tokens, int(sizes.max())), "batch_size": None}
-        if recipe.model.pad_id is not None
-        else {"max_tokens": None, "batch_size": 1}
-    )
-    for ids in pack(sizes, sizes, np.argsort(sizes, kind="stable"), **budget):
+    padded = recipe.model.pad_id is not None  # without a pad id, one text a batch
+    budget = max(max_tokens, int(sizes.max())) if padded else None
+    for ids in pack(
+        sizes, sizes, np.argsort(sizes, kind="stable"), max_tokens=budget, batch_size=None if padded else 1
+    ):
         batch = {k: v.to(device) for k, v in collate(ids).items()}
         result = loss_of(model, batch)
+        if result.outputs is None:
+            raise TfbuilderError(f"{loaded.describe()}: the head's objective returned no outputs to score")
         nll += float(result.nll)
         sums += metrics.batch_sums(head.type, result.outputs, batch["labels"], head.outputs).cpu()
     found = metrics.scores(head.type, sums, head.outputs)

@@ -16,7 +16,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from tfbuilder.errors import TfbuilderError
 
@@ -82,6 +82,14 @@ def read_json(path: Path, *, what: str) -> dict[str, Any]:
     if _depth(data) > MAX_JSON_DEPTH:
         raise DamagedFile(f"damaged {what} {path}: nested deeper than {MAX_JSON_DEPTH} levels")
     return data
+
+
+@overload
+def number(data: dict[str, Any], key: str, path: Path, *, what: str, optional: Literal[False] = False) -> float: ...
+
+
+@overload
+def number(data: dict[str, Any], key: str, path: Path, *, what: str, optional: bool) -> float | None: ...
 
 
 def number(data: dict[str, Any], key: str, path: Path, *, what: str, optional: bool = False) -> float | None:

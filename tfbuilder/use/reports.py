@@ -72,8 +72,9 @@ class Row:
     runs: list[RunResult]
     changes: str
 
-    def values(self, attribute: str) -> list[float]:
-        out = [getattr(r, attribute) for r in self.runs]
+    def values(self, of: Callable[[RunResult], float | None]) -> list[float]:
+        """``of(run)`` of each run that has it."""
+        out = [of(r) for r in self.runs]
         return [float(v) for v in out if v is not None]
 
     def perplexities(self) -> list[float]:
@@ -148,7 +149,8 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     best = number(summary, "best_val_loss", summary_path, what="run summary", optional=True)
     speed = number(summary, "tokens_per_s", summary_path, what="run summary", optional=True)
     peak = number(summary, "peak_memory_mb", summary_path, what="run summary", optional=True)
-    saved_head = summary.get("head_scores") if isinstance(summary.get("head_scores"), dict) else {}
+    stored = summary.get("head_scores")
+    saved_head = stored if isinstance(stored, dict) else {}
     head_scores = {
         k: number(saved_head, k, summary_path, what="run summary") for k in HEAD_KEYS if saved_head.get(k) is not None
     }
@@ -240,17 +242,17 @@ def _cell(values: list[float], digits: int) -> str:
 
 HEAD_KEYS = ("val_acc", "val_f1", "val_mse", "val_pearson")  # what a sequence head's run summary holds
 COLUMNS = (  # (header, CSV name, how to get the values, digits)
-    ("val loss", "val_loss", lambda row: row.values("best_val_loss"), 3),
+    ("val loss", "val_loss", lambda row: row.values(lambda r: r.best_val_loss), 3),
     ("val PPL", "val_ppl", lambda row: row.perplexities(), 2),
     ("val acc %", "val_acc", lambda row: row.head("val_acc", 100.0), 1),
     ("val F1", "val_f1", lambda row: row.head("val_f1"), 3),
     ("val MSE", "val_mse", lambda row: row.head("val_mse"), 4),
     ("val r", "val_pearson", lambda row: row.head("val_pearson"), 3),
-    ("BLEU", "bleu", lambda row: row.values("bleu"), 2),
-    ("exact %", "exact_match", lambda row: row.values("exact_match"), 1),
-    ("tokens/s", "tokens_per_s", lambda row: row.values("tokens_per_s"), 0),
-    ("peak MiB", "peak_memory_mb", lambda row: row.values("peak_memory_mb"), 0),
-    ("wall s", "wall_s", lambda row: row.values("seconds"), 1),
+    ("BLEU", "bleu", lambda row: row.values(lambda r: r.bleu), 2),
+    ("exact %", "exact_match", lambda row: row.values(lambda r: r.exact_match), 1),
+    ("tokens/s", "tokens_per_s", lambda row: row.values(lambda r: r.tokens_per_s), 0),
+    ("peak MiB", "peak_memory_mb", lambda row: row.values(lambda r: r.peak_memory_mb), 0),
+    ("wall s", "wall_s", lambda row: row.values(lambda r: r.seconds), 1),
 )
 
 
@@ -335,9 +337,9 @@ def write(rows: list[Row], out_dir: Path, *, title: str, note: str = "", beam: i
 def _legend(beam: int) -> str:
     return (
         "Each cell is the mean ± sample standard deviation over the seeds. *val loss*: the best validation "
-        "loss (per-token NLL, no label smoothing; of a sequence head: per-text cross-entropy or squared error) and *val PPL* "
-        "its perplexity; *val acc %*, *val F1*, *val MSE*, *val r*: a sequence head's accuracy, macro-F1, mean squared error "
-        "and Pearson correlation at the last validation; *BLEU*: sacreBLEU of the best "
+        "loss (per-token NLL, no label smoothing; of a sequence head: per-text cross-entropy or squared error) "
+        "and *val PPL* its perplexity; *val acc %*, *val F1*, *val MSE*, *val r*: a sequence head's accuracy, "
+        "macro-F1, mean squared error and Pearson correlation at the last validation; *BLEU*: sacreBLEU of the best "
         f"checkpoint's beam-{beam} translations of the validation split (text data only); *exact %*: the share "
         "of those translations equal to their reference; *tokens/s*: target tokens per second "
         "of training steps; *wall s*: the whole run, data preparation and validation included."
@@ -354,14 +356,14 @@ def plot_curves(rows: list[Row], *, title: str) -> Figure:
     colours = colormaps["tab20" if len(rows) > 10 else "tab10"]
     for index, row in enumerate(rows):
         colour = colours(index % colours.N)
-        for ax, attribute in zip(axes, ("val_curve", "train_curve")):
-            steps, mean, low, high = _band([getattr(r, attribute) for r in row.runs])
+        for ax, curves in zip(axes, ([r.val_curve for r in row.runs], [r.train_curve for r in row.runs]), strict=True):
+            steps, mean, low, high = _band(curves)
             if not steps:
                 continue
             ax.plot(steps, mean, color=colour, label=row.name, linewidth=1.4)
             if len(row.runs) > 1:
                 ax.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
-    for ax, label in zip(axes, ("validation loss (per-token NLL)", "training loss (smoothed objective)")):
+    for ax, label in zip(axes, ("validation loss (per-token NLL)", "training loss (smoothed objective)"), strict=True):
         ax.set_xlabel("step")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tfbuilder.contracts import AttentionParams, ComponentParams
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.model.components.attention import MultiHeadAttention
+from tfbuilder.model.components.attention import MultiHeadParams
 from tfbuilder.model.components.ffn import GEGLU, MLP, MixtureOfExperts, ReGLU, SwiGLU
 from tfbuilder.model.components.latent_attention import LatentAttention
 from tfbuilder.model.components.norm import LayerNorm, RMSNorm, ScaleNorm
@@ -297,7 +297,7 @@ _WITH_BIAS_FFN = _WITH_HIDDEN
 _WITH_EPS = (LayerNorm.Params, RMSNorm.Params, ScaleNorm.Params)
 _WITH_MAX_LEN = (LearnedPosition.Params, SinusoidalPosition.Params, RotaryPosition.Params)
 _WITH_BASE = (SinusoidalPosition.Params, RotaryPosition.Params)
-_ATTENTION_WITH_DROPOUT = (MultiHeadAttention.Params, LatentAttention.Params)
+_ATTENTION_WITH_DROPOUT = (MultiHeadParams, LatentAttention.Params)
 
 
 def stack_layers(model: ModelSection, part: Literal["encoder", "decoder"]) -> int:
@@ -320,7 +320,7 @@ def ffn_bias(ffn: ComponentParams) -> bool:
 
 def _query_heads(attention: ComponentParams, d_model: int) -> int:
     """The heads a recipe sets (a differential attention's h, not its 2h softmax maps)."""
-    if isinstance(attention, MultiHeadAttention.Params):
+    if isinstance(attention, MultiHeadParams):
         return attention.heads
     if isinstance(attention, AttentionParams):
         return attention.shape(d_model).heads
@@ -411,7 +411,7 @@ def _t5_config(m: ModelSection) -> dict:
         "model_type": "t5",
         "vocab_size": m.vocab_size,
         "d_model": m.d_model,
-        "d_kv": att.key_dim if isinstance(att, MultiHeadAttention.Params) else None,
+        "d_kv": att.key_dim if isinstance(att, MultiHeadParams) else None,
         "d_ff": _ffn_hidden(m.ffn),
         "num_layers": stack_layers(m, "encoder"),
         "num_decoder_layers": stack_layers(m, "decoder"),
@@ -446,7 +446,7 @@ def _llama_config(m: ModelSection) -> dict:
         "intermediate_size": _ffn_hidden(ffn),
         "num_hidden_layers": stack_layers(m, "decoder"),
         "num_attention_heads": heads,
-        "num_key_value_heads": (att.kv_heads if isinstance(att, MultiHeadAttention.Params) else None) or heads,
+        "num_key_value_heads": (att.kv_heads if isinstance(att, MultiHeadParams) else None) or heads,
         "head_dim": att.shape(m.d_model).key_dim,
         "hidden_act": "silu",
         "rms_norm_eps": _eps(m.norm, 1e-6),

@@ -28,7 +28,7 @@ from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_conf
 from tfbuilder.interop.hf.specials import config_ids, special_ids
 from tfbuilder.interop.onnx import export_onnx
 from tfbuilder.model.builder import build_model
-from tfbuilder.model.components.ffn import glu_hidden
+from tfbuilder.model.components.ffn import GEGLU, ReGLU, SwiGLU, glu_hidden
 from tfbuilder.model.model import AuxiliaryLosses
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.runs import vocab_files
@@ -244,8 +244,8 @@ def _comparable(model_section: ModelSection) -> dict:
         att["value_dim"] = att.get("value_dim") or default_head_dim(d, att["heads"])
     if ffn.get("type") == "mlp":
         ffn["hidden"] = ffn.get("hidden") or default_ffn_hidden(d)
-    elif ffn.get("type") in ("swiglu", "geglu", "reglu"):
-        ffn["hidden"] = glu_hidden(model_section.ffn, d)
+    elif isinstance(glu := model_section.ffn, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):
+        ffn["hidden"] = glu_hidden(glu, d)
         ffn.pop("match_params", None)
     return data
 

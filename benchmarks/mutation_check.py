@@ -61,6 +61,7 @@ DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
 VARIANTS, BLOCKS = ("tests/test_attention_variants.py",), ("tests/test_blocks.py",)
 OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_patterns.py",)
+MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbuilder/spec/stacks.py"
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -100,7 +101,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("attention: 1/d_k instead of 1/sqrt(d_k)", A, "1.0 / math.sqrt(self.key_dim)", "1.0 / self.key_dim", REFS + ("-k", "gqa_is_torch")),
     Mutation("attention: kv heads tiled instead of repeated per group", A, "x.repeat_interleave(self.heads // self.kv_heads, dim=1)", "x.repeat(1, self.heads // self.kv_heads, 1, 1)", REFS + ("-k", "gqa_is_torch")),
     Mutation("attention: cache offset off by one", A, "offset = cache[\"k\"].shape[2] if", "offset = cache[\"k\"].shape[2] + 1 if", POS + ("-k", "cached")),
-    Mutation("attention: cached keys rotated from position 0", A, "self.position.rotate(k, offset)", "self.position.rotate(k, 0)", POS + ("-k", "cached")),
+    Mutation("attention: cached keys rotated from position 0", A, "position.rotate(k, offset)", "position.rotate(k, 0)", POS + ("-k", "cached")),
     Mutation("attention: look-ahead skipped for two queries", A, "if self.causal and not self.cross and n_q > 1:", "if self.causal and not self.cross and n_q > 2:", ("tests/test_attention.py",)),
     Mutation("attention: bias keeps the masked scores", A, "bias.masked_fill(~mask, float(\"-inf\"))", "bias.masked_fill(mask, float(\"-inf\"))", MASKS + REFS + ("-k", "window or kept")),
     Mutation("attention: explicit bias subtracted", A, "else scores + attn_mask", "else scores - attn_mask", REFS + ("-k", "kept")),
@@ -122,15 +123,15 @@ MUTATIONS: list[Mutation] = [
     Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),
     # --- objectives (Szegedy et al. 2016; Vaswani et al. 2017 sec. 5.4; Devlin et al. 2019)
     Mutation("smoothing: uniform term summed, not averaged", "tfbuilder/train/objectives.py", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.sum(dim=-1)", OBJ),
-    Mutation("smoothing: gradient of the uniform part not divided by vocab", "tfbuilder/train/objectives.py", "g.sub_(epsilon / vocab)", "g.sub_(epsilon)", OBJ),
+    Mutation("smoothing: gradient of the uniform part not divided by vocab", "tfbuilder/train/objectives.py", "g.sub_(epsilon / g.shape[-1])", "g.sub_(epsilon)", OBJ),
     Mutation("smoothing: target gradient 1+eps", "tfbuilder/train/objectives.py", "-(1.0 - epsilon)))", "-(1.0 + epsilon)))", OBJ),
     Mutation("loss counts ignored targets", "tfbuilder/train/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),
     Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/train/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
     Mutation("causal lm predicts the current token", "tfbuilder/train/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
     Mutation("masked lm: 70% shown as <mask>", "tfbuilder/train/objectives.py", "chosen & (roll < 0.8)", "chosen & (roll < 0.7)", OBJ),  # (0.9 is equivalent: the random 10% overrides)
-    Mutation("masked lm: special tokens may be chosen", "tfbuilder/train/objectives.py", "candidates = tokens >= SPECIAL_COUNT", "candidates = tokens >= 0", OBJ),
+    Mutation("masked lm: special tokens may be chosen", "tfbuilder/train/objectives.py", "candidates = tokens >= len(reserved)", "candidates = tokens >= 0", OBJ),
     Mutation("training metrics over every real token", "tfbuilder/train/task.py", "predicted = result.tokens.clamp(min=1)", "predicted = max(size, 1)", ("tests/test_training_metrics.py",)),
-    Mutation("residual scaling misses the output projections", "tfbuilder/model/builder.py", "for linear in residual.inner.output_projections():", "for linear in []:", ("tests/test_contracts.py", "-k", "residual_scaling")),
+    Mutation("residual scaling misses the output projections", "tfbuilder/model/builder.py", "for linear in branch.output_projections():", "for linear in []:", ("tests/test_contracts.py", "-k", "residual_scaling")),
     Mutation("positions built for one head", "tfbuilder/model/builder.py", "return shape.heads, shape.key_dim", "return 1, self.spec.d_model", ("tests/test_contracts.py", "-k", "declared_shape")),
     Mutation("target count includes the first token", "tfbuilder/train/objectives.py", "\"decoder\": lambda: batch[\"tokens\"][:, 1:]", "\"decoder\": lambda: batch[\"tokens\"]", OBJ),
     # --- learning-rate schedules (Vaswani et al. 2017 eq. 3; Loshchilov & Hutter 2017)
@@ -140,12 +141,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("cosine: rises instead of decays", "tfbuilder/train/schedules.py", "0.5 * (1 + math.cos(math.pi * progress))", "0.5 * (1 - math.cos(math.pi * progress))", SCHED),
     Mutation("constant: warmup from step 0", "tfbuilder/train/schedules.py", "lr * min(1.0, step / warmup)", "lr * min(1.0, (step - 1) / warmup)", SCHED),
     # --- data: batching and collation
-    Mutation("token budget: a full batch may not reach the budget", "tfbuilder/data/batching.py", "n * max(longest_src, s) > max_tokens", "n * max(longest_src, s) >= max_tokens", DATA),
-    Mutation("sentence batches one too large", "tfbuilder/data/batching.py", "len(current) >= batch_size", "len(current) > batch_size", DATA),
-    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "batches = batches[: len(batches) // self.world * self.world]", "batches = batches[: len(batches)]", DATA),
-    Mutation("collate: </s> over the last token", "tfbuilder/data/collate.py", "out[r, start + len(row)] = EOS", "out[r, start + len(row) - 1] = EOS", DATA),
-    Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True)", "\"tgt_out\": pad(tgt, bos=True)", DATA),
-    Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "src = [len(s) + 2 for s in split.src]", "src = [len(s) + 1 for s in split.src]", DATA),
+    Mutation("token budget: a full batch may not reach the budget", "tfbuilder/data/batching.py", "count * longest_src > max_tokens", "count * longest_src >= max_tokens", DATA),
+    Mutation("sentence batches one too large", "tfbuilder/data/batching.py", "np.arange(0, n, batch_size, dtype=np.int64)", "np.arange(0, n, batch_size + 1, dtype=np.int64)", DATA),
+    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "picks = picks[: count // self.world * self.world]", "picks = picks[:count]", DATA),
+    Mutation("collate: </s> over the last token", "tfbuilder/data/collate.py", "out[r, start + len(row)] = end", "out[r, start + len(row) - 1] = end", DATA),
+    Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True, ids=ids)", "\"tgt_out\": pad(tgt, bos=True, ids=ids)", DATA),
+    Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "(LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)", "(LANGUAGE_MODEL_ADDED - 1, LANGUAGE_MODEL_ADDED - 1)", DATA),
     # --- Hugging Face import: a field read but not used
     Mutation("hf: rope_theta ignored", "tfbuilder/interop/hf/configs.py", "\"base\": _float(rope, \"rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
     Mutation("hf: rms_norm_eps ignored", "tfbuilder/interop/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
@@ -164,7 +165,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("parallel: shared and separate norms swapped", "tfbuilder/model/builder.py", 'own_norm = not (parallel and spec.parallel_norms == "shared")', 'own_norm = not (parallel and spec.parallel_norms != "shared")', BLOCKS),
     Mutation("gate: tanh instead of sigmoid", A, 'return out * rearrange(scores, "b i h -> b h i 1").sigmoid()', 'return out * rearrange(scores, "b i h -> b h i 1").tanh()', VARIANTS + ("-k", "gated")),
     Mutation("gate: channels split across heads the wrong way", A, '"b i (h v) -> b h i v", h=out.shape[1]).sigmoid()', '"b i (v h) -> b h i v", h=out.shape[1]).sigmoid()', VARIANTS + ("-k", "gated")),
-    Mutation("value residual: lambdas swapped", A, "return self.value_lambdas[0] * first + self.value_lambdas[1] * v", "return self.value_lambdas[1] * first + self.value_lambdas[0] * v", VARIANTS + ("-k", "value_residual")),
+    Mutation("value residual: lambdas swapped", A, "return lambdas[0] * first + lambdas[1] * v", "return lambdas[1] * first + lambdas[0] * v", VARIANTS + ("-k", "value_residual")),
     Mutation("value residual: the second layer's values taken as V_1", A, "        if self.layer == 0:\n            shared.first_values = v", "        if self.layer <= 1:\n            shared.first_values = v", VARIANTS + ("-k", "value_residual")),
     Mutation("differential: lambda_init from l instead of l - 1", A, "return 0.8 - 0.6 * math.exp(-0.3 * layer)", "return 0.8 - 0.6 * math.exp(-0.3 * (layer + 1))", VARIANTS + ("-k", "differential")),
     Mutation("differential: exp terms added", A, "return torch.exp(q1k1) - torch.exp(q2k2) + self.lambda_init", "return torch.exp(q1k1) + torch.exp(q2k2) + self.lambda_init", VARIANTS + ("-k", "differential")),
@@ -174,12 +175,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("muon: biases and gains to Muon", "tfbuilder/train/optimizers.py", "for p in stack.parameters() if p.ndim == 2}", "for p in stack.parameters() if p.ndim >= 1}", OPTIMIZERS),
     Mutation("muon: its rate not relative to the schedule's", "tfbuilder/train/optimizers.py", "lr=(settings.lr or optim.lr) / optim.lr,", "lr=(settings.lr or optim.lr),", OPTIMIZERS),
     Mutation("muon: AdamW's state not restored", "tfbuilder/train/optimizers.py", '        self.adamw.load_state_dict(state_dict["adamw"])\n', "", OPTIMIZERS),
-    Mutation("pattern: kinds shifted by one layer", "tfbuilder/spec/recipe.py", "stack.pattern[index % len(stack.pattern)]]", "stack.pattern[(index + 1) % len(stack.pattern)]]", PATTERNS),
-    Mutation("pattern: negative overrides not found", "tfbuilder/spec/recipe.py", "for key in (index, index - stack.layers):", "for key in (index, index + stack.layers):", PATTERNS),
-    Mutation("pattern: the stack's params win over the change", "tfbuilder/spec/recipe.py", "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
-    Mutation("pattern: the last index + 1 accepted", "tfbuilder/spec/recipe.py", "if not -stack.layers <= index < stack.layers:", "if not -stack.layers <= index <= stack.layers:", PATTERNS),
-    Mutation("pattern: value residual switched off in some layers", "tfbuilder/spec/recipe.py", 'if family == "attention" and residual[0] != residual[1]:', 'if family == "attention" and residual[0] == residual[1] == "x":', PATTERNS),
-    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/model/sizing.py", "    if any(model.stack(p).pattern or model.stack(p).overrides for p in parts):", "    if False:", PATTERNS),
+    Mutation("pattern: kinds shifted by one layer", MS, "stack.pattern[index % len(stack.pattern)]]", "stack.pattern[(index + 1) % len(stack.pattern)]]", PATTERNS),
+    Mutation("pattern: negative overrides not found", MS, "for key in (index, index - stack.layers):", "for key in (index, index + stack.layers):", PATTERNS),
+    Mutation("pattern: the stack's params win over the change", SL, "data = {**base.model_dump(), **change} if", "data = {**change, **base.model_dump()} if", PATTERNS),
+    Mutation("pattern: the last index + 1 accepted", ST, "if not -stack.layers <= index < stack.layers", "if not -stack.layers <= index <= stack.layers", PATTERNS),
+    Mutation("pattern: value residual switched off in some layers", ST, "if residual[0] != residual[1]:", 'if residual[0] == residual[1] == "x":', PATTERNS),
+    Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/model/sizing.py", "    if any(stack.pattern or stack.overrides for stack in stacks.values()):", "    if False:", PATTERNS),
     # --- decoding (tfbuilder/inference/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
     Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
     Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),
@@ -201,7 +202,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("muon: AdamW's half never stepped", "tfbuilder/train/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
     Mutation("z-loss: ignored by the masked LM", "tfbuilder/train/objectives.py", "        documents=documents,\n        z_loss=z_loss,\n    )", "        documents=documents,\n    )", OBJ + ("-k", "z_loss")),
     Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/train/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
-    Mutation("pattern: the kind applied over the override", "tfbuilder/spec/recipe.py", "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
+    Mutation("pattern: the kind applied over the override", MS, "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
 ]
 
 

@@ -41,6 +41,9 @@ def dry_run(tmp_path_factory):
 
 
 def test_the_dry_run_writes_every_part_ok_or_skipped(dry_run):
+    """Over 30 s on 2 cores (its fixture runs benchmarks/gpu_check.py --dry-run: every part in its own
+    process, tiny shapes). It is the only check that the one GPU command works end to end before a
+    GPU is at hand; a part skipped here would first fail on the scarce GPU machine."""
     proc, state, table = dry_run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     names = [name for name, *_ in _script().PARTS]

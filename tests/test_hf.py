@@ -150,6 +150,9 @@ def test_hf_export_round_trips(family, saved, tmp_path):
     ],
 )
 def test_onnx_export_matches_pytorch(family, saved_shallow, tmp_path):
+    """Over 30 s for T5 on 2 cores: torch.onnx's exporter traces the whole encoder-decoder, and
+    onnxruntime runs it. Only an export of the real graph shows that the file a user deploys gives
+    the model's logits; no smaller stand-in exercises the exporter on each family's layers."""
     onnxruntime = pytest.importorskip("onnxruntime")
     ref, path = saved_shallow[family]
     ckpt = import_hf(path, tmp_path / "run")

@@ -32,6 +32,9 @@ def val_metrics(run_dir) -> list[dict]:
 
 
 def test_resume_ends_bit_equal_to_an_uninterrupted_run(tmp_path):
+    """About 30 s on 2 cores: three short fits (30 steps, 16 steps, then resumed to 30) with dropout
+    and validations, through Lightning. Bit-equality after a resume needs the real loop's checkpoint,
+    data position and random state; a shorter run would not cross a validation and a checkpoint."""
     # One thread in every run, whatever the machine's load: bit-equal needs the same sums.
     common = small(tmp_path, "model.dropout=0.1", "trainer.val_every=10", "trainer.deterministic=true", "trainer.threads=1")
     full = fit(tfbuilder.load_recipe(QUICKSTART, common + ["trainer.max_steps=30"]))
@@ -174,7 +177,10 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
-    """Two ranks on text data: one prepares the store, the other opens it; both train in step."""
+    """Two ranks on text data: one prepares the store, the other opens it; both train in step.
+
+    Over 30 s on 2 cores: two real processes joined by gloo. Only real ranks show that the store is
+    prepared once, that neither rank waits forever on the other, and that their weights stay equal."""
     from test_store import corpus
 
     folder = corpus(tmp_path / "data")

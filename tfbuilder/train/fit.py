@@ -145,7 +145,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     # 10. What the run did, kept as summary.json.
     summary = Summary.of(recipe, training, task)
     if training.trainer.is_global_zero:
-        summary.save(run_dir)
+        summary.write(run_dir)
     return summary
 
 

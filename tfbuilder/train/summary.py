@@ -81,8 +81,8 @@ class Summary:
             },
         )
 
-    def save(self, run_dir: Path) -> None:
-        """Write ``summary.json`` (atomically)."""
+    def write(self, run_dir: Path) -> None:
+        """Write ``summary.json`` (atomically, through :mod:`tfbuilder.atomic`)."""
         atomic.write_text(run_dir / "summary.json", json.dumps(asdict(self), indent=2), what="summary")
 
     def lines(self) -> list[str]:

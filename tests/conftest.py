@@ -212,3 +212,11 @@ def pytest_collection_modifyitems(config, items):
             rank[item.module] = max(rank.get(item.module, 0), 1 + TRAIN_ORDER.index(name))
     items.sort(key=lambda item: rank.get(getattr(item, "module", None), 0))
     _trained.append(Trained([name for name in TRAIN_ORDER if name in needed], _shared))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The shuffle's seed on the last lines, where `-q` still shows it: the order a failure came in
+    is repeated with `--randomly-seed=N` (pytest-randomly's own header line is hidden by `-q`)."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(f"test order shuffled with --randomly-seed={seed} (add it to the command to repeat it)")

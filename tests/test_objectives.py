@@ -246,3 +246,19 @@ def test_the_recipes_z_loss_and_logit_softcap_reach_the_objective_and_decoding()
     log_z = torch.logsumexp(logits[:, :-1], dim=-1)
     torch.testing.assert_close(b.loss - a.loss, 0.5 * log_z.square().mean(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(a.nll, b.nll)  # perplexity is of the model, without the z-loss
+
+
+def test_an_objective_refuses_a_model_of_another_kind_by_name():
+    """The recipe's kind chooses the objective; a model of another kind is refused, not half-trained."""
+    translation = tfbuilder.Recipe.model_validate({"model": tiny_model()})
+    decoder = tfbuilder.build_model(tfbuilder.Recipe.model_validate({"model": tiny_model(kind="decoder", encoder=None)}))
+    with pytest.raises(TypeError, match="trains EncoderDecoder models, not DecoderOnly"):
+        tfbuilder.train.objectives.objective(translation, epsilon=0.0)(decoder, {"tokens": torch.ones(1, 3, dtype=torch.long)})
+
+
+def test_packed_documents_need_an_end_id():
+    from tfbuilder.data.packing import segments
+
+    assert segments(torch.tensor([[5, 1, 6, 7, 1, 8]]), 1).tolist() == [[0, 1, 1, 1, 2, 2]]
+    with pytest.raises(ValueError, match="no end-of-text id"):
+        segments(torch.tensor([[5, 6]]), None)

@@ -121,8 +121,15 @@ def _commit(path: Path, produce: Callable[[Path], None], *, what: str) -> Path:
 
 
 def write_text(path: str | Path, text: str, *, what: str = "file") -> Path:
+    """Write ``text`` to ``path`` in UTF-8, atomically."""
+    return write_bytes(path, text.encode("utf-8"), what=what)
+
+
+def write_bytes(path: str | Path, data: bytes, *, what: str = "file") -> Path:
+    """Write ``data`` to ``path`` atomically."""
+
     def write(f: BinaryIO) -> None:
-        f.write(text.encode("utf-8"))
+        f.write(data)
 
     return write_atomic(path, write, what=what)
 

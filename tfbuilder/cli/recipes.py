@@ -21,9 +21,8 @@ from tfbuilder.spec.diffing import differences, format_table
 from tfbuilder.spec.recipe import json_schema, load_recipe
 
 if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the commands that need them
-    from torch import nn
-
     from tfbuilder.cli.arguments import Subparsers
+    from tfbuilder.model.model import Model
     from tfbuilder.spec.recipe import Recipe
 
 
@@ -61,7 +60,7 @@ def add_schema(sub: Subparsers) -> None:
     j.set_defaults(run=cmd_schema)
 
 
-def _check(path: str, overrides: list[str]) -> tuple[Recipe, nn.Module]:
+def _check(path: str, overrides: list[str]) -> tuple[Recipe, Model]:
     """Load a recipe and build its model on the meta device (no memory, no time): all problems at once."""
     import torch
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+from torch import Tensor
 
 from tfbuilder.data.tokenizers import EOS
 from tfbuilder.data.tokens import Split, StoredTokens, TokenArray
@@ -68,10 +69,13 @@ class Packed:
         return (self[i] for i in range(len(self)))
 
 
-def segments(tokens, eos: int = EOS):
+def segments(tokens: Tensor, eos: int | None = EOS) -> Tensor:
     """Document numbers of a packed batch ``tokens`` (b, n), made on its device: a </s> opens the next
     document (it is where that document's first token is predicted from), so a token attends to
-    the </s> before it and its own document's tokens only."""
+    the </s> before it and its own document's tokens only. A model without an end id (``eos`` None)
+    cannot tell its documents apart."""
+    if eos is None:
+        raise ValueError("data.document_mask: the model has no end-of-text id to tell packed documents apart")
     return (tokens == eos).cumsum(dim=1)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from tfbuilder.specials import SpecialIds
@@ -37,6 +37,13 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> str: ...
 
     def to_json(self) -> str: ...
+
+
+@runtime_checkable
+class HFWritable(Protocol):
+    """A tokenizer that can be written as a Hugging Face ``tokenizers`` file."""
+
+    def hf_json(self) -> str: ...
 
 
 class CharTokenizer:

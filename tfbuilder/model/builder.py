@@ -20,6 +20,7 @@ from tfbuilder.model.model import (
     EncoderDecoder,
     EncoderOnly,
     MLMHead,
+    Model,
     OutputProjection,
     token_embedding,
 )
@@ -31,7 +32,7 @@ from tfbuilder.spec.sources import dotted_path
 from tfbuilder.spec.stacks import DecoderSection, StackSection
 
 
-def build_model(recipe: Recipe | ModelSection) -> nn.Module:
+def build_model(recipe: Recipe | ModelSection) -> Model:
     """Build the model a recipe (or its ``model`` section) describes.
 
     ``encoder_decoder``: ``model(src, tgt)`` with int64 ids (b, j) and (b, i) -> logits (b, i, vocab);
@@ -200,12 +201,12 @@ class _Builder:
             pad_id=spec.pad_id,
         )
 
-    def model(self) -> AuxiliaryLosses:
+    def model(self) -> Model:
         model = self._model()
         apply_init(model, self.spec.init)
         return model
 
-    def _model(self) -> AuxiliaryLosses:
+    def _model(self) -> Model:
         spec = self.spec
         tgt_tokens = token_embedding(spec.vocab_size, spec.d_model)
         if spec.kind == "encoder_decoder":

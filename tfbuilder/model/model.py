@@ -10,7 +10,7 @@ tgt ids -> Embedding -> Stack(DecoderLayer) -> Head    Stack(Decoder)       Stac
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import torch
 from torch import Tensor, nn
@@ -114,6 +114,8 @@ class AuxiliaryLosses(nn.Module):
     set when it is loaded from its checkpoint)."""
 
     specials: SpecialIds = OWN
+    pad_id: int | None
+    head: nn.Module  # an OutputProjection, an MLMHead or a SequenceHead
 
     def stacks(self) -> dict[str, Stack]:
         """The model's stacks by name ("encoder", "decoder")."""
@@ -290,3 +292,7 @@ class EncoderOnly(AuxiliaryLosses, nn.Module):
         """``tokens`` (b, n) int64 -> logits (b, n, vocab); with a sequence head, (b, classes)."""
         hidden = self.features(tokens, token_types=token_types)
         return self.head(hidden, tokens=tokens) if isinstance(self.head, SequenceHead) else self.head(hidden)
+
+
+Model: TypeAlias = EncoderDecoder | DecoderOnly | EncoderOnly
+"""What :func:`~tfbuilder.model.builder.build_model` makes: one of the three kinds."""

@@ -38,6 +38,7 @@ from tfbuilder.data.prepare import Vocab
 from tfbuilder.devices import resolve
 from tfbuilder.errors import DataError, RecipeError, TfbuilderError
 from tfbuilder.model.builder import build_model
+from tfbuilder.model.model import Model
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.registry import missing
 from tfbuilder.runs.archive import ArchiveError, check_archive
@@ -172,7 +173,7 @@ class Loaded:
     """What a checkpoint rebuilds: the model (eval mode, with its special ids as ``model.specials``),
     its recipe and its vocabulary."""
 
-    model: nn.Module
+    model: Model
     recipe: Recipe
     vocab: Vocab
     path: Path
@@ -204,13 +205,14 @@ def load_checkpoint(
             f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}"
         ) from None
     step = data.get("global_step", 0)
-    model = model.to(resolve(device)).eval()
+    model.to(resolve(device))  # in place, as eval()
+    model.eval()
     loaded = Loaded(model, recipe, vocab, ckpt_path, step if isinstance(step, int) else 0)
     logging.getLogger("tfbuilder").info("loaded %s", loaded.describe())
     return loaded
 
 
-def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[nn.Module, Recipe, Vocab]:
+def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vocab]:
     """The model (its special ids set, weights not loaded), recipe and vocabulary a checkpoint's metadata
     describes, each checked as a recipe file would be: a damaged checkpoint is an error, not a traceback."""
     try:

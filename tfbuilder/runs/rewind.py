@@ -44,9 +44,8 @@ class SetAside:
         shown = ", ".join(self.files[:8]) + (f" and {len(self.files) - 8} more" if len(self.files) > 8 else "")
         rows = f"{self.rows} metrics row{'s' if self.rows != 1 else ''}" if self.rows else ""
         what = "; ".join(x for x in (shown, rows) if x)
-        return (
-            f"resuming from step {step}: what the run did after it ({what}) was moved to {display_path(self.folder)}/"
-        )
+        where = "nowhere" if self.folder is None else f"{display_path(self.folder)}/"
+        return f"resuming from step {step}: what the run did after it ({what}) was moved to {where}"
 
 
 def checkpoint_step(path: Path, known: dict[tuple[int, int], int]) -> int | None:
@@ -114,7 +113,7 @@ def _claim(parent: Path, name: str) -> Path:
     raise FileExistsError(f"{parent} holds too many folders named {name}")
 
 
-def _split_metrics(path: Path, step: int) -> tuple[list[str], list[dict], list[dict]]:
+def _split_metrics(path: Path, step: int) -> tuple[list[str], list[dict[str, str]], list[dict[str, str]]]:
     """(columns, rows before ``step``, rows from ``step`` on) of a metrics.csv. Lightning logs the
     metrics of optimizer step n (and of the validation after it) as step n - 1, so a checkpoint of
     step N holds the history up to logged step N - 1."""
@@ -124,7 +123,8 @@ def _split_metrics(path: Path, step: int) -> tuple[list[str], list[dict], list[d
         reader = csv.DictReader(f)
         header = list(reader.fieldnames or [])
         rows = [r for r in reader if None not in r and None not in r.values()]
-    kept, future = [], []
+    kept: list[dict[str, str]] = []
+    future: list[dict[str, str]] = []
     for row in rows:
         logged = row.get("step") or ""
         (future if logged.isdigit() and int(logged) >= step else kept).append(row)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tfbuilder import atomic
 from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.pretrained import SentencePieceTokenizer
+from tfbuilder.data.tokenizers import HFWritable
 
 VOCAB_FILE = "tfbuilder-vocab.json"
 HF_FILE = "tokenizer.json"
@@ -29,18 +31,16 @@ def write(directory: Path, vocab: Vocab) -> list[Path]:
     """Write the vocabulary files of ``vocab`` into ``directory``; returns their paths."""
     written = [directory / VOCAB_FILE]
     atomic.write_text(written[0], vocab.to_json(), what="vocabulary")
-    target = getattr(vocab.tgt, "hf_json", None)
-    if target is not None:
+    target = vocab.tgt
+    if isinstance(target, HFWritable):
         written.append(directory / HF_FILE)
-        atomic.write_text(written[-1], target(), what="tokenizer")
-    elif hasattr(vocab.tgt, "model"):  # SentencePiece
+        atomic.write_text(written[-1], target.hf_json(), what="tokenizer")
+    elif isinstance(target, SentencePieceTokenizer):
         written.append(directory / SENTENCEPIECE_FILE)
-        model = vocab.tgt.model
-        atomic.write_atomic(written[-1], lambda f: f.write(model), what="tokenizer")
-    source = getattr(vocab.src, "hf_json", None)
-    if not vocab.shared and source is not None:
+        atomic.write_bytes(written[-1], target.model, what="tokenizer")
+    if not vocab.shared and isinstance(vocab.src, HFWritable):
         written.append(directory / SOURCE_FILE)
-        atomic.write_text(written[-1], source(), what="tokenizer")
+        atomic.write_text(written[-1], vocab.src.hf_json(), what="tokenizer")
     return written
 
 

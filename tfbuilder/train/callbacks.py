@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -27,6 +27,7 @@ from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import STEP_PREFIX, step_checkpoints
 
 
+@runtime_checkable
 class FiniteWatch(Protocol):
     """What the callbacks read of the Task (task.py and trainer.py import this module, not the reverse):
     ``bad_step``, a device tensor holding the first step whose loss was not finite (0: none), or None."""
@@ -150,9 +151,9 @@ class RunGuard(Callback):
         self.stopped = self.record["stopped"] = why
         trainer.should_stop = True
 
-    def check_finite(self, trainer: L.Trainer, pl_module: FiniteWatch) -> None:
+    def check_finite(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Read the first non-finite step (a device tensor the task updates without syncing)."""
-        bad = pl_module.bad_step
+        bad = pl_module.bad_step if isinstance(pl_module, FiniteWatch) else None
         if bad is None:
             return
         if trainer.world_size > 1 and torch.distributed.is_initialized():

@@ -15,6 +15,7 @@ from shutil import disk_usage
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.model.sizing import count_parameters
 from tfbuilder.runs.checkpoints import display_path
+from tfbuilder.spec.recipe import Recipe
 
 BYTES_PER_PARAMETER = 12  # fp32 weights + Adam's exp_avg and exp_avg_sq
 OVERHEAD = 64 * 1024  # recipe, vocabulary, optimizer and loop state, archive entries
@@ -25,7 +26,7 @@ class DiskFull(TfbuilderError):
     """Not enough free space for a run's checkpoints (exit 2): nothing written is lost."""
 
 
-def checkpoint_bytes(recipe: object) -> int:
+def checkpoint_bytes(recipe: Recipe) -> int:
     """About how many bytes one checkpoint of ``recipe`` takes (counted on the meta device)."""
 
     return BYTES_PER_PARAMETER * count_parameters(recipe) + OVERHEAD
@@ -47,7 +48,7 @@ def size(n: float) -> str:
     return f"{int(n)} B"
 
 
-def check_free(recipe: object, run_dir: Path, *, resumed: bool) -> None:
+def check_free(recipe: Recipe, run_dir: Path, *, resumed: bool) -> None:
     """Refuse to start when the run's checkpoints cannot fit where they go."""
     each = checkpoint_bytes(recipe)
     keep = recipe.trainer.keep_last

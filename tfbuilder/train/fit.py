@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tfbuilder.data.settle import settle
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import Interrupted
 from tfbuilder.spec.recipe import Recipe
+from tfbuilder.spec.sections import DataSection
 from tfbuilder.train import preflight, stopping
 from tfbuilder.train.lifecycle import Claim, initial_model, read_origin
 from tfbuilder.train.progress import say
@@ -44,6 +45,7 @@ class FitRequest:
     on_step: Callable[[int, int], None] | None = None  # on_step(step, max_steps) after every optimizer step
     callbacks: Sequence[Callback] = ()  # Lightning callbacks, after tfbuilder's own
     loggers: Sequence[Logger] = ()  # Lightning loggers, beside metrics.csv and trainer.loggers
+    data: DataSection = field(init=False, repr=False)  # the recipe's data section, checked present
 
     def __post_init__(self) -> None:
         for what, items, cls in (("callbacks", self.callbacks, Callback), ("loggers", self.loggers, Logger)):
@@ -57,10 +59,11 @@ class FitRequest:
                         f"fit({what}=...)[{i}] is a {type(item).__name__}, not a Lightning {cls.__name__}"
                     )
             object.__setattr__(self, what, tuple(items))  # the caller's list may change; the request does not
-        _refuse_untrainable(self.recipe, resume=self.resume, init_from=self.init_from)
+        object.__setattr__(self, "data", _refuse_untrainable(self.recipe, resume=self.resume, init_from=self.init_from))
 
 
-def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None) -> None:
+def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from: str | Path | None) -> DataSection:
+    """The recipe's data section, when the recipe can be trained as asked."""
     if recipe.data is None:
         raise TfbuilderError("the recipe has no data section: nothing to train on")
     if recipe.model.pad_id is None and not (recipe.data.batch_size == 1 and recipe.data.max_tokens is None):
@@ -70,6 +73,7 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
         )
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
+    return recipe.data
 
 
 def fit(recipe: Recipe, **options: Any) -> Summary:
@@ -118,7 +122,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     # 3. A Trainer this machine can run: accelerator, precision, strategy.
     probe(r.recipe)
     # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
-    prepared = prepare(r.recipe.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)
+    prepared = prepare(r.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)
     recipe = settle(r.recipe, prepared)
     preflight.check_split_lengths(recipe, prepared.splits)
     # 5. The model, seeded, with --init-from's weights, and the tokenizer's special ids (decoders and

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-from torch import nn
 
 from tfbuilder import atomic
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.model.builder import build_model
+from tfbuilder.model.model import Model
 from tfbuilder.runs import vocab_files
 from tfbuilder.runs.checkpoints import (
     RUN_DIR_ENV,
@@ -46,7 +45,7 @@ from tfbuilder.spec.diffing import MISSING, differences
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import diskspace, stopping
 from tfbuilder.train.heads import transfer
-from tfbuilder.train.progress import say
+from tfbuilder.train.progress import global_rank, say
 
 
 def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
@@ -107,6 +106,14 @@ class Origin:
     def resumed(self) -> bool:
         return self.invocation["kind"] == "resume"
 
+    def read(self) -> tuple[dict, Path] | None:
+        """The checkpoint this fit starts from (resume or init_from), as read, and its path; None for a new run."""
+        if self.source is None:
+            return None
+        if self.source_path is None:
+            raise ValueError("an origin's checkpoint was read without its path")
+        return self.source, Path(self.source_path)
+
 
 class Claim:
     """A fit's hold on its run directory, from where it starts to the end of training: the origin
@@ -117,7 +124,7 @@ class Claim:
         self.origin: Origin | None = None
         self.run_dir: Path | None = None
         self.fresh = False  # the run directory was made by this fit (a new version_<n>)
-        self.rank_zero = rank_zero_only.rank == 0
+        self.rank_zero = global_rank() == 0
         self.lock: RunLock | None = None
 
     def __enter__(self) -> Claim:
@@ -132,7 +139,7 @@ class Claim:
         """Hold ``origin``'s run directory when it exists (locked at once: a second fit there is refused
         before it prepares anything), once there is room for the checkpoints."""
         self.origin = origin
-        self.rank_zero = rank_zero_only.rank == 0
+        self.rank_zero = global_rank() == 0
         if self.rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
             self.lock = RunLock(origin.run_dir).acquire()
         if self.rank_zero:  # room for the checkpoints, before anything is prepared or trained
@@ -161,7 +168,7 @@ class Claim:
             step = checkpoint_step(last, {})
             held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
             return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
-        if run_dir is not None and self.fresh and rank_zero_only.rank == 0:
+        if run_dir is not None and self.fresh and global_rank() == 0:
             for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
                 (run_dir / made).unlink(missing_ok=True)
             for folder in (run_dir / "checkpoints", run_dir):
@@ -223,30 +230,32 @@ def _shared_run_dir(invocation: dict, run_dir: Path, *, restart: bool = False) -
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
     for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
     it, so all use the vocabulary it holds."""
-    if rank_zero_only.rank == 0:
+    if global_rank() == 0:
         check_foreign(run_dir)
-    if rank_zero_only.rank == 0 and holds_run(run_dir, restart=restart):
+    if global_rank() == 0 and holds_run(run_dir, restart=restart):
         raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
 
     return Origin(invocation, run_dir=run_dir, vocab=vocab_files.read(run_dir))
 
 
-def initial_model(recipe: Recipe, origin: Origin) -> nn.Module:
+def initial_model(recipe: Recipe, origin: Origin) -> Model:
     """The model built from the recipe (seeded); ``--init-from`` loads its weights. Weights that do
     not fit (shapes changed by --set) are an error naming the parameters, before anything is written."""
     L.seed_everything(recipe.trainer.seed, workers=True, verbose=False)
     model = build_model(recipe)
-    if origin.source is not None:
-        weights = model_state(origin.source)
-        theirs = origin.source["tfbuilder"]["recipe"]
+    read = origin.read()
+    if read is not None:
+        source, source_path = read
+        weights = model_state(source)
+        theirs = source["tfbuilder"]["recipe"]
         if origin.invocation["kind"] == "init_from" and transfer.new_head(recipe.to_dict(), theirs):
             # Fine-tuning with another head (tfbuilder.train.heads.transfer): the body must fit, the head is new.
-            fits(model, weights, source=origin.source_path, new=transfer.HEAD)
+            fits(model, weights, source=source_path, new=transfer.HEAD)
             dropped = transfer.load_body(model, weights)
-            say(transfer.note(str(origin.source_path), recipe.to_dict(), theirs, model, dropped))
+            say(transfer.note(str(source_path), recipe.to_dict(), theirs, model, dropped))
             origin.invocation["new_head"] = True
             return model
-        fits(model, weights, source=origin.source_path)
+        fits(model, weights, source=source_path)
         if origin.invocation["kind"] == "init_from":
             model.load_state_dict(weights)
     return model
@@ -271,12 +280,14 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: Origin, vocab: Vocab,
     atomic.remove_temporaries(ckpt_dir)  # left by a killed run; we hold the lock
     if restart:
         _start_over(run_dir)
-    if origin.resumed:
+    read = origin.read()
+    if origin.resumed and read is not None:
         # What the run did after the resumed step is a future this run no longer has: moved aside, never deleted.
+        source, checkpoint = read
         step = origin.invocation["from_step"]
-        guard = (origin.source.get("callbacks") or {}).get("RunGuard") or {}
+        guard = (source.get("callbacks") or {}).get("RunGuard") or {}
         best_step = guard.get("best_step") if isinstance(guard.get("best_step"), int) else None
-        moved = set_aside(run_dir, step=step, resumed=origin.checkpoint, best_step=best_step)
+        moved = set_aside(run_dir, step=step, resumed=checkpoint, best_step=best_step)
         if moved.folder is not None:
             origin.invocation["set_aside"] = str(moved.folder.relative_to(run_dir))
             say(moved.line(step))

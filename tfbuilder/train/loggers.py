@@ -136,12 +136,14 @@ def where(logger: Logger) -> dict[str, Any] | None:
     """Where one logger wrote, for ``loggers.json``: the W&B run's id and address, the MLflow run's id
     and tracking URI, the TensorBoard folder; None for metrics.csv and for loggers given in Python
     that say nothing of it."""
-    kind = type(logger).__name__
-    if kind == "MetricsCSV":
+    # deferred: start-up time (validating a recipe imports this module, and needs no Lightning)
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+    if isinstance(logger, MetricsCSV):
         return None
-    record: dict[str, Any] = {"logger": kind}
-    if kind == "WandbLogger":
-        run = logger.experiment
+    record: dict[str, Any] = {"logger": type(logger).__name__}
+    if isinstance(logger, WandbLogger):
+        run = logger.experiment  # a wandb Run; wandb ships no types, and a disabled run lacks some fields
         record.update(
             id=getattr(run, "id", None),
             url=getattr(run, "url", None),
@@ -149,14 +151,10 @@ def where(logger: Logger) -> dict[str, Any] | None:
             dir=getattr(run, "dir", None),
             offline=bool(getattr(getattr(run, "settings", None), "_offline", False)),
         )
-    elif kind == "MLFlowLogger":
-        record.update(
-            run_id=logger.run_id,
-            experiment_id=logger.experiment_id,
-            tracking_uri=getattr(logger, "_tracking_uri", None),
-        )
+    elif isinstance(logger, MLFlowLogger):
+        record.update(run_id=logger.run_id, experiment_id=logger.experiment_id, tracking_uri=logger._tracking_uri)
     else:
-        record.update(log_dir=getattr(logger, "log_dir", None))
+        record.update(log_dir=logger.log_dir)
     return record
 
 
@@ -177,8 +175,10 @@ def start(loggers: list[Logger], recipe: Recipe, run_dir: Path) -> None:
 def finish(loggers: list[Logger]) -> None:
     """End the tracker runs tfbuilder started (a W&B run stays open until its process exits, and the
     next ``fit`` in the same process would write into it)."""
+    from lightning.pytorch.loggers import WandbLogger  # deferred: start-up time (as in where)
+
     for logger in loggers:
-        if type(logger).__name__ == "WandbLogger" and getattr(logger, "_experiment", None) is not None:
+        if isinstance(logger, WandbLogger) and logger._experiment is not None:  # started: end it
             logger.experiment.finish()
 
 

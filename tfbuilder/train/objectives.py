@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import TypeAlias, TypeVar
 
 import torch
 from torch import Tensor, nn
 
 from tfbuilder import masks
 from tfbuilder.data.packing import segments
-from tfbuilder.model.model import OutputProjection
-from tfbuilder.model.multi_token import targets_ahead
+from tfbuilder.model.model import (
+    AuxiliaryLosses,
+    DecoderOnly,
+    EncoderDecoder,
+    EncoderOnly,
+    MLMHead,
+    Model,
+    OutputProjection,
+)
+from tfbuilder.model.multi_token import MultiTokenPrediction, targets_ahead
+from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sections import MLM_PROBABILITY
 from tfbuilder.specials import MASK
 from tfbuilder.train.heads.objective import sequence_loss
@@ -25,6 +35,9 @@ from tfbuilder.train.result import Result
 
 # Rows of logits computed at once: about 2^26 values (256 MB in float32) per chunk.
 CHUNK_ELEMENTS = 1 << 26
+
+Batch: TypeAlias = dict[str, Tensor]
+Objective: TypeAlias = Callable[[Model, Batch], Result]
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -83,7 +96,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             loss = loss + row_loss.masked_fill(~valid, 0.0).sum()
             nll = nll + row_nll.masked_fill(~valid, 0.0).sum()
             correct = correct + ((logp.argmax(dim=-1) == t) & valid).sum()
-            if grad:
+            if grad_x is not None and grad_w is not None:  # grad
                 # softmax minus the smoothed target, in place: the log-probabilities are not needed any more
                 g = LinearCrossEntropy._grad_logits(logp, log_z, safe, valid, epsilon, z_loss, tanh=tanh)
                 g = g.to(rows.dtype)
@@ -137,7 +150,13 @@ class LinearCrossEntropy(torch.autograd.Function):
 def output_layer(head: nn.Module) -> tuple[Callable[[Tensor], Tensor], nn.Linear]:
     """Split an output head into what comes before its vocabulary projection (an MLM head's dense
     layer and norm, a scale before a tied projection) and the projection itself."""
-    linear, before = (head, []) if isinstance(head, nn.Linear) else (head.out, [head.transform])
+    before: list[Callable[[Tensor], Tensor]] = []
+    if isinstance(head, nn.Linear):
+        linear = head
+    elif isinstance(head, MLMHead):  # its dense layer and norm come first
+        linear, before = head.out, [head.transform]
+    else:
+        raise TypeError(f"{type(head).__name__} has no vocabulary projection to fuse with the loss")
     if isinstance(linear, OutputProjection):  # its scale comes before the projection
         before.append(linear.transform)
 
@@ -183,19 +202,19 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float, *, ig
     return Result((loss * valid).sum() / tokens.clamp(min=1), (nll * valid).sum().detach(), correct, tokens)
 
 
-def _ignored(model: nn.Module) -> int:
+def _ignored(model: AuxiliaryLosses) -> int:
     """The target id that does not count: the model's pad id, or one no token has (no pad id)."""
     return -100 if model.pad_id is None else model.pad_id
 
 
-def seq2seq(model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, z_loss: float = 0.0) -> Result:
+def seq2seq(model: EncoderDecoder, batch: Batch, epsilon: float, *, z_loss: float = 0.0) -> Result:
     """Teacher-forced translation: predict ``tgt_out`` from ``src`` and ``tgt_in``."""
     hidden = model.features(batch["src"], batch["tgt_in"])
     return head_loss(model.head, hidden, batch["tgt_out"], epsilon=epsilon, ignore=_ignored(model), z_loss=z_loss)
 
 
 def causal_lm(
-    model: nn.Module, batch: dict[str, Tensor], epsilon: float, *, documents: bool = False, z_loss: float = 0.0
+    model: DecoderOnly, batch: Batch, epsilon: float, *, documents: bool = False, z_loss: float = 0.0
 ) -> Result:
     """Next-token prediction on ``tokens`` (<s> x </s>, or a packed block); with ``documents``, a
     packed block's documents do not see each other."""
@@ -207,17 +226,24 @@ def causal_lm(
     if model.mtp is None or not model.training:  # the modules' loss trains; validation scores the main head
         return result
     mask = masks.document_mask(segs) if segs is not None else None
-    extra = multi_token_loss(model, hidden, tokens, epsilon=epsilon, mask=mask)
+    extra = multi_token_loss(model, model.mtp, hidden, tokens, epsilon=epsilon, mask=mask)
     return Result(result.loss + extra, result.nll, result.correct, result.tokens)
 
 
 def multi_token_loss(
-    model: nn.Module, hidden: Tensor, tokens: Tensor, *, epsilon: float, mask: Tensor | None = None
+    model: DecoderOnly,
+    mtp: MultiTokenPrediction,
+    hidden: Tensor,
+    tokens: Tensor,
+    *,
+    epsilon: float,
+    mask: Tensor | None = None,
 ) -> Tensor:
     """DeepSeek-V3's multi-token prediction loss (arXiv:2412.19437, eq. 24-25): ``weight / D`` times
     the sum over depths k of the mean cross-entropy of predicting ``tokens[:, i + k + 1]`` from
-    depth k's states, through the model's output head. ``hidden`` (b, n, d): the trunk's states."""
-    mtp, ignore = model.mtp, _ignored(model)
+    depth k's states, through the model's output head. ``hidden`` (b, n, d): the trunk's states;
+    ``mtp``: the model's prediction modules."""
+    ignore = _ignored(model)
     fill = 0 if model.pad_id is None else model.pad_id
     states = mtp(hidden, tokens, embed=model.embed, fill=fill, mask=mask)
     losses = [
@@ -230,8 +256,8 @@ def multi_token_loss(
 
 
 def masked_lm(
-    model: nn.Module,
-    batch: dict[str, Tensor],
+    model: EncoderOnly,
+    batch: Batch,
     epsilon: float,
     *,
     probability: float,
@@ -264,7 +290,7 @@ def masked_lm(
     return head_loss(model.head, hidden, tokens.masked_fill(~chosen, -100), epsilon=epsilon, ignore=-100, z_loss=z_loss)
 
 
-def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> int:
+def target_tokens(batch: Batch, pad_id: int | None, kind: str) -> int:
     """Target tokens a batch of a ``kind`` model feeds its objective (the masked LM: every real token,
     not only the masked ones it predicts), from host-side ids: counting on an accelerator would make the
     host wait for it. Throughput (tokens/s) counts these; losses and metrics divide by ``Result.tokens``."""
@@ -274,21 +300,37 @@ def target_tokens(batch: dict[str, Tensor], pad_id: int | None, kind: str) -> in
     return int(ids.numel() if pad_id is None else (ids != pad_id).sum())
 
 
-def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tensor]], Result]:
+M = TypeVar("M", EncoderDecoder, DecoderOnly, EncoderOnly)
+
+
+def _for(kind: type[M], fn: Callable[[M, Batch], Result]) -> Objective:
+    """``fn``, taking any model and refusing one of another kind than ``kind`` (the recipe's kind
+    chooses the objective; a model built from another recipe would fail deeper, less clearly)."""
+
+    def run(model: Model, batch: Batch) -> Result:
+        if not isinstance(model, kind):
+            raise TypeError(f"this objective trains {kind.__name__} models, not {type(model).__name__}")
+        return fn(model, batch)
+
+    return run
+
+
+def objective(recipe: Recipe, *, epsilon: float) -> Objective:
     """``fn(model, batch) -> Result`` for the recipe's model kind and label smoothing ``epsilon``, with
     the recipe's z-loss (``optim.z_loss``) in ``Result.loss``."""
     kind = recipe.model.kind
     z_loss = recipe.optim.z_loss
     data = recipe.data
     if recipe.model.head is not None:  # one prediction per text (tfbuilder.train.heads)
-        return partial(sequence_loss, epsilon=epsilon, regress=recipe.model.head.type == "regress")
+        head = partial(sequence_loss, epsilon=epsilon, regress=recipe.model.head.type == "regress")
+        return _for(DecoderOnly, head) if kind == "decoder" else _for(EncoderOnly, head)
     documents = data is not None and data.packing and data.document_mask
     if kind == "encoder_decoder":
-        return partial(seq2seq, epsilon=epsilon, z_loss=z_loss)
+        return _for(EncoderDecoder, partial(seq2seq, epsilon=epsilon, z_loss=z_loss))
     if kind == "decoder":
-        return partial(causal_lm, epsilon=epsilon, documents=documents, z_loss=z_loss)
+        return _for(DecoderOnly, partial(causal_lm, epsilon=epsilon, documents=documents, z_loss=z_loss))
     probability = data.mlm_probability if data is not None else MLM_PROBABILITY
-    return partial(
+    masked = partial(
         masked_lm,
         epsilon=epsilon,
         probability=probability,
@@ -296,3 +338,4 @@ def objective(recipe, *, epsilon: float) -> Callable[[nn.Module, dict[str, Tenso
         documents=documents,
         z_loss=z_loss,
     )
+    return _for(EncoderOnly, masked)

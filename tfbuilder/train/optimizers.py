@@ -18,14 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from tfbuilder.model.model import Model
 from tfbuilder.spec.sections import OptimSection
 
 
-def muon_split(model: nn.Module) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+def muon_split(model: Model) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
     """The model's parameters as ``(muon, adamw)``, each a list of ``(name, parameter)``: Muon takes
     the 2-D weights inside the stacks (``model.stacks()``), AdamW the rest."""
     hidden = {id(p) for stack in model.stacks().values() for p in stack.parameters() if p.ndim == 2}
-    muon, adamw = [], []
+    muon: list[tuple[str, nn.Parameter]] = []
+    adamw: list[tuple[str, nn.Parameter]] = []
     for name, p in model.named_parameters():
         (muon if id(p) in hidden else adamw).append((name, p))
     return muon, adamw
@@ -60,7 +62,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.param_groups = self.muon.param_groups + self.adamw.param_groups
 
 
-def build_optimizer(model: nn.Module, optim: OptimSection) -> torch.optim.Optimizer:
+def build_optimizer(model: Model, optim: OptimSection) -> torch.optim.Optimizer:
     """The optimizer ``optim`` names, with base learning rate 1 (the schedule sets each step's rate,
     see :func:`tfbuilder.train.schedules.learning_rate`). Adam and AdamW: weight matrices and embedding
     tables in one group (decayed by AdamW), the rest in another; Muon: see :func:`muon_split`, its
@@ -101,7 +103,7 @@ def build_optimizer(model: nn.Module, optim: OptimSection) -> torch.optim.Optimi
     return MuonWithAdamW(muon, adamw)
 
 
-def describe_split(model: nn.Module) -> list[str]:
+def describe_split(model: Model) -> list[str]:
     """Lines for ``tfbuilder show``: which parameters each optimizer of the Muon split gets."""
     hidden, rest = muon_split(model)
     lines = []

@@ -26,9 +26,15 @@ from lightning.pytorch.callbacks import Callback, Timer
 REDRAW_SECONDS = 0.25  # a terminal line is redrawn at most this often
 
 
+def global_rank() -> int:
+    """This process's rank among a run's processes (0 when it runs alone), as Lightning records it."""
+    # Lightning sets `rank` on the function at import; its overloaded signature does not declare it.
+    return rank_zero_only.rank  # type: ignore[attr-defined]
+
+
 def say(line: str) -> None:
     """One line on the terminal from the first process (what the data preparation or the start-up did)."""
-    if rank_zero_only.rank == 0:
+    if global_rank() == 0:
         print(line, file=sys.stderr, flush=True)
 
 
@@ -213,7 +219,10 @@ class Progress(Callback):
 
 
 def _timer(trainer: L.Trainer) -> Timer | None:
-    return next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    # Lightning makes the Timer of trainer.max_time itself; `callbacks` is set on the Trainer from outside
+    # its class (by its callback connector), so the class does not declare it.
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]
+    return next((c for c in callbacks if isinstance(c, Timer)), None)
 
 
 def _time_left(trainer: L.Trainer) -> float | None:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from torch import nn
 
 from tfbuilder import registry
 from tfbuilder.data.prepare import Prepared, Vocab
+from tfbuilder.errors import DataError
 from tfbuilder.inference.translate import translate
+from tfbuilder.model.model import Model
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import objectives
 from tfbuilder.train.heads import metrics as head_metrics
@@ -37,7 +38,7 @@ class Task(L.LightningModule):
     def __init__(
         self,
         recipe: Recipe,
-        model: nn.Module,
+        model: Model,
         vocab_json: str,
         *,
         vocab: Vocab | None = None,
@@ -75,13 +76,15 @@ class Task(L.LightningModule):
 
     @classmethod
     def for_run(
-        cls, recipe: Recipe, model: nn.Module, prepared: Prepared, *, run_dir: Path, invocation: dict, started: float
+        cls, recipe: Recipe, model: Model, prepared: Prepared, *, run_dir: Path, invocation: dict, started: float
     ) -> Task:
         """The task of a fit in ``run_dir``: validation BLEU on the first ``trainer.val_bleu`` validation
         lines, this invocation's record, the objective compiled when ``trainer.compile`` asks."""
         bleu_lines = None
         if recipe.trainer.val_bleu:
             sources, references = prepared.raw["val"]
+            if references is None:
+                raise DataError("trainer.val_bleu: the val split has no reference translations to score against")
             bleu_lines = (sources[: recipe.trainer.val_bleu], references[: recipe.trainer.val_bleu])
         vocab_json = prepared.vocab.to_json()
         task = cls(recipe, model, vocab_json, vocab=prepared.vocab, bleu_lines=bleu_lines, started=started)
@@ -132,13 +135,13 @@ class Task(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         if self.recipe.optim.accumulate == 1:
             return
-        tokens = self._window_tokens
+        tokens = torch.as_tensor(self._window_tokens, dtype=torch.float64, device=self.device)
         self._window_tokens = 0
         world = self.trainer.world_size
         if world > 1:  # every rank divides by the same count: the tokens of the step on all ranks
-            tokens = self.trainer.strategy.reduce(tokens.double(), reduce_op="sum")
+            tokens = self.trainer.strategy.reduce(tokens, reduce_op="sum")
         # The gradients are the sum over the window divided by k (Lightning), averaged over ranks.
-        scale = self.trainer.accumulate_grad_batches * world / tokens.double().clamp(min=1)
+        scale = self.trainer.accumulate_grad_batches * world / tokens.clamp(min=1)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, scale.to(grads[0].dtype))
 
@@ -177,7 +180,7 @@ class Task(L.LightningModule):
         result = self.objective(self.model, batch)
         # Summed on the device; read once, when the validation ends.
         self._val += torch.stack([result.nll.double(), result.correct.double(), result.tokens.double()])
-        if self._head_sums is not None:
+        if self._head_sums is not None and self.head is not None and result.outputs is not None:
             self._head_sums += head_metrics.batch_sums(
                 self.head.type, result.outputs, batch["labels"], self.head.outputs
             )
@@ -186,22 +189,21 @@ class Task(L.LightningModule):
         nll, correct, tokens = self.trainer.strategy.reduce(self._val, reduce_op="sum").tolist()
         loss = nll / max(tokens, 1)
         self.log("val_loss", loss, prog_bar=True, sync_dist=False, rank_zero_only=False)
-        if self._head_sums is not None:  # accuracy and macro-F1, or MSE and Pearson's r
+        if self._head_sums is not None and self.head is not None:  # accuracy and macro-F1, or MSE and Pearson's r
             sums = self.trainer.strategy.reduce(self._head_sums, reduce_op="sum")
             for name, value in head_metrics.scores(self.head.type, sums, self.head.outputs, prefix="val_").items():
                 self.log(name, value, sync_dist=False)
             return
         self.log("val_ppl", math.exp(min(loss, 50)), sync_dist=False)
         self.log("val_acc", correct / max(tokens, 1), sync_dist=False)
-        if self.bleu_lines is not None:
-            self.log("val_bleu", self.validation_bleu(), sync_dist=False)
+        if self.bleu_lines is not None and self.vocab is not None:
+            self.log("val_bleu", self.validation_bleu(self.vocab, *self.bleu_lines), sync_dist=False)
 
-    def validation_bleu(self) -> float:
-        """sacreBLEU of greedy translations of ``bleu_lines`` (every rank computes the same score)."""
+    def validation_bleu(self, vocab: Vocab, sources: list[str], references: list[str]) -> float:
+        """sacreBLEU of greedy translations of ``sources`` (every rank computes the same score)."""
         import sacrebleu
 
-        sources, references = self.bleu_lines
-        hypotheses = list(translate(self.model, self.vocab, sources, beam=1))
+        hypotheses = list(translate(self.model, vocab, sources, beam=1))
         self.model.train(self.training)
         return sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
 
@@ -244,5 +246,5 @@ class Task(L.LightningModule):
         if self.trainer.world_size > 1:
             # Every rank must end with the same weights; check it rather than assume it.
             digest = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().reshape(1)
-            gathered = self.all_gather(digest.to(self.device)).flatten()
+            gathered = self.trainer.strategy.all_gather(digest.to(self.device)).flatten()
             self.ranks_agree = bool(torch.all(gathered == gathered[0]))

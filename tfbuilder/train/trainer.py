@@ -53,9 +53,11 @@ def data_module(recipe: Recipe, prepared: Prepared, task: Task) -> DataModule:
     task's count of batches seen."""
     assert recipe.data is not None  # FitRequest refuses a recipe without data
     on_accelerator = accelerated(recipe)
-    workers = recipe.data.workers
-    if workers == "auto":
+    asked = recipe.data.workers
+    if asked == "auto":
         workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if on_accelerator else 0
+    else:
+        workers = asked
     return DataModule(
         prepared,
         recipe.data,

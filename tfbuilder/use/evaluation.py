@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import torch
@@ -86,16 +86,19 @@ def evaluate_outputs(
     if recipe.model.head is not None:
         raise ValueError("a model with a sequence head (model.head) is scored by tfbuilder.use.predict.score")
     data, prepared, examples = _split(loaded, split)
-    model = ensemble_of(loaded, ensemble) if ensemble else loaded.model.eval()
-    objective = teacher_forced if ensemble else objectives.objective(recipe, epsilon=0.0)
+    collate = Collate(examples, prepared.vocab.specials)
     # A model without a pad id cannot tell padding from a token: score it one sentence at a time.
-    nll, tokens, correct = _teacher_forced_sums(
-        model,
-        objective,
-        examples,
-        Collate(examples, prepared.vocab.specials),
-        max_tokens=None if recipe.model.pad_id is None else max_tokens,
-    )
+    budget = None if recipe.model.pad_id is None else max_tokens
+    model: nn.Module
+    if ensemble:
+        model = ensemble_of(loaded, ensemble)
+        sums = _teacher_forced_sums(model, teacher_forced, examples, collate, max_tokens=budget)
+    else:
+        model = single = loaded.model.eval()
+        sums = _teacher_forced_sums(
+            single, objectives.objective(recipe, epsilon=0.0), examples, collate, max_tokens=budget
+        )
+    nll, tokens, correct = sums
     loss = nll / max(tokens, 1)
     scores = Scores(split, len(examples), loss, math.exp(min(loss, 50)), accuracy=correct / max(tokens, 1))
     if ensemble:
@@ -135,11 +138,16 @@ def _split(loaded: Loaded, split: str) -> tuple[DataSection, Prepared, Split]:
     return data, prepared, packed_splits(prepared.splits, data, causal=recipe.model.kind == "decoder", eos=eos)[split]
 
 
-Objective = Callable[[nn.Module, dict[str, torch.Tensor]], objectives.Result]
+M = TypeVar("M", bound=nn.Module)
 
 
 def _teacher_forced_sums(
-    model: nn.Module, objective: Objective, examples: Split, collate: Collate, *, max_tokens: int | None
+    model: M,
+    objective: Callable[[M, dict[str, torch.Tensor]], objectives.Result],
+    examples: Split,
+    collate: Collate,
+    *,
+    max_tokens: int | None,
 ) -> tuple[float, int, float]:
     """(NLL, target tokens, tokens predicted right) of ``model`` over ``examples``, batched by length into
     at most ``max_tokens`` tokens a batch (None: one example a batch)."""

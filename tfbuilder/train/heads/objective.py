@@ -5,12 +5,15 @@ or the squared error of a number. Returned as an :class:`~tfbuilder.train.result
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from tfbuilder.model.model import DecoderOnly, EncoderOnly
 from tfbuilder.train.result import Result
 
 
-def sequence_loss(model: nn.Module, batch: dict[str, Tensor], *, epsilon: float, regress: bool) -> Result:
+def sequence_loss(
+    model: DecoderOnly | EncoderOnly, batch: dict[str, Tensor], *, epsilon: float, regress: bool
+) -> Result:
     """The head's loss on ``batch`` (``tokens`` (b, n), ``token_types`` (b, n), ``labels`` (b,)):
     mean over texts; ``nll`` sums the unsmoothed cross-entropy (regress: the squared error)."""
     tokens = batch["tokens"]

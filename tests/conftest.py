@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import socket
 import tempfile
@@ -88,8 +89,11 @@ def tiny_model(**changes) -> dict:
     return spec
 
 
-def _guarded(where: str, before: state_guard.Snapshot) -> None:
-    message = state_guard.report(where, before, state_guard.Snapshot.now())
+def _guarded(where: str, before: state_guard.Snapshot, *, warnings_filters: bool = True) -> None:
+    after = state_guard.Snapshot.now()
+    if not warnings_filters:
+        after = dataclasses.replace(after, warnings_filters=before.warnings_filters)
+    message = state_guard.report(where, before, after)
     if message is not None:
         before.restore()  # the next test starts from the state this one found
         pytest.fail(message, pytrace=False)
@@ -100,7 +104,11 @@ def _module_state_guard(request):
     """A test module's own module-scoped fixtures give back what they changed (state_guard.py)."""
     before = state_guard.Snapshot.now()
     yield
-    _guarded(f"{request.node.nodeid} (its module-scoped fixtures)", before)
+    # Not the warnings filters: pytest sets them around each phase of each test (a test's
+    # filterwarnings marks included) and puts them back after it, so a module fixture set up in the
+    # first test's setup sees that test's filters, and cannot leave its own behind. The per-test guard
+    # checks them.
+    _guarded(f"{request.node.nodeid} (its module-scoped fixtures)", before, warnings_filters=False)
 
 
 @pytest.fixture(autouse=True)

@@ -169,7 +169,7 @@ def test_the_masked_lm_rate_is_stated_once():
     assert where(r"\b0\.15\b", allowed={"spec/sections.py", "use/reports.py"}) == []  # reports: a plot's transparency
     model = {"kind": "encoder", "vocab_size": 20, "d_model": 8, "attention": {"type": "multihead", "heads": 2}, "encoder": {"layers": 1}, "decoder": None}
     fn = objectives.objective(recipe_from_dict({"model": model}), epsilon=0.0)
-    assert fn.keywords["probability"] == sections.MLM_PROBABILITY
+    assert inspect.unwrap(fn).keywords["probability"] == sections.MLM_PROBABILITY
 
 
 def test_the_default_batch_size_is_stated_in_the_schema_and_the_docs():

@@ -9,7 +9,7 @@ compiles to one graph. The vocabulary projection and the loss are fused and chun
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import partial, update_wrapper
 from typing import TypeAlias, TypeVar
 
 import torch
@@ -312,6 +312,7 @@ def _for(kind: type[M], fn: Callable[[M, Batch], Result]) -> Objective:
             raise TypeError(f"this objective trains {kind.__name__} models, not {type(model).__name__}")
         return fn(model, batch)
 
+    update_wrapper(run, fn)  # inspect.unwrap(objective(...)) gives the partial, with its keywords
     return run
 
 

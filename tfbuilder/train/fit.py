@@ -110,17 +110,17 @@ def run(request: FitRequest) -> Summary:
 def _steps(request: FitRequest, claim: Claim) -> Summary:
     """The steps of a fit, in order."""
     r = request
-    # 1. The model builds, steps and fits this machine (the pre-flight), before any run directory exists.
+    # 1. A Trainer this machine can run: accelerator, precision, strategy (the cheapest check first).
+    probe(r.recipe)
+    # 2. The model builds, steps and fits this machine (the pre-flight), before any run directory exists.
     preflight.check_run(r.recipe)
     started = time.perf_counter()  # the wall time counts the data preparation
-    # 2. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
+    # 3. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
     #    locked at once, and there must be room for the checkpoints.
     where = read_origin(
         r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force, restart=r.restart
     )
     origin = claim.hold(where, r.recipe)
-    # 3. A Trainer this machine can run: accelerator, precision, strategy.
-    probe(r.recipe)
     # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
     prepared = prepare(r.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)
     recipe = settle(r.recipe, prepared)

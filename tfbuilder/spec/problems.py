@@ -33,9 +33,7 @@ def translate(exc: ValidationError, src: Source, schema: type[BaseModel]) -> lis
             key = loc[-1]
             cls = _model_at(loc[:-1], src.data, schema)
             suggestions -= 1
-            message = f"unknown key '{key}'" + (
-                did_you_mean(str(key), cls.model_fields) if cls and suggestions >= 0 else ""
-            )
+            message = f"unknown key '{key}'" + (_suggest(str(key), loc[:-1], cls, schema) if suggestions >= 0 else "")
         elif kind == "missing":
             what = f"item [{loc[-1]}]" if isinstance(loc[-1], int) else f"required key '{loc[-1]}'"
             message = f"missing {what}"
@@ -57,6 +55,19 @@ def translate(exc: ValidationError, src: Source, schema: type[BaseModel]) -> lis
         problems.append(src.problem(loc, message, key=kind in ("extra_forbidden", "missing")))
     problems.sort(key=lambda p: (p.file or "", p.line or 0, p.col or 0))
     return problems
+
+
+def _suggest(key: str, here: tuple, cls: type[BaseModel] | None, schema: type[BaseModel]) -> str:
+    """"Did you mean" for an unknown ``key`` in the mapping at ``here`` (validated by ``cls``): the same
+    key in another section of the recipe (``trainer.lr`` -> ``optim.lr``, ``data.max_steps`` ->
+    ``trainer.max_steps``); else a close key of the same mapping, or its choices when few."""
+    fields = cls.model_fields if cls is not None else {}
+    if len(here) <= 1 and key not in fields:  # a top-level key, or one of a section: look in the others
+        for name, field in schema.model_fields.items():
+            section = _first_model(field.annotation)
+            if section is not None and (name,) != here and key in section.model_fields:
+                return f"; did you mean '{name}.{key}'?"
+    return did_you_mean(key, fields) if fields else ""
 
 
 def _data_path(loc: tuple, data: Any, *, named: bool) -> tuple[tuple, bool]:

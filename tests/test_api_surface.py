@@ -1,8 +1,9 @@
 """The public surface held to a golden file: ``tfbuilder.__all__`` (each name present) and the
 ``--help`` of ``tfbuilder`` and of every command, at a fixed width.
 
-``tests/golden/api_surface.txt`` was generated from the package as it was before the layer packages
-(commit d829d39), so a passing test shows the moves changed no public name, command or flag.
+``tests/golden/api_surface.txt`` was first generated from the package as it was before the layer packages
+(commit d829d39), so a passing test shows the moves changed no public name, command or flag; each deliberate
+change since (a new flag) is a commit of the golden with its reason.
 Regenerate it only for a deliberate change: ``python tests/test_api_surface.py > tests/golden/api_surface.txt``.
 """
 

@@ -448,3 +448,21 @@ def test_generate_past_a_learned_position_table_is_refused_before_it_starts(tmp_
     assert "need 9 positions" in err and "learned position table has 8" in err and "--max-new 4 or less" in err
     assert run("abcdefg", 1) == 2
     assert "shorten the prompt" in capsys.readouterr().err
+
+
+def test_generate_echoes_the_prompt_unless_told_not_to(tmp_path, capsys):
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import CharTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.spec.recipe import recipe_from_dict
+
+    recipe = recipe_from_dict({"name": "echo", "model": tiny_model(kind="decoder", encoder=None, vocab_size=15)})
+    tok = CharTokenizer("abcdefghij")
+    ckpt = tmp_path / "last.ckpt"
+    torch.save(checkpoint_dict(tfbuilder.build_model(recipe), recipe, Vocab(tok, tok), source="test"), ckpt)
+    args = ["generate", str(ckpt), "--prompt", "cab", "--max-new", "6", "--temperature", "0"]
+    assert main(args) == 0
+    echoed = capsys.readouterr().out.rstrip("\n")
+    assert main([*args, "--no-echo"]) == 0
+    new = capsys.readouterr().out.rstrip("\n")
+    assert echoed == "cab" + new and new != echoed

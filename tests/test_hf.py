@@ -194,8 +194,8 @@ def test_cli_import_then_show_generate_translate(saved, tmp_path, capsys):
     assert "pad_id: null" in shown and f"total parameters: {sum(p.numel() for p in saved['gpt2'][0].parameters()):,}" in shown
     # no tokenizer.json in the directory: text is ids written out
     assert main(["generate", str(gpt2), "--prompt", "5 0 17", "--max-new", "4", "--temperature", "0"]) == 0
-    words = capsys.readouterr().out.split()
-    assert len(words) == 4 and all(w.isdigit() and int(w) < V for w in words)
+    words = capsys.readouterr().out.split()  # the prompt, then the new tokens
+    assert words[:3] == ["5", "0", "17"] and len(words) == 7 and all(w.isdigit() and int(w) < V for w in words)
     source = tmp_path / "src.txt"
     source.write_text("3 4 5\n9 9\n")
     target = tmp_path / "out.txt"

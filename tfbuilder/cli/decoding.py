@@ -86,6 +86,9 @@ def add_generate(sub: Subparsers) -> None:
     add_checkpoint(g)
     g.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     g.add_argument(
+        "--no-echo", dest="echo", action="store_false", help="print only the new text (default: the prompt, then it)"
+    )
+    g.add_argument(
         "--max-new",
         type=count,
         default=100,
@@ -239,6 +242,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             top_p=args.top_p,
             generator=rng,
             rules=rules,
+            echo=args.echo,
         )
     except ValueError as exc:  # a model with nothing to start or end with
         raise TfbuilderError(str(exc)) from None

@@ -182,15 +182,18 @@ def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
     return Ensemble([loaded.model, *(o.model for o in others)]).eval()
 
 
-def generate(loaded: Loaded, prompt: str, **kwargs) -> str:
+def generate(loaded: Loaded, prompt: str, *, echo: bool = False, **kwargs) -> str:
     """Continue ``prompt`` with a decoder-only checkpoint, from the model's start id (see
-    :func:`tfbuilder.inference.decoding.sample`, which takes ``kwargs``)."""
+    :func:`tfbuilder.inference.decoding.sample`, which takes ``kwargs``): the new text, or with
+    ``echo`` the prompt's tokens and the new ones decoded together (the prompt as the model read it)."""
     model = language_model(loaded.model)
     start = model.specials.start
-    prefix = ([] if start is None else [start]) + loaded.vocab.tgt.encode(prompt)
+    tokens = loaded.vocab.tgt.encode(prompt)
+    prefix = ([] if start is None else [start]) + tokens
     check_positions(loaded, len(prefix), kwargs.get("max_new", 100))
     ids = torch.tensor([prefix], device=model_device(loaded.model))
-    return loaded.vocab.tgt.decode(decoding.sample(model, ids, **kwargs)[0])
+    new = decoding.sample(model, ids, **kwargs)[0]
+    return loaded.vocab.tgt.decode(tokens + new if echo else new)
 
 
 def check_positions(loaded: Loaded, prefix: int, max_new: int) -> None:

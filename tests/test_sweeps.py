@@ -72,6 +72,9 @@ def test_sweep_writes_the_report_with_a_row_per_recipe(swept):
     assert "| tiny-pre | ffn.hidden=64, placement=pre |" in report and " ± " in report
     assert "exact % (val, beam" in report and "BLEU (val" not in report
     assert (swept / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in (swept / "curves.svg").read_text()
+    assert "Against the baseline (tiny-post)" in report and "| tiny-pre | 0,1 |" in report
+    assert rows[0]["val_loss_diff"] == "" and rows[1]["val_loss_diff_seeds"] == "2"
     recipes = json.loads((swept / "sweep.json").read_text())["recipes"]
     assert recipes == ["tiny-post", "tiny-pre"]
 
@@ -137,6 +140,12 @@ def test_compare_gives_the_sweeps_table(swept, tmp_path, capsys):
     assert (tmp_path / "report.md").exists() and (tmp_path / "curves.png").exists()
     assert main(["compare", *runs, "--out", str(tmp_path)]) == 2
     assert "not overwriting" in capsys.readouterr().err
+    figure_only = tmp_path / "figure-only"
+    figure_only.mkdir()
+    (figure_only / "curves.svg").write_text("mine")
+    assert main(["compare", *runs, "--out", str(figure_only)]) == 2
+    assert "already has curves.svg: not overwriting" in capsys.readouterr().err
+    assert (figure_only / "curves.svg").read_text() == "mine" and not (figure_only / "report.md").exists()
 
 
 def test_bad_sweeps_exit_2_without_traceback(recipes, tmp_path, capsys):

@@ -53,7 +53,7 @@ def add_compare(sub: Subparsers) -> None:
         help="run directories, sweep directories or output directories holding runs",
     )
     cp.add_argument(
-        "--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png into DIR (new files only)"
+        "--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png/.svg into DIR (new files only)"
     )
     cp.add_argument("--beam", type=positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
     cp.add_argument(
@@ -190,7 +190,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(reports.markdown(rows, beam=args.beam))
     if args.out:
         out = Path(args.out)
-        taken = [n for n in ("report.md", "report.csv", "runs.csv", "curves.png") if (out / n).exists()]
+        taken = [n for n in reports.FILES if (out / n).exists()]
         if taken:
             raise TfbuilderError(f"{out} already has {', '.join(taken)}: not overwriting; choose another --out")
         paths = reports.write(rows, out, title="comparison of " + ", ".join(args.dirs), beam=args.beam)

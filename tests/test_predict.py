@@ -64,6 +64,9 @@ def test_fit_learns_and_keeps_the_label_names_in_the_run_and_the_checkpoint(run)
     assert load_recipe(f"{summary.run_dir}/recipe.yaml").model.head.labels == ["fruit", "vehicle"]
     assert load_checkpoint(summary.run_dir, device="cpu").recipe.model.head.labels == ["fruit", "vehicle"]
     assert any(line.startswith("last validation macro-F1") for line in summary.lines())
+    # Accuracy as a percentage, as a language model's summary, the console and `tfbuilder test` show it.
+    accuracy = next(line for line in summary.lines() if line.startswith("last validation accuracy"))
+    assert accuracy.endswith(f"  {summary.head_scores['val_acc']:.2%}")
 
 
 def test_predict_writes_a_label_and_probabilities_per_input(run, tmp_path, capsys, monkeypatch):

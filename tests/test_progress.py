@@ -148,3 +148,10 @@ def read_all(fd: int, proc: subprocess.Popen, timeout: float = 240.0) -> bytes:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_every_place_shows_a_metric_the_same_way():
+    from tfbuilder.train.shown import show
+
+    assert show("val_acc", 0.97776) == "97.78%"
+    assert show("val_f1", 0.97776) == "0.9778" and show("val_loss", 1.234567) == "1.2346"

@@ -23,6 +23,7 @@ from tfbuilder.cli.arguments import (
 from tfbuilder.cli.loading import load, load_all
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import Loaded, display_path
+from tfbuilder.train.shown import show
 
 if TYPE_CHECKING:  # the scorers (and torch) are imported in the commands (start-up time)
     from tfbuilder.cli.arguments import Subparsers
@@ -156,12 +157,7 @@ def _score_rows(scores: Scores, *, bf16: bool) -> list[tuple[str, str]]:
     return rows
 
 
-HEAD_SCORES = {
-    "acc": ("accuracy", "{:.2%}"),
-    "f1": ("macro-F1", "{:.4f}"),
-    "mse": ("MSE", "{:.4f}"),
-    "pearson": ("Pearson r", "{:.4f}"),
-}
+HEAD_SCORES = {"acc": "accuracy", "f1": "macro-F1", "mse": "MSE", "pearson": "Pearson r"}
 
 
 def _test_head(args: argparse.Namespace, loaded: Loaded, head: HeadSection, others: list[Loaded]) -> int:
@@ -181,7 +177,7 @@ def _test_head(args: argparse.Namespace, loaded: Loaded, head: HeadSection, othe
         ("split", f"{result.split} ({result.examples:,} examples)"),
         ("loss", f"{result.loss:.4f} ({loss})"),
     ]
-    rows += [(HEAD_SCORES[k][0], HEAD_SCORES[k][1].format(v)) for k, v in result.scores.items()]
+    rows += [(HEAD_SCORES[k], show(f"val_{k}", v)) for k, v in result.scores.items()]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     return 0

@@ -23,6 +23,8 @@ import lightning as L
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import Callback, Timer
 
+from tfbuilder.train.shown import FORMATS, show
+
 REDRAW_SECONDS = 0.25  # a terminal line is redrawn at most this often
 
 
@@ -196,18 +198,7 @@ class Progress(Callback):
         if not trainer.is_global_zero or trainer.sanity_checking:
             return
         metrics = trainer.callback_metrics
-        formats = {
-            "val_loss": "{:.4f}",
-            "val_ppl": "{:.2f}",
-            "val_acc": "{:.2%}",
-            "val_bleu": "{:.2f}",
-            "val_f1": "{:.4f}",
-            "val_mse": "{:.4f}",
-            "val_pearson": "{:.4f}",
-        }
-        shown = {
-            name: f"{name} {form.format(float(metrics[name]))}" for name, form in formats.items() if name in metrics
-        }
+        shown = {name: f"{name} {show(name, float(metrics[name]))}" for name in FORMATS if name in metrics}
         self.validation = "  ".join(shown[name] for name in ("val_loss", "val_bleu") if name in shown)
         self.say(f"validation at step {trainer.global_step:,}: " + ", ".join(shown.values()))
 

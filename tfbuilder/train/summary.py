@@ -11,6 +11,7 @@ from tfbuilder import atomic
 from tfbuilder.runs.checkpoints import display_path
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import memory
+from tfbuilder.train.shown import show
 from tfbuilder.train.task import Task
 from tfbuilder.train.trainer import Training
 
@@ -99,7 +100,7 @@ class Summary:
             ("best validation loss", best),
         ]
         if self.head_scores is not None:
-            rows += [(f"last validation {SCORE_NAMES[k]}", f"{v:.4f}") for k, v in self.head_scores.items()]
+            rows += [(f"last validation {SCORE_NAMES[k]}", show(k, v)) for k, v in self.head_scores.items()]
         else:
             rows.append(
                 (

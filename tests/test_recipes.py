@@ -314,3 +314,13 @@ def test_wmt14_recipes_are_the_papers_setup():
         assert d.max_tokens * r.optim.accumulate * r.trainer.devices == 25_000
         assert (r.trainer.max_steps, r.trainer.keep_last) == (steps, keep)
 
+
+
+EXAMPLES = sorted(p for p in (ROOT / "docs" / "examples").rglob("*.yaml") if p.name != "bad-recipe.yaml")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[str(p.relative_to(ROOT / "docs")) for p in EXAMPLES])
+def test_the_docs_example_recipes_validate(path):
+    from tfbuilder.train.preflight import check
+
+    check(tfbuilder.load_recipe(path))  # what `tfbuilder validate` checks: the schema, then the pre-flight

@@ -23,16 +23,27 @@ def test_glu_width_is_two_thirds_of_four_d_rounded_up_to_eight(d_model):
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_moe_output_is_the_renormalised_top_k_mixture(top_k):
+def test_moe_output_is_the_top_k_mixture(top_k):
+    """Top-1: the expert's output times its router probability (Switch); top-k: the k probabilities
+    renormalised to sum to 1."""
     moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=top_k, hidden=16), BuildContext(d_model=8))
     x = torch.randn(2, 5, 8)
     want = []
     for token in x.reshape(-1, 8):
         probs = moe.router(token).softmax(dim=-1)
         top = probs.topk(top_k)
-        weights = top.values / top.values.sum()
+        weights = top.values if top_k == 1 else top.values / top.values.sum()
         want.append(sum(w * moe.experts[int(e)](token) for w, e in zip(weights, top.indices)))
     with torch.no_grad():
         torch.testing.assert_close(moe(x), torch.stack(want).reshape(2, 5, 8), atol=1e-5, rtol=1e-5)
         moe.capacity_factor = 64.0  # the static dispatch (accelerators), with room for every token
         torch.testing.assert_close(moe(x), torch.stack(want).reshape(2, 5, 8), atol=1e-5, rtol=1e-5)
+
+
+def test_switch_routing_trains_the_router_from_the_task_loss():
+    """With top-1 routing and no balancing loss, the task's gradient still reaches the router,
+    through the probability that scales the chosen expert's output (Fedus et al. 2021, sec. 2.1)."""
+    moe = MixtureOfExperts(MixtureOfExperts.Params(experts=4, top_k=1, hidden=16, aux_weight=0.0), BuildContext(d_model=8))
+    x = torch.randn(2, 5, 8)
+    (moe(x).square().sum() + moe.auxiliary_loss()).backward()
+    assert moe.router.weight.grad is not None and moe.router.weight.grad.abs().sum() > 1e-2

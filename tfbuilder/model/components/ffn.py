@@ -172,11 +172,15 @@ class MixtureOfExperts(FeedForwardBase, nn.Module, AuxiliaryLoss):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d); tokens go to their ``top_k`` experts, outputs weighted by the
-        renormalised router probabilities."""
+        router probabilities: with ``top_k`` 1, the expert's output times its probability (Switch,
+        Fedus et al. 2021, eq. 2; renormalised it would be 1, and the router would learn nothing from
+        the task); with more, the chosen probabilities renormalised to sum to 1 (Mixtral, GShard)."""
         flat = x.reshape(-1, x.shape[-1])
         probs = self.router(flat).float().softmax(dim=-1)
         weights, chosen = probs.topk(self.top_k, dim=-1)
-        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        if self.top_k > 1:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
         # gates (t, experts): a token's weight for each expert it is routed to, 0 elsewhere.
         gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype, device=x.device).scatter_(
             1, chosen, weights

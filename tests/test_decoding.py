@@ -78,6 +78,8 @@ def reference_beam_search(model, src_row: list[int], *, beam: int, alpha: float,
         tgt = torch.tensor([h for _, h in live])
         logp = model(src.expand(len(live), -1), tgt)[:, -1].log_softmax(-1)
         logp[:, [PAD, BOS, MASK]] = float("-inf")  # never generated
+        if step == 0:  # at least one token (Rules.min_len)
+            logp[:, EOS] = float("-inf")
         if step + 1 >= limit:  # only </s> may follow
             logp = torch.full_like(logp, float("-inf")).index_fill(1, torch.tensor([EOS]), 0) + logp
         for b, (s, h) in enumerate(live):

@@ -44,13 +44,15 @@ class TableModel(nn.Module):
         return row.expand(tgt.shape[0], 1, -1)
 
 
-def exhaustive_best(table: Tensor, *, limit: int, alpha: float, nbest: int = 1) -> list[tuple[float, list[int]]]:
-    """Every output of at most ``limit`` tokens (</s> counted) over the tokens a decoder may emit (the
-    ordinary ones and <unk>), scored by its log-probability over the GNMT length penalty: the
-    ``nbest`` best."""
+def exhaustive_best(
+    table: Tensor, *, limit: int, alpha: float, nbest: int = 1, min_len: int = 1
+) -> list[tuple[float, list[int]]]:
+    """Every output of at least ``min_len`` and at most ``limit`` tokens (</s> counted) over the tokens a
+    decoder may emit (the ordinary ones and <unk>), scored by its log-probability over the GNMT length
+    penalty: the ``nbest`` best."""
     logp = table.float().log_softmax(-1).tolist()
     scored = []
-    for n in range(limit):
+    for n in range(min(min_len, limit - 1), limit):
         for seq in itertools.product((UNK, *REAL), repeat=n):
             total = sum(logp[t][w] for t, w in enumerate(seq)) + logp[n][EOS]
             scored.append((total / ((5 + n + 1) / 6) ** alpha, list(seq)))
@@ -86,21 +88,24 @@ def slow_start(limit: int = 6) -> Tensor:
 
 @pytest.mark.parametrize("beam", [2, 4, 8])  # a beam of one is greedy search (tests/test_decoding.py)
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.5])
-def test_beam_search_finds_the_exhaustive_best(beam, alpha):
+@pytest.mark.parametrize("min_len", [1, 0])
+def test_beam_search_finds_the_exhaustive_best(beam, alpha, min_len):
     limit = 6
+    rules = Rules(min_len=min_len)
     tables = [trap(limit), slow_start(limit)] + [torch.randn(limit, VOCAB, generator=torch.Generator().manual_seed(s)) * 3 for s in range(4)]
     src = torch.tensor([[5, EOS]])
     for table, nbest in itertools.product(tables, (1, min(beam, 3))):  # the stopping bar: the best ended, or the nbest-th
         model = TableModel(table)
-        got = decoding.beam_search_nbest(model, src, beam=beam, nbest=nbest, alpha=alpha, max_len_a=0, max_len_b=limit)[0]
-        want = exhaustive_best(table, limit=limit, alpha=alpha, nbest=nbest)
+        got = decoding.beam_search_nbest(model, src, beam=beam, nbest=nbest, alpha=alpha, max_len_a=0, max_len_b=limit, rules=rules)[0]
+        want = exhaustive_best(table, limit=limit, alpha=alpha, nbest=nbest, min_len=min_len)
         assert [h for _, h in got] == [h for _, h in want]
         assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=1e-5)
     # The trap: the confident long output, not an early </s>.
-    assert decoding.beam_search(TableModel(trap(limit)), src, beam=beam, alpha=alpha, max_len_a=0, max_len_b=limit) == [[5, 6, 7, 5]]
-    # The slow start: under alpha 1.5 the output that grows to the limit, not the early </s>.
-    grown = decoding.beam_search(TableModel(slow_start(limit)), src, beam=beam, alpha=alpha, max_len_a=0, max_len_b=limit)
-    assert grown == ([[5, 6, 7, 5, 6]] if alpha == 1.5 else [[]])
+    assert decoding.beam_search(TableModel(trap(limit)), src, beam=beam, alpha=alpha, max_len_a=0, max_len_b=limit, rules=rules) == [[5, 6, 7, 5]]
+    # The slow start: under alpha 1.5 the output that grows to the limit, not the early </s>; with a
+    # minimum length of 1 (the default), never the empty output.
+    grown = decoding.beam_search(TableModel(slow_start(limit)), src, beam=beam, alpha=alpha, max_len_a=0, max_len_b=limit, rules=rules)
+    assert grown == ([[5, 6, 7, 5, 6]] if alpha == 1.5 or min_len else [[]])
 
 
 class MarkovTable(TableModel):
@@ -242,7 +247,7 @@ def test_no_repeat_ngram(kind, n):
 
 def test_no_repeat_ngram_bans_exactly_the_completing_tokens():
     history = torch.tensor([[5, 6, 7, 5, 6, 5, 6]])  # 2-grams before the end starting with 6: (6, 7), (6, 5)
-    logp = Rules(no_repeat_ngram=3).apply(torch.zeros(1, VOCAB), Prefers("decoder", []), history, torch.tensor([], dtype=torch.long))
+    logp = Rules(no_repeat_ngram=3).apply(torch.zeros(1, VOCAB), Prefers("decoder", []), history, torch.tensor([], dtype=torch.long), step=history.shape[1])
     # 3-grams starting (5, 6): (5, 6, 7) and (5, 6, 5): 7 and 5 are banned after "... 5 6".
     assert torch.isinf(logp[0]).nonzero().squeeze(1).tolist() == [5, 7]
 

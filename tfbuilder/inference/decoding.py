@@ -96,19 +96,23 @@ def ended_sources(model: Decodable, src: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Rules:
-    """What every pick of every decoder obeys. The model's ``never`` ids (<pad>, <s>, <mask>) are
-    never generated; ``unk_penalty`` is taken from the log-probability of <unk> (fairseq's
-    ``--unk-penalty``; negative favours it); with ``no_repeat_ngram`` n > 0 no n-gram occurs twice in
-    an output (fairseq's and Hugging Face's ``no_repeat_ngram_size``)."""
+    """What every pick of every decoder obeys. The model's ``never`` ids (<pad>, <s>, <mask>) are never
+    generated; ``unk_penalty`` is taken from the log-probability of <unk> (fairseq's ``--unk-penalty``;
+    negative favours it); with ``no_repeat_ngram`` n > 0 no n-gram occurs twice in an output (fairseq's and
+    Hugging Face's ``no_repeat_ngram_size``); no output is shorter than ``min_len`` tokens unless the length
+    limit ends it (</s> ruled out before; fairseq's ``--min-len``: no search returns an empty output)."""
 
     unk_penalty: float = 0.0
     no_repeat_ngram: int = 0
+    min_len: int = 1
 
-    def apply(self, logp: Tensor, model: Decodable, history: Tensor, never: Tensor) -> Tensor:
+    def apply(self, logp: Tensor, model: Decodable, history: Tensor, never: Tensor, *, step: int) -> Tensor:
         """``logp`` (rows, vocab) log-probabilities of the next token of outputs ``history`` (rows, t),
-        generated tokens only, with the rules applied (in place)."""
+        generated tokens only, when ``step`` tokens have been generated, with the rules applied (in place)."""
         logp.index_fill_(1, never, float("-inf"))
-        unk = model.specials.unk
+        end, unk = model.specials.end, model.specials.unk
+        if step < self.min_len and end is not None:
+            logp[:, end] = float("-inf")
         if self.unk_penalty and unk is not None:
             logp[:, unk] -= self.unk_penalty
         n = self.no_repeat_ngram
@@ -189,7 +193,7 @@ def _left_to_right(
     history = token[:, :0]
     for step in range(int(limits.max())):
         logits = model.decode(token, memory, memory_mask, cache=cache, offset=step)[:, -1]
-        logp = rules.apply(logits.float().log_softmax(-1), model, history, never)
+        logp = rules.apply(logits.float().log_softmax(-1), model, history, never, step=step)
         last = step + 1 >= limits[alive]  # the limit counts the closing </s>
         chosen = torch.where(last, torch.full_like(alive, end), pick(logp))
         score.index_add_(0, alive, logp.gather(1, chosen[:, None])[:, 0].double())
@@ -268,7 +272,7 @@ def beam_search_nbest(
     for step in range(int(limits.max())):
         n = len(search.alive)
         logits = model.decode(search.tokens[:, -1:], memory, memory_mask, cache=cache, offset=step)[:, -1]
-        logp = rules.apply(logits.float().log_softmax(-1), model, search.tokens[:, 1:], never)
+        logp = rules.apply(logits.float().log_softmax(-1), model, search.tokens[:, 1:], never, step=step)
         last = step + 1 >= limits[search.alive]  # at the length limit only </s> may follow
         kept = search.step(_only_end_where(logp, last, beam, end), last, step)
         if kept is None:
@@ -454,7 +458,7 @@ def sample(
     if most is not None:
         max_new = min(max_new, most - offset)  # the model's table ends there
     for step in range(max_new):
-        logp = rules.apply(logits.float().log_softmax(-1), model, history, never)
+        logp = rules.apply(logits.float().log_softmax(-1), model, history, never, step=step)
         token = _draw(logp, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         for i in (~ended).nonzero().squeeze(1).tolist():
             if token[i] != end:

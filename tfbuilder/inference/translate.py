@@ -130,12 +130,16 @@ def translate_batch(
     """The ``search.nbest`` best candidates (text, score) for each of ``lines``, best first. Lines are
     sorted by length into batches of at most ``max_tokens`` source tokens (and ``batch_size``
     sentences). Scores: the length-normalised log-probability beam search ranks by; for samples,
-    their log-probability. ``model``: a translation model (:class:`~tfbuilder.inference.interfaces.Translator`)."""
+    their log-probability. ``model``: a translation model (:class:`~tfbuilder.inference.interfaces.Translator`).
+    An empty line (no tokens) translates to an empty line, without a search: every search gives at least
+    one token (:class:`~tfbuilder.inference.decoding.Rules`' ``min_len``)."""
     seq2seq = translator(model)
     ids = vocab.src.encode_batch(lines)
     sizes = [len(x) + TRANSLATION_ADDED for x in ids]  # x</s>
-    order = sorted(range(len(ids)), key=lambda i: sizes[i])
-    out: list[list[tuple[str, float]]] = [[] for _ in lines]
+    order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: sizes[i])
+    out: list[list[tuple[str, float]]] = [[] if ids[i] else [("", 0.0)] for i in range(len(lines))]
+    if not order:
+        return out
     # Beams (and samples) multiply the decoder's batch: keep the budget about the same.
     width = search.nbest if search.sample else search.beam
     device = model_device(model)

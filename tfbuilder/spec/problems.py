@@ -58,7 +58,7 @@ def translate(exc: ValidationError, src: Source, schema: type[BaseModel]) -> lis
 
 
 def _suggest(key: str, here: tuple, cls: type[BaseModel] | None, schema: type[BaseModel]) -> str:
-    """"Did you mean" for an unknown ``key`` in the mapping at ``here`` (validated by ``cls``): the same
+    """The "did you mean" for an unknown ``key`` in the mapping at ``here`` (validated by ``cls``): the same
     key in another section of the recipe (``trainer.lr`` -> ``optim.lr``, ``data.max_steps`` ->
     ``trainer.max_steps``); else a close key of the same mapping, or its choices when few."""
     fields = cls.model_fields if cls is not None else {}

@@ -1,7 +1,10 @@
-"""Where a recipe's data lies: ``data.path`` as a recipe file wrote it is relative to that file's
-folder (the schema makes it so, reading no other file); for one release, a folder that exists only
-relative to the working directory, as such paths were read before, is still used, with a warning
-that says how to write it now."""
+"""Where a recipe's data lies: a ``data.path`` that exists only from the working directory, read there
+for one release, with a warning.
+
+The schema makes a recipe file's relative ``data.path`` relative to that file's folder, reading no
+other file; here, before the data is read, the folder is looked at: where it does not exist but the
+same relative path does from the working directory (as such paths were read before), that one is
+used, and the warning says how to write it now."""
 
 from __future__ import annotations
 

@@ -119,3 +119,13 @@ def test_the_run_records_the_resolved_path(tmp_path, elsewhere, old_style):
     recorded = yaml.safe_load((Path(summary.run_dir) / "recipe.yaml").read_text(encoding="utf-8"))
     assert recorded["data"]["path"] == str(data)
 
+
+
+def test_a_sweeps_seeded_copies_read_the_old_style_folder_too(tmp_path, elsewhere):
+    from tfbuilder.use.sweeps import plan
+
+    write_data(elsewhere / "d")
+    recipe = write_recipe(tmp_path / "a" / "r.yaml", path="d")
+    with pytest.warns(FutureWarning, match=r"r\.yaml: data\.path 'd'"):
+        sweep = plan([recipe], seeds=2, out=tmp_path / "sweep")
+    assert [run.recipe.data.path for run in sweep.runs] == [str(elsewhere / "d")] * 2

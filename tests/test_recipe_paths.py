@@ -12,6 +12,7 @@ import yaml
 
 from conftest import tiny_model
 from tfbuilder import fit, load_recipe, recipe_from_dict
+from tfbuilder.cli.commands import main
 from tfbuilder.data.prepare import prepare
 
 LINES = ["a dog runs on the grass", "two men play ball", "a girl in red", "the cat sleeps", "a man rides a horse"]
@@ -97,7 +98,7 @@ def test_neither_folder_names_the_recipe_relative_one(tmp_path, elsewhere):
 
 
 @pytest.mark.parametrize("old_style", [False, True], ids=["recipe-relative", "old-style"])
-def test_the_run_records_the_resolved_path(tmp_path, elsewhere, old_style):
+def test_the_run_records_the_resolved_path(tmp_path, elsewhere, old_style, monkeypatch):
     data = write_data((elsewhere if old_style else tmp_path / "a") / "d")
     recipe = load_recipe(
         write_recipe(tmp_path / "a" / "r.yaml", path="d"),
@@ -118,6 +119,9 @@ def test_the_run_records_the_resolved_path(tmp_path, elsewhere, old_style):
         summary = fit(recipe)
     recorded = yaml.safe_load((Path(summary.run_dir) / "recipe.yaml").read_text(encoding="utf-8"))
     assert recorded["data"]["path"] == str(data)
+    # Resumed from yet another folder, the run still finds its data.
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["fit", "--resume", str(summary.run_dir), "--set", "trainer.max_steps=2"]) == 0
 
 
 

@@ -33,6 +33,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# recipes/multi30k/vanilla-small.yaml reads Multi30k from the Hub; these overrides read a folder of its text files.
+TEXT_FOLDER = [
+    "data.format=text", "data.hub=null", "data.columns=null", "data.src_lang=de", "data.tgt_lang=en",
+    "data.splits.val=val", "data.splits.test=test_2016_flickr",
+]
 sys.path.insert(0, str(ROOT))
 
 from tfbuilder.data import text  # noqa: E402
@@ -170,7 +175,7 @@ def main() -> None:
                     "given, corpora and their stores are kept and reused")
     args = ap.parse_args()
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="tfbuilder-data-scale-"))
-    recipe = str(ROOT / "recipes" / "multi30k" / "vanilla-small.yaml")
+    recipe = str(ROOT / "recipes" / "multi30k" / "vanilla-small.yaml")  # it reads the Hub; TEXT_FOLDER: a folder
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TFBUILDER_CACHE", None)
     rows = []
@@ -182,7 +187,7 @@ def main() -> None:
                 shutil.rmtree(folder / ".tfbuilder", ignore_errors=True)
             else:
                 raw = make_corpus(Path(args.data), folder, copies)
-            base = [f"data.path={folder}", "data.splits.test=test_2016_flickr", "data.splits.train=train"]
+            base = [*TEXT_FOLDER, f"data.path={folder}", "data.splits.test=test_2016_flickr", "data.splits.train=train"]
             prepared, seconds, rss, _ = run(
                 [sys.executable, "-m", "tfbuilder", "prepare", recipe, *sum((["--set", o] for o in base), [])], env
             )

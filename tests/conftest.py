@@ -31,6 +31,22 @@ def multi30k_or_fixture() -> tuple[Path, bool]:
     real = (MULTI30K / "train.de.gz").exists()
     return (MULTI30K, True) if real else (MULTI30K_FIXTURE, False)
 
+
+def text_folder(folder: Path | str, *, parallel: bool = False) -> list[str]:
+    """The overrides that make a shipped Multi30k recipe (which reads the Hub, bentrevett/multi30k) read
+    a folder of text files in Multi30k's layout instead (``<stem>.<lang>[.gz]``), as docs/multi30k.md
+    shows: no test needs the network."""
+    langs = ["data.src_lang=de", "data.tgt_lang=en"] if parallel else ["data.lang=en"]
+    return [
+        "data.format=text",
+        "data.hub=null",
+        "data.columns=null",
+        f"data.path={folder}",
+        *langs,
+        "data.splits.val=val",
+        "data.splits.test=test_2016_flickr",
+    ]
+
 # The smallest model that still has every part: used wherever a test needs "some model".
 TINY_MODEL = {
     "kind": "encoder_decoder",

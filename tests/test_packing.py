@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import ROOT
+from conftest import ROOT, text_folder
 from tfbuilder import masks
 from tfbuilder.data.batching import cut
 from tfbuilder.data.packing import Packed, packed_splits, segments
@@ -104,7 +104,7 @@ def test_a_packed_language_model_trains_on_documents_longer_than_its_block(tmp_p
         (folder / f"{split}.en").write_text("\n\n".join(d[:100] + "\n" + d[100:] for d in docs) + "\n", encoding="utf-8")
     overrides = [
         "model.d_model=32", "model.attention.heads=2", "model.decoder.layers=1",
-        f"data.path={folder}", "data.documents=paragraphs", "data.packing=true", "data.block_size=32",
+        *text_folder(folder), "data.documents=paragraphs", "data.packing=true", "data.block_size=32",
         "data.document_mask=true", "data.tokenizer.type=char", "data.tokenizer.vocab_size=25", "data.max_len=16",
         "data.max_tokens=null", "data.batch_size=4", "trainer.max_steps=3", "trainer.val_every=3",
         "trainer.progress=false", f"trainer.output={tmp_path / 'runs'}",
@@ -145,7 +145,7 @@ def test_packing_the_stored_documents_gives_the_blocks_of_packing_them_in_memory
         docs.append(" ".join(rng.choice(words, 30)))  # about 100 characters: over four blocks of 24
         (folder / f"{split}.en").write_text("\n".join(docs) + "\n", encoding="utf-8")
     recipe = tfbuilder.load_recipe(ROOT / "recipes" / "decoder-lm.yaml", [
-        f"data.path={folder}", f"data.cache={tmp_path / 'cache'}", "data.splits.test=test", "data.packing=true", "data.block_size=24",
+        *text_folder(folder), f"data.cache={tmp_path / 'cache'}", "data.splits.test=test", "data.packing=true", "data.block_size=24",
         "data.tokenizer.type=char", "data.tokenizer.vocab_size=24", "data.max_len=16",
     ])
     prepared = prepare(recipe.data)

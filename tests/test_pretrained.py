@@ -144,6 +144,7 @@ def test_a_tokenizer_lacking_what_the_model_needs_is_a_validation_error(tmp_path
     recipe.write_text(
         f"name: mlm\nextends: {ROOT / 'recipes' / 'encoder-mlm.yaml'}\nmodel: {{pad_id: 3}}\n"
         f"data:\n  path: {data}\n  tokenizer: {{type: pretrained, path: {tok_file}}}\n"
+        "  format: text\n  hub: null\n  columns: null\n  lang: en\n  splits: {val: val}\n"
     )
     assert main(["validate", str(recipe)]) == 2
     err = capsys.readouterr().err

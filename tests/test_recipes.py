@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -69,8 +70,11 @@ def schema_validator():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=IDS)
-def test_recipe_file_validates_round_trips_and_satisfies_the_json_schema(path, schema_validator):
+def test_recipe_file_validates_round_trips_and_satisfies_the_json_schema(path, schema_validator, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # from any working directory: its paths are relative to the recipe file
     recipe = tfbuilder.load_recipe(path)
+    if recipe.data is not None and recipe.data.path is not None:
+        assert Path(recipe.data.path).is_absolute() and Path(recipe.data.path).is_relative_to(ROOT), recipe.data.path
     # The resolved recipe (what `show` prints and checkpoints keep) is itself a valid, equal recipe.
     assert tfbuilder.Recipe.model_validate(recipe.to_dict()).to_dict() == recipe.to_dict()
     schema_validator.validate(load_source(path).data)

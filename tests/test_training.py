@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tfbuilder
-from conftest import QUICKSTART, ROOT, ddp_env, short_run
+from conftest import QUICKSTART, ROOT, ddp_env, short_run, text_folder
 from tfbuilder.cli.commands import main
 from tfbuilder.spec.recipe import recipe_from_dict
 from tfbuilder.runs.checkpoints import CheckpointError, load_checkpoint, model_state, read_checkpoint
@@ -277,7 +277,7 @@ def test_language_model_recipes_train_on_monolingual_text(tmp_path, recipe_name,
     for split in ("train", "val"):
         (data / f"{split}.en").write_text("\n".join(lines) + "\n")
     overrides = [
-        f"data.path={data}",
+        *text_folder(data),
         "data.tokenizer.vocab_size=300",
         "model.d_model=32",
         "model.attention.key_dim=8",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 import tfbuilder
-from conftest import ROOT
+from conftest import ROOT, text_folder
 from tfbuilder.train import fit as fitting
 from tfbuilder.train import preflight
 from tfbuilder.data.prepare import Split
@@ -53,7 +53,7 @@ SCHEMA_RULES = [
     Rule("text-needs-path", PARALLEL, ("data.path=null",), "data.path", "parallel data needs a path"),
     Rule("parallel-needs-src_lang", PARALLEL, ("data.src_lang=null",), "data.src_lang", "parallel data needs src_lang"),
     Rule("parallel-needs-tgt_lang", PARALLEL, ("data.tgt_lang=null",), "data.tgt_lang", "parallel data needs tgt_lang"),
-    Rule("monolingual-needs-lang", DECODER, ("data.lang=null",), "data.lang", "monolingual data needs lang"),
+    Rule("monolingual-needs-lang", DECODER, (*text_folder("x"), "data.lang=null"), "data.lang", "monolingual data needs lang"),
     Rule("text-needs-vocab_size", PARALLEL, ("data.tokenizer.vocab_size=null",), "data.tokenizer.vocab_size", "needs tokenizer.vocab_size"),
     Rule("max_tokens-or-batch_size", PARALLEL, ("data.batch_size=32",), "data.batch_size", "set max_tokens or batch_size, not both",
          ("data.batch_size=32", "data.max_tokens=null")),

@@ -21,6 +21,7 @@ import numpy as np
 from tfbuilder.data import labels as label_files
 from tfbuilder.data import pretrained, store, synthetic
 from tfbuilder.data import tokenizers as toks
+from tfbuilder.data.location import locate
 from tfbuilder.data.readers import Row, SplitSource, chunks, label_of, split_sources
 from tfbuilder.data.tokenizers import Tokenizer
 from tfbuilder.data.tokens import Rows, Split, TokenArray, token_dtype
@@ -96,6 +97,7 @@ def prepare(
     vocabulary unless one is given (resume, other ranks, scoring). ``say`` hears one line on what
     happened (prepared, and why; or reused); by default the ``tfbuilder`` logger does."""
     say = say or log.info
+    locate(data)
     sources = split_sources(data, say=say)
     prepared = _generated(data, sources, vocab) if data.type == "synthetic" else _stored(data, sources, vocab, say)
     if model_vocab is not None and prepared.vocab.tgt.vocab_size != model_vocab:

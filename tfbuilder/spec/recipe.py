@@ -307,6 +307,8 @@ def validate(src: Source) -> Recipe:
     except ValidationError as exc:
         raise RecipeError(translate(exc, src, Recipe)) from None
     recipe._source = src
+    if recipe.data is not None:
+        recipe.data._written = src.written.get(("data", "path"))
     return recipe
 
 

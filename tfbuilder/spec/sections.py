@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
@@ -15,6 +15,7 @@ from tfbuilder.spec.base import MAX_SEED, Issue, Section, StrictInt, fail, no_nu
 from tfbuilder.spec.formats import FormatName
 from tfbuilder.spec.ports import Facts, tokenizer_files
 from tfbuilder.spec.training import LOGGER_NAMES, MuonSection, OptimSection, ScheduleSection, TrainerSection
+from tfbuilder.spec.yaml_source import Written
 from tfbuilder.specials import COUNT as SPECIAL_COUNT
 from tfbuilder.specials import SPECIAL_TOKENS
 
@@ -227,9 +228,10 @@ class DataSection(Section):
     path: str | None = Field(
         None,
         description="directory of the data files, or (format datasets) the folder DatasetDict.save_to_disk wrote; "
-        "relative to the working directory",
+        "in a recipe file relative to that file's folder (as extends is), in --set relative to the working directory",
     )
     _data_path = field_validator("path")(no_nul)
+    _written: Written | None = PrivateAttr(None)
     src_lang: str | None = Field(None, description="source language suffix: train.<src_lang>[.gz]")
     tgt_lang: str | None = Field(None, description="target language suffix (parallel)")
     lang: str | None = Field(None, description="language suffix of monolingual text")
@@ -430,6 +432,18 @@ class DataSection(Section):
         if self.documents != "lines" and self.type != "monolingual":
             problems.append((("documents",), "documents are monolingual text", self.documents))
         return problems
+
+    @property
+    def written_path(self) -> Written | None:
+        """``path`` as the recipe file wrote it, where that file made it relative to its folder (``path``
+        holds the result); None where it is used as given."""
+        return self._written
+
+    def relocate(self, path: str) -> None:
+        """Read the data from ``path`` instead (the data layer's fallback, where the file-relative
+        folder does not exist but the working-directory one does); the recorded recipe says it."""
+        self.path = path
+        self._written = None
 
     @property
     def vocab_size(self) -> int | None:

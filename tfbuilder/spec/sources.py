@@ -22,6 +22,7 @@ from tfbuilder.spec.yaml_source import (
     Loader,
     Mark,
     Source,
+    Written,
     check_bounds,
     dotted_path,
     parse_yaml,
@@ -30,6 +31,9 @@ from tfbuilder.spec.yaml_source import (
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; 1 MiB is far beyond any real one
 MAX_EXTENDS = 32  # files in one extends chain (a recipe needs 2 or 3)
 RECIPE_SECTIONS = ("name", "extends", "model", "data", "optim", "trainer")
+# Paths a recipe file writes relative to its own folder, as ``extends`` is (``--set`` values and
+# recipes built in Python stay relative to the working directory).
+FILE_RELATIVE: tuple[Key, ...] = (("data", "path"),)
 
 
 def read_recipe_text(path: Path, shown: str) -> str:
@@ -70,6 +74,7 @@ def load_source(path: str | Path) -> Source:
     via: Problem | None = None
     while True:
         src = _read_one(path, via=via, first=not chain)
+        anchor(src, path)
         chain.append(src)
         seen.append(_resolved(path, src))
         parent_name = src.data.get("extends")
@@ -99,6 +104,25 @@ def load_source(path: str | Path) -> Source:
         child.data.pop("extends", None)
         merged = merge(merged, child)
     return merged
+
+
+def anchor(src: Source, path: Path) -> None:
+    """Make the relative paths of FILE_RELATIVE that ``path``'s file wrote relative to its folder:
+    absolute, so that they mean the same from any working directory and in the run's recorded recipe.
+    The value as written is kept (``src.written``): where no such folder exists, the data layer falls
+    back to it, read from the working directory as before. No file is looked at here."""
+    for key in FILE_RELATIVE:
+        *parents, last = key
+        node: object = src.data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(last) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or not isinstance(value, str) or not value.strip() or "\x00" in value:
+            continue
+        if os.path.isabs(value):
+            continue
+        node[last] = os.path.normpath(os.path.join(os.path.abspath(path.parent), value))
+        src.written[key] = Written(value, str(path))
 
 
 def _resolved(path: Path, src: Source | None) -> Path:
@@ -187,6 +211,9 @@ def merge(base: Source, top: Source) -> Source:
     for table, mine, theirs in ((out.values, base.values, top.values), (out.keys, base.keys, top.keys)):
         table.update((k, m) for k, m in mine.items() if not below_replaced(k, inclusive=False))
         table.update((k, m) for k, m in theirs.items() if k in merged or below_replaced(k, inclusive=True))
+    # A path as written belongs to the file whose value wins.
+    out.written.update((k, w) for k, w in base.written.items() if not below_replaced(k, inclusive=True))
+    out.written.update(top.written)
     return out
 
 
@@ -196,6 +223,7 @@ def _retyped(old: dict, new: dict) -> bool:
 
 
 __all__ = [
+    "FILE_RELATIVE",
     "MAX_DEPTH",
     "MAX_EXTENDS",
     "MAX_RECIPE_BYTES",
@@ -204,6 +232,8 @@ __all__ = [
     "Loader",
     "Mark",
     "Source",
+    "Written",
+    "anchor",
     "apply_overrides",
     "check_bounds",
     "dotted_path",

@@ -35,6 +35,14 @@ class Mark:
     col: int
 
 
+@dataclass(frozen=True)
+class Written:
+    """A relative path as a recipe file wrote it, and that file (the data layer's fallback reads it)."""
+
+    value: str
+    file: str
+
+
 @dataclass
 class Source:
     """Recipe data plus where each key and value came from."""
@@ -42,6 +50,7 @@ class Source:
     data: dict[str, Any]
     values: dict[Key, Mark] = field(default_factory=dict)  # path -> where its value starts
     keys: dict[Key, Mark] = field(default_factory=dict)  # path -> where its key is written
+    written: dict[Key, Written] = field(default_factory=dict)  # path -> a file-relative path as written
 
     def mark(self, path: Key, *, key: bool = False) -> Mark | None:
         """The closest known place for ``path``: itself, else its nearest ancestor."""
@@ -57,7 +66,7 @@ class Source:
         ``below_only``): its value is being replaced, and the old places would point at text that no
         longer says what the data holds."""
         start = len(path) + 1 if below_only else len(path)
-        for table in (self.values, self.keys):
+        for table in (self.values, self.keys, self.written):
             for k in [k for k in table if len(k) >= start and k[: len(path)] == path]:
                 del table[k]
 

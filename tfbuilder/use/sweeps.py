@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from tfbuilder import atomic
+from tfbuilder.data.location import locate
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import default_checkpoint, is_empty, load_checkpoint
 from tfbuilder.runs.checkpoints import scores_file as checkpoint_scores
@@ -81,6 +82,8 @@ def plan(
     sweep_dir = Path(out) if out is not None else default_dir(paths, recipes[0].trainer.output)
     runs = []
     for recipe in recipes:
+        if recipe.data is not None:
+            locate(recipe.data)  # each seed's recipe is a copy: the folder is settled before it is made
         for seed in range(seeds):
             seeded = recipe_from_dict(recipe.to_dict(), [f"trainer.seed={seed}", "trainer.progress=false"])
             run = Run(seeded, seed, sweep_dir / "runs" / recipe.name / f"seed-{seed}")

@@ -20,10 +20,11 @@ STEPS = 6
 
 
 def hf_greedy(ref, **inputs) -> list[list[int]]:
-    """``transformers``' greedy generation (its new tokens, without the closing end id)."""
+    """``transformers``' greedy generation (its new tokens, without the closing end id), at least one
+    token, as ours (decoding.Rules.min_len)."""
     end = ref.config.eos_token_id
     with torch.no_grad():
-        out = ref.eval().generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=STEPS, min_new_tokens=0, use_cache=False, **_banned(ref))
+        out = ref.eval().generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=STEPS, min_new_tokens=1, use_cache=False, **_banned(ref))
     if not ref.config.is_encoder_decoder:
         out = out[:, inputs["input_ids"].shape[1] :]
     else:

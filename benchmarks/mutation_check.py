@@ -205,6 +205,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("pattern: the kind applied over the override", MS, "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
     Mutation("moe: top-1 weight renormalised to 1", "tfbuilder/model/components/ffn.py", "        if self.top_k > 1:\n            weights = weights / weights.sum(", "        if self.top_k > 0:\n            weights = weights / weights.sum(", ("tests/test_ffn.py", "-k", "moe or switch")),
     Mutation("decoding: the minimum length ignored", "tfbuilder/inference/decoding.py", "if step < self.min_len and end is not None:", "if step < 0 and end is not None:", ("tests/test_decoding_search.py", "-k", "exhaustive")),
+    Mutation("memory: replicas summed over nodes", "tfbuilder/model/sizing.py", "        return ram, \"this machine's memory\"", "        return ram * nodes, \"this machine's memory\"", ("tests/test_sizing.py",)),
+    Mutation("memory: a machine's processes not counted", "tfbuilder/model/sizing.py", "    return ram // processes,", "    return ram,", ("tests/test_sizing.py",)),
     # --- a key in the wrong section, an objective given the wrong kind
     Mutation("did you mean: the key's own section searched", "tfbuilder/spec/problems.py", "(name,) != here and key in section", "(name,) == here and key in section", ("tests/test_recipe_errors.py", "-k", "another_section")),
     Mutation("objective: the model's kind not checked", "tfbuilder/train/objectives.py", "        if not isinstance(model, kind):\n", "        if not isinstance(model, nn.Module):\n", OBJ + ("-k", "another_kind or refuses")),

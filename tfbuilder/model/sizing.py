@@ -57,19 +57,35 @@ def count_parameters(recipe: Recipe) -> int:
 
 
 def machine_memory(recipe: Recipe) -> tuple[int, str]:
-    """Bytes the run's devices have together, and what they are (for the message)."""
+    """Bytes one copy of the training state may take, and what they are (for the message). Under DDP
+    (and on one device) every process holds a whole replica: on GPUs each device must hold one, on
+    CPUs one machine holds all its processes' replicas. FSDP shards one copy over every process of
+    every node."""
     trainer = recipe.trainer
     wants_gpu = trainer.accelerator in ("gpu", "cuda") or (trainer.accelerator == "auto" and torch.cuda.is_available())
     nodes = trainer.num_nodes
+    sharded = trainer.strategy == "fsdp"
     if wants_gpu and torch.cuda.is_available():
         count = devices.count(trainer.devices, gpu=True)
         per = torch.cuda.get_device_properties(0).total_memory
-        return per * count * nodes, f"{count * nodes} GPU(s) of {gib(per)} each"
+        if sharded:
+            return per * count * nodes, f"{count * nodes} GPU(s) of {gib(per)} each, sharded"
+        return (
+            per,
+            f"one GPU of {gib(per)} (each of the {count * nodes} holds a replica)"
+            if count * nodes > 1
+            else f"one GPU of {gib(per)}",
+        )
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0, "unknown memory"
-    return ram * nodes, "this machine's memory" if nodes == 1 else f"{nodes} machines of {gib(ram)} each"
+    processes = devices.count(trainer.devices, gpu=False)
+    if sharded:
+        return ram * nodes, "this machine's memory" if nodes == 1 else f"{nodes} machines of {gib(ram)} each, sharded"
+    if processes == 1:
+        return ram, "this machine's memory" if nodes == 1 else f"one machine's {gib(ram)} (each holds a replica)"
+    return ram // processes, f"a {processes}-th of one machine's {gib(ram)} ({processes} processes, a replica each)"
 
 
 def count_buffers(recipe: Recipe) -> int:

@@ -173,3 +173,17 @@ def test_every_abandoned_name_being_taken_is_refused_before_anything_moves(run, 
     before = hashes(run)
     assert_refused(from_step_8(run, capsys), f"{run / 'abandoned'} holds 2 folders named from-step-8")
     assert hashes(run) == before
+
+
+# --- average --out: a symbolic link is neither written through nor replaced ----------------------------
+
+
+@pytest.mark.parametrize("where", ["out", "default"])
+def test_average_refuses_a_dangling_symbolic_link(run, tmp_path, capsys, where):
+    link = tmp_path / "avg.ckpt" if where == "out" else run / "checkpoints" / "averaged.ckpt"
+    link.symlink_to(tmp_path / "nowhere.ckpt")
+    before = hashes(run)
+    args = ["average", str(run), "--last", "2", *(["--out", str(link)] if where == "out" else [])]
+    assert_refused(run_cli(args, capsys), f"{link} is a symbolic link (to {tmp_path / 'nowhere.ckpt'})")
+    assert link.is_symlink() and not (tmp_path / "nowhere.ckpt").exists()
+    assert hashes(run) == before

@@ -159,6 +159,21 @@ def test_a_metrics_header_that_cannot_be_read_is_refused_naming_the_file(run, ca
     assert hashes(run) == before
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_metrics_file_that_is_not_a_plain_file_is_refused(run, tmp_path, capsys, kind):
+    metrics = run / "metrics.csv"
+    if kind == "symlink":
+        mine = tmp_path / "mine.csv"
+        metrics.rename(mine)
+        metrics.symlink_to(mine)
+    else:
+        metrics.unlink()
+        os.mkfifo(metrics)
+    before = hashes(run)
+    assert_refused(from_step_8(run, capsys), f"{metrics} is not a plain file")
+    assert hashes(run) == before and (metrics.is_symlink() if kind == "symlink" else metrics.is_fifo())
+
+
 def test_abandoned_being_a_file_is_refused_before_anything_moves(run, capsys):
     (run / "abandoned").write_text("mine")
     before = hashes(run)

@@ -134,8 +134,13 @@ def _split_metrics(path: Path, step: int) -> tuple[bytes, list[bytes], list[byte
     (and of the validation after it) as step n - 1, so a checkpoint of step N holds the history up to
     logged step N - 1. A line that is not UTF-8 or has another number of cells than the header cannot
     be placed: it goes with the later ones, as it is (the run's own file is read again as CSV)."""
-    if not path.is_file():
+    if not os.path.lexists(path):
         return b"", [], [], 0
+    if path.is_symlink() or not path.is_file():
+        raise RunDirError(
+            f"{path} is not a plain file (a link, a pipe or a folder): the run's metrics are rewritten "
+            "when it resumes; move it out of the run directory, then resume again"
+        )
     data = path.read_bytes()
     if not data.strip():
         return b"", [], [], 0

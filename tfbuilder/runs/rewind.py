@@ -45,7 +45,7 @@ class SetAside:
         """The one line a resume prints about it."""
         shown = ", ".join(self.files[:8]) + (f" and {len(self.files) - 8} more" if len(self.files) > 8 else "")
         rows = f"{self.rows} metrics row{'s' if self.rows != 1 else ''}" if self.rows else ""
-        rows += f" ({self.unplaced} of them unreadable, kept as they were)" if self.unplaced else ""
+        rows += f" ({self.unplaced} unreadable, kept byte for byte)" if self.unplaced else ""
         what = "; ".join(x for x in (shown, rows) if x)
         where = "nowhere" if self.folder is None else f"{display_path(self.folder)}/"
         return f"resuming from step {step}: what the run did after it ({what}) was moved to {where}"

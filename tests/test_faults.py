@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
+import json
 import os
 import shutil
 import shlex
@@ -177,7 +178,8 @@ def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys, mon
         sweep = tmp_path / "sweep"
         seed = sweep / "runs" / "quickstart" / "seed-0"
         seed.mkdir(parents=True)
-        (sweep / "sweep.json").write_text("{}")  # an earlier invocation's plan (rewritten by this one)
+        plan = {"command": "", "recipes": ["quickstart"], "seeds": [0], "bleu_beam": None, "runs": []}
+        (sweep / "sweep.json").write_text(json.dumps(plan))  # an earlier invocation's plan (rewritten by this one)
         with held(seed / "fit.lock") as third:
             outcome = run_cli(["sweep", str(QUICKSTART), "--no-bleu", "--out", str(sweep), *tiny(tmp_path)], capsys)
             assert_refused(outcome, f"is in use: a fit is training there (pid {third} ")

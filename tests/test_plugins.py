@@ -76,7 +76,9 @@ def test_a_plugin_file_registers_a_component_for_validate_fit_and_test(tmp_path,
     registry.unregister("ffn", "halfmlp")  # a new process, without the plugin
     plugins._loaded.clear()
     assert main(["test", str(run_dir), "--split", "val"]) == 2
-    assert f"ffn type 'halfmlp' was registered by the plugin {plugin.resolve()}, which is not loaded: pass --plugins {plugin.resolve()}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"ffn type 'halfmlp' was registered by the plugin {plugin.resolve()}, which is not loaded" in err
+    assert f"that path comes from the checkpoint, and --plugins runs the file's code: read it first, and if you trust it, pass --plugins {plugin.resolve()}" in err
 
 
 def test_plugins_that_cannot_load_are_named(tmp_path, capsys):
@@ -89,3 +91,22 @@ def test_plugins_that_cannot_load_are_named(tmp_path, capsys):
     ):
         assert main(["validate", str(QUICKSTART), "--plugins", spec]) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("code", ["import sys\nsys.exit(0)\n", "raise SystemExit('bye')\n", "import sys\nsys.exit()\n"])
+def test_a_plugin_that_exits_while_imported_is_an_error_naming_it(tmp_path, capsys, code):
+    exits = tmp_path / "exits.py"
+    exits.write_text(code)
+    try:
+        assert main(["validate", str(QUICKSTART), "--plugins", str(exits)]) == 2
+    finally:
+        plugins._loaded.clear()
+    err = capsys.readouterr().err
+    assert f"--plugins {exits}: its code called sys.exit(" in err and "Traceback" not in err
+
+
+def test_the_help_of_every_command_says_plugins_run_code(capsys):
+    for command in ("validate", "fit", "test", "translate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "runs the file's code: pass only files you trust" in " ".join(capsys.readouterr().out.split())

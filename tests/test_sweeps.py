@@ -166,6 +166,33 @@ def test_bad_sweeps_exit_2_without_traceback(recipes, tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
+NOT_PLANS = [
+    b"{}", b"not json", b"[1, 2]", b"\xff\xfe", b'{"recipes": "mine", "runs": [], "seeds": []}',
+    b'{"command": "", "recipes": ["a"], "seeds": ["zero"], "bleu_beam": null, "runs": ["r"]}', "symlink", "folder",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("plan", NOT_PLANS)
+def test_a_sweep_json_that_is_not_a_plan_keeps_the_reports_beside_it(recipes, tmp_path, capsys, plan):
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = {"report.md": b"# my report\n", "runs.csv": b"my,runs\n"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    if plan == "symlink":
+        (tmp_path / "elsewhere.json").write_text("{}")
+        (out / "sweep.json").symlink_to(tmp_path / "elsewhere.json")
+    elif plan == "folder":
+        (out / "sweep.json").mkdir()
+    else:
+        (out / "sweep.json").write_bytes(plan)
+    assert main(["sweep", str(recipes[0]), "--seeds", "1", "--no-bleu", "--out", str(out), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'sweep.json'} is not a sweep plan that tfbuilder wrote" in err and "Traceback" not in err
+    assert {n: (out / n).read_bytes() for n in mine} == mine
+    assert sorted(p.name for p in out.iterdir()) == ["report.md", "runs.csv", "sweep.json"]
+
+
 def test_progress_shows_the_run_and_its_steps(recipes, tmp_path):
     import io
 

@@ -80,6 +80,11 @@ def _import(spec: str, key: str) -> ModuleType:
             raise
     except PluginError:
         raise
+    except SystemExit as exc:  # the plugin's own exit would end the command as if it had succeeded
+        raise PluginError(
+            f"--plugins {spec}: its code called sys.exit({exc.code!r}) while it was imported "
+            "(a plugin registers components; it does not end the command)"
+        ) from None
     except Exception as exc:  # noqa: BLE001 (a plugin may raise anything; say where, no traceback)
         # Where in the plugin it failed (its own file's innermost line), else the innermost line.
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]

@@ -190,7 +190,8 @@ def missing(records: list[dict]) -> list[str]:
         if r.get("plugin"):
             problems.append(
                 f"{r['family']} type '{r['type']}' was registered by the plugin {r['plugin']}, "
-                f"which is not loaded: pass --plugins {r['plugin']}"
+                "which is not loaded; that path comes from the checkpoint, and --plugins runs the file's code: "
+                f"read it first, and if you trust it, pass --plugins {r['plugin']}"
             )
         elif r.get("package"):
             need = (

@@ -86,7 +86,10 @@ def parser() -> argparse.ArgumentParser:
             action="append",
             default=[],
             metavar="FILE_OR_MODULE",
-            help="import a Python file or module that registers components first (repeatable; recorded in checkpoints)",
+            help=(
+                "import a Python file or module that registers components first (repeatable; recorded in "
+                "checkpoints); this runs the file's code: pass only files you trust"
+            ),
         )
     return p
 

@@ -6,6 +6,7 @@ last 5 checkpoints [...]. For the big models, we averaged the last 20 checkpoint
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tfbuilder import atomic
@@ -65,6 +66,9 @@ def write_average(run_dir: str | Path, *, last: int = 5, out: str | Path | None 
         )
     paths = [p for _, p in steps[-last:]]
     target = Path(out) if out is not None else run_dir / "checkpoints" / "averaged.ckpt"
+    if target.is_symlink():  # dangling or not: never written through, never replaced
+        to = os.readlink(target)
+        raise CheckpointError(f"{target} is a symbolic link (to {to}): not writing there; choose another --out")
     if target.exists():
         raise CheckpointError(f"{target} exists: not overwriting it; choose another --out")
     atomic.save(average(paths), target, what="averaged checkpoint")

@@ -24,7 +24,9 @@ import fcntl
 import logging
 import os
 import pickle
+import re
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,10 +382,7 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise RunDirError(f"cannot lock {self.path.parent}: {exc.strerror or exc}") from None
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -393,14 +392,56 @@ class RunLock:
                 f"{self.path.parent} is in use: a fit is training there ({holder}); "
                 "wait for it, or choose another directory"
             ) from None
+        held = os.pread(fd, 4097, 0)
+        if held and (len(held) > 4096 or not _HOLDER.fullmatch(held)):  # not a line a fit wrote: not ours
+            os.close(fd)
+            raise RunDirError(f"{self.path} holds something other than a fit's lock line: {_LOCK_ADVICE}")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())
         self._fd = fd
         return self
 
+    def _open(self) -> int:
+        """The lock file, opened without following a link, never blocking on a FIFO, and refused unless
+        it is a plain file of its own (no other name shares it): nothing outside the run is written."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            what = _file_kind(self.path)
+            if what is not None:
+                raise RunDirError(f"{self.path} is {what}, not a lock file: {_LOCK_ADVICE}") from None
+            raise RunDirError(f"cannot lock {self.path.parent}: {exc.strerror or exc}") from None
+        info = os.fstat(fd)
+        what = _file_kind(self.path, info)
+        if what is None and info.st_nlink > 1:
+            what = f"a file with {info.st_nlink} names (a hard link)"
+        if what is not None:
+            os.close(fd)
+            raise RunDirError(f"{self.path} is {what}, not a lock file: {_LOCK_ADVICE}")
+        return fd
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+_HOLDER = re.compile(rb"pid \d+ on [^\n]* since [^\n]*\n?")
+_LOCK_ADVICE = "tfbuilder writes nothing there; move it out of the run directory, then try again"
+
+
+def _file_kind(path: Path, info: os.stat_result | None = None) -> str | None:
+    """What ``path`` is when it is not a plain file (None for a plain file, or when it cannot be told)."""
+    try:
+        info = info if info is not None else os.lstat(path)
+    except OSError:
+        return None
+    mode = info.st_mode
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link (to {os.readlink(path)})"
+    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISSOCK: "a socket",
+             stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}  # fmt: skip
+    return next((name for test, name in kinds.items() if test(mode)), None if stat.S_ISREG(mode) else "not a file")

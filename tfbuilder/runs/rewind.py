@@ -8,7 +8,8 @@ relative paths, so that the run directory tells one history and the abandoned on
 
     RUN/abandoned/from-step-8/
         checkpoints/step-00000012.ckpt  checkpoints/best.ckpt  checkpoints/last.ckpt ...
-        metrics.csv        the rows logged after step 8 (header included)
+        metrics.csv        the rows logged after step 8 (header included), and any row that could not
+                           be read (not UTF-8, too few or too many cells), byte for byte
         summary.json  test-*.json   the results of the abandoned end
 
 ``last.ckpt`` then names the resumed checkpoint, and ``best.ckpt`` the best kept one up to step N
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 
 from tfbuilder import atomic
-from tfbuilder.runs.checkpoints import display_path, step_checkpoints
+from tfbuilder.runs.checkpoints import RunDirError, display_path, step_checkpoints
 
 ABANDONED = "abandoned"
 
@@ -38,11 +39,13 @@ class SetAside:
     folder: Path | None = None
     files: list[str] = field(default_factory=list)  # relative to the run directory
     rows: int = 0  # metrics rows moved
+    unplaced: int = 0  # of which rows that could not be read (not UTF-8, or not as many cells as columns)
 
     def line(self, step: int) -> str:
         """The one line a resume prints about it."""
         shown = ", ".join(self.files[:8]) + (f" and {len(self.files) - 8} more" if len(self.files) > 8 else "")
         rows = f"{self.rows} metrics row{'s' if self.rows != 1 else ''}" if self.rows else ""
+        rows += f" ({self.unplaced} unreadable, kept byte for byte)" if self.unplaced else ""
         what = "; ".join(x for x in (shown, rows) if x)
         where = "nowhere" if self.folder is None else f"{display_path(self.folder)}/"
         return f"resuming from step {step}: what the run did after it ({what}) was moved to {where}"
@@ -75,16 +78,16 @@ def set_aside(run_dir: Path, *, step: int, resumed: Path, best_step: int | None)
             held = checkpoint_step(path, known)
             if held is not None and held > step:
                 later.append(path)
-    header, kept, future = _split_metrics(run_dir / "metrics.csv", step)
+    header, kept, future, unplaced = _split_metrics(run_dir / "metrics.csv", step)
     if not later and not future:
         return SetAside()
-    # The results of the end the run reached describe the abandoned history, not this one.
-    later += [p for p in (run_dir / "summary.json", *sorted(run_dir.glob("test-*.json"))) if p.is_file()]
+    if later or len(future) > unplaced:  # the end the run reached: its results describe the abandoned history
+        later += [p for p in (run_dir / "summary.json", *sorted(run_dir.glob("test-*.json"))) if p.is_file()]
     folder = _claim(run_dir / ABANDONED, f"from-step-{step}")
-    moved = SetAside(folder, rows=len(future))
+    moved = SetAside(folder, rows=len(future), unplaced=unplaced)
     if future:  # the copy first: a crash between the two writes repeats rows, never loses them
-        atomic.write_text(folder / "metrics.csv", _csv(header, future), what="metrics")
-        atomic.write_text(run_dir / "metrics.csv", _csv(header, kept), what="metrics")
+        atomic.write_bytes(folder / "metrics.csv", header + b"".join(future), what="metrics")
+        atomic.write_bytes(run_dir / "metrics.csv", header + b"".join(kept), what="metrics")
     for path in later:
         relative = path.relative_to(run_dir)
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -100,40 +103,74 @@ def set_aside(run_dir: Path, *, step: int, resumed: Path, best_step: int | None)
     return moved
 
 
+MOST = 10_000  # folders named from-step-N[-k] tried before giving up
+
+
 def _claim(parent: Path, name: str) -> Path:
-    """A new folder ``parent/name`` (``name-2``, ``name-3``, ... when taken): an earlier one is never reused."""
-    parent.mkdir(exist_ok=True)
-    for k in range(1, 10_000):
-        folder = parent / (name if k == 1 else f"{name}-{k}")
-        try:
-            folder.mkdir()
-            return folder
-        except FileExistsError:
+    """A new folder ``parent/name`` (``name-2``, ``name-3``, ... when taken): an earlier one is never reused.
+    Nothing has moved yet when it is refused."""
+    if parent.is_symlink() or (parent.exists() and not parent.is_dir()):
+        raise RunDirError(
+            f"{parent} is not a folder: a resume from an earlier step moves the later history there; "
+            "move it out of the run directory, then resume again"
+        )
+    try:
+        parent.mkdir(exist_ok=True)
+        for k in range(1, MOST + 1):
+            folder = parent / (name if k == 1 else f"{name}-{k}")
+            try:
+                folder.mkdir()
+                return folder
+            except FileExistsError:
+                continue
+    except OSError as exc:
+        raise RunDirError(f"cannot make a folder in {parent}: {exc.strerror or exc}") from None
+    raise RunDirError(f"{parent} holds {MOST} folders named {name}[-k] already: move some away, then resume again")
+
+
+def _split_metrics(path: Path, step: int) -> tuple[bytes, list[bytes], list[bytes], int]:
+    """(header line, lines before ``step``, lines from ``step`` on, how many of those could not be
+    placed) of a metrics.csv, each line as its bytes. Lightning logs the metrics of optimizer step n
+    (and of the validation after it) as step n - 1, so a checkpoint of step N holds the history up to
+    logged step N - 1. A line that is not UTF-8 or has another number of cells than the header cannot
+    be placed: it goes with the later ones, as it is (the run's own file is read again as CSV)."""
+    if not os.path.lexists(path):
+        return b"", [], [], 0
+    if path.is_symlink() or not path.is_file():
+        raise RunDirError(
+            f"{path} is not a plain file (a link, a pipe or a folder): the run's metrics are rewritten "
+            "when it resumes; move it out of the run directory, then resume again"
+        )
+    data = path.read_bytes()
+    if not data.strip():
+        return b"", [], [], 0
+    lines = [line + b"\n" for line in data.removesuffix(b"\n").split(b"\n")]
+    header, columns = lines[0], _cells(lines[0])
+    if columns is None or "step" not in columns:
+        raise RunDirError(
+            f"{path}: line 1 is not the header of tfbuilder's metrics (a CSV line naming a step column, "
+            "in UTF-8); repair or move the file, then resume again"
+        )
+    kept: list[bytes] = []
+    future: list[bytes] = []
+    unplaced = 0
+    for line in lines[1:]:
+        if not line.strip():
+            continue  # an empty line is no row
+        cells = _cells(line)
+        if cells is None or len(cells) != len(columns):
+            future.append(line)
+            unplaced += 1
             continue
-    raise FileExistsError(f"{parent} holds too many folders named {name}")
+        logged = cells[columns.index("step")]
+        (future if logged.isascii() and logged.isdigit() and int(logged) >= step else kept).append(line)
+    return header, kept, future, unplaced
 
 
-def _split_metrics(path: Path, step: int) -> tuple[list[str], list[dict[str, str]], list[dict[str, str]]]:
-    """(columns, rows before ``step``, rows from ``step`` on) of a metrics.csv. Lightning logs the
-    metrics of optimizer step n (and of the validation after it) as step n - 1, so a checkpoint of
-    step N holds the history up to logged step N - 1."""
-    if not path.is_file():
-        return [], [], []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = list(reader.fieldnames or [])
-        rows = [r for r in reader if None not in r and None not in r.values()]
-    kept: list[dict[str, str]] = []
-    future: list[dict[str, str]] = []
-    for row in rows:
-        logged = row.get("step") or ""
-        (future if logged.isdigit() and int(logged) >= step else kept).append(row)
-    return header, kept, future
-
-
-def _csv(header: list[str], rows: list[dict]) -> str:
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=header, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return text.getvalue()
+def _cells(line: bytes) -> list[str] | None:
+    """The cells of one CSV line; None when it is not UTF-8 or not one whole CSV row."""
+    try:
+        rows = list(csv.reader(io.StringIO(line.decode("utf-8"), newline=""), strict=True))
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    return rows[0] if len(rows) == 1 else None

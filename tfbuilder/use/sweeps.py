@@ -14,6 +14,8 @@ reused: the sweep stops and says which keys differ.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +99,15 @@ def check_own(sweep_dir: Path) -> None:
     reports a sweep writes would replace files it did not make."""
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise SweepError(f"sweep directory {sweep_dir} is a file, not a directory")
-    if not sweep_dir.is_dir() or (sweep_dir / "sweep.json").exists():
+    if not sweep_dir.is_dir():
+        return
+    plan_file = sweep_dir / "sweep.json"
+    if os.path.lexists(plan_file):
+        if not _is_plan(plan_file):
+            raise SweepError(
+                f"{plan_file} is not a sweep plan that tfbuilder wrote: not writing into {sweep_dir}; "
+                "choose another --out (a new or empty directory, or an earlier sweep's)"
+            )
         return
     try:
         empty = is_empty(sweep_dir)
@@ -108,6 +118,26 @@ def check_own(sweep_dir: Path) -> None:
             f"{sweep_dir} is not empty and is not a sweep directory (no sweep.json): not writing into it; "
             "choose another --out (a new or empty directory, or an earlier sweep's)"
         )
+
+
+PLAN_KEYS = ("command", "recipes", "seeds", "bleu_beam", "runs")  # what write_plan records
+
+
+def _is_plan(path: Path) -> bool:
+    """Whether ``path`` is a plain file holding what :func:`write_plan` writes (its keys, the recipes
+    and runs as lists of names, the seeds as numbers): only then are the reports beside it a sweep's."""
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode) or path.stat().st_size > 1 << 24:
+            return False
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(record, dict) or set(record) != set(PLAN_KEYS):
+        return False
+    recipes, runs, seeds = record["recipes"], record["runs"], record["seeds"]
+    if not all(isinstance(x, list) for x in (recipes, runs, seeds)):
+        return False
+    return all(isinstance(x, str) for x in recipes + runs) and all(type(x) is int for x in seeds)
 
 
 def _translates(recipe: Recipe) -> bool:
@@ -152,7 +182,7 @@ def write_plan(sweep: Sweep) -> None:
         sweep.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SweepError(f"cannot create sweep directory {sweep.dir}: {exc.strerror or exc}") from None
-    record = {
+    record = {  # PLAN_KEYS
         "command": sweep.command,
         "recipes": sweep.names,
         "seeds": sorted({r.seed for r in sweep.runs}),

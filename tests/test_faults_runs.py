@@ -1,0 +1,204 @@
+"""A finished run directory with hostile contents: its lock file a link, a pipe or a folder; its
+metrics.csv with rows that cannot be read; its abandoned/ folder taken. Each is refused with exit 2
+naming the path, or handled, and every byte the user had is still there afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from hostile import assert_refused, run_cli
+
+from tfbuilder.atomic import TEMP_MARK
+from tfbuilder.cli.commands import main
+from tfbuilder.runs import rewind
+
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+TINY = [
+    "trainer.progress=false", "data.train_size=300", "data.val_size=20", "data.lengths=[1, 6]",
+    "trainer.val_every=4", "trainer.log_every=1", "trainer.keep_last=3", "trainer.max_steps=16", "trainer.threads=1",
+    "model.d_model=16", "model.attention.heads=2", "model.attention.key_dim=8", "model.attention.value_dim=8",
+    "model.ffn.hidden=16", "model.encoder.layers=1", "model.decoder.layers=1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One tiny finished run (checkpoints at steps 8, 12 and 16); a test works on a copy of it."""
+    out = tmp_path_factory.mktemp("trained")
+    args = sum((["--set", o] for o in [f"trainer.output={out / 'runs'}", *TINY]), [])
+    assert main(["fit", str(QUICKSTART), *args]) == 0
+    return out / "runs" / "quickstart" / "version_0"
+
+
+@pytest.fixture
+def run(trained, tmp_path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy, symlinks=True)
+    return copy
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.name != "fit.lock" and TEMP_MARK not in p.name
+    }
+
+
+def resume(run: Path, capsys, *more: str):
+    """``fit --resume`` of the copied run (--force: it was copied), two steps on."""
+    return run_cli(["fit", "--resume", str(run), "--force", "--set", "trainer.max_steps=18", *more], capsys)
+
+
+def from_step_8(run: Path, capsys):
+    return run_cli(["fit", "--resume", str(run / "checkpoints" / "step-00000008.ckpt"), "--force",
+                    "--set", "trainer.max_steps=10"], capsys)  # fmt: skip
+
+
+# --- fit.lock: only a plain file of its own is ever opened, truncated or written ---------------------
+
+
+def _symlink_to_mine(run: Path, tmp_path: Path) -> tuple[str, Path]:
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes\n")
+    (run / "fit.lock").symlink_to(mine)
+    return f"is a symbolic link (to {mine})", mine
+
+
+def _dangling(run: Path, tmp_path: Path) -> tuple[str, Path]:
+    (run / "fit.lock").symlink_to(tmp_path / "elsewhere.txt")
+    return "is a symbolic link", tmp_path / "elsewhere.txt"
+
+
+def _fifo(run: Path, tmp_path: Path) -> tuple[str, Path]:
+    os.mkfifo(run / "fit.lock")
+    return "is a named pipe (FIFO)", run / "fit.lock"
+
+
+def _hard_link(run: Path, tmp_path: Path) -> tuple[str, Path]:
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes\n")
+    os.link(mine, run / "fit.lock")
+    return "is a file with 2 names (a hard link)", mine
+
+
+def _folder(run: Path, tmp_path: Path) -> tuple[str, Path]:
+    (run / "fit.lock").mkdir()
+    (run / "fit.lock" / "inside.txt").write_text("kept")
+    return "is a folder", run / "fit.lock" / "inside.txt"
+
+
+def _someone_elses_text(run: Path, tmp_path: Path) -> tuple[str, Path]:
+    (run / "fit.lock").write_text("my notes, not a lock\n")
+    return "holds something other than a fit's lock line", run / "fit.lock"
+
+
+@pytest.mark.parametrize("plant", [_symlink_to_mine, _dangling, _fifo, _hard_link, _folder, _someone_elses_text])
+def test_a_lock_file_that_is_not_a_plain_file_of_its_own_is_refused(run, tmp_path, capsys, plant):
+    (run / "fit.lock").unlink()
+    said, theirs = plant(run, tmp_path)
+    before, kept = hashes(run), (theirs.read_bytes() if theirs.is_file() else None)
+    outcome = resume(run, capsys)
+    assert_refused(outcome, f"{run / 'fit.lock'} {said}", "move it out of the run directory")
+    assert hashes(run) == before
+    if kept is None:
+        assert not theirs.is_file() or theirs.is_fifo()  # a dangling link's target was not created
+    else:
+        assert theirs.read_bytes() == kept
+
+
+def test_a_lock_line_an_earlier_fit_left_is_taken_over(run, capsys):
+    (run / "fit.lock").write_text("pid 1234 on otherhost since 2026-01-01 00:00:00\n")
+    assert resume(run, capsys).rc == 0
+    assert (run / "fit.lock").read_text().startswith(f"pid {os.getpid()} on ")
+
+
+# --- resuming from an older step: metrics rows that cannot be placed are set aside as they are --------
+
+
+def test_metrics_rows_that_cannot_be_read_go_aside_byte_for_byte(run, capsys):
+    header = (run / "metrics.csv").read_bytes().split(b"\n")[0]
+    odd = [
+        b"39,0.1\n",
+        b"3" + b",1" * (header.count(b",") + 3) + b"\n",
+        b"5" + b",\xff\xfe" * header.count(b",") + b"\n",
+    ]
+    with (run / "metrics.csv").open("ab") as f:
+        f.write(b"".join(odd))
+    lines_before = (run / "metrics.csv").read_bytes().splitlines(keepends=True)
+    outcome = from_step_8(run, capsys)
+    assert outcome.rc == 0, outcome.err
+    assert "(3 unreadable, kept byte for byte)" in outcome.err and "Traceback" not in outcome.err
+    aside = (run / "abandoned" / "from-step-8" / "metrics.csv").read_bytes()
+    kept = (run / "metrics.csv").read_bytes()
+    assert all(line in aside for line in odd)  # verbatim
+    # Every line the file had is in one of the two files (the header in both).
+    assert all(line in aside or line in kept for line in lines_before)
+
+
+def test_an_ordinary_resume_sets_unreadable_rows_aside_and_nothing_else(run, capsys):
+    with (run / "metrics.csv").open("ab") as f:
+        f.write(b"39,0.1\n")
+    outcome = resume(run, capsys)
+    assert outcome.rc == 0, outcome.err
+    aside = run / "abandoned" / "from-step-16"
+    assert sorted(p.name for p in aside.iterdir()) == ["metrics.csv"]
+    assert (aside / "metrics.csv").read_bytes().endswith(b"\n39,0.1\n")
+    assert b"39,0.1" not in (run / "metrics.csv").read_bytes()
+
+
+def test_a_metrics_header_that_cannot_be_read_is_refused_naming_the_file(run, capsys):
+    (run / "metrics.csv").write_bytes(b"\xff\xfe,step\n1,2\n")
+    before = hashes(run)
+    assert_refused(from_step_8(run, capsys), f"{run / 'metrics.csv'}: line 1 is not the header")
+    assert hashes(run) == before
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_metrics_file_that_is_not_a_plain_file_is_refused(run, tmp_path, capsys, kind):
+    metrics = run / "metrics.csv"
+    if kind == "symlink":
+        mine = tmp_path / "mine.csv"
+        metrics.rename(mine)
+        metrics.symlink_to(mine)
+    else:
+        metrics.unlink()
+        os.mkfifo(metrics)
+    before = hashes(run)
+    assert_refused(from_step_8(run, capsys), f"{metrics} is not a plain file")
+    assert hashes(run) == before and (metrics.is_symlink() if kind == "symlink" else metrics.is_fifo())
+
+
+def test_abandoned_being_a_file_is_refused_before_anything_moves(run, capsys):
+    (run / "abandoned").write_text("mine")
+    before = hashes(run)
+    assert_refused(from_step_8(run, capsys), f"{run / 'abandoned'} is not a folder")
+    assert hashes(run) == before
+
+
+def test_every_abandoned_name_being_taken_is_refused_before_anything_moves(run, capsys, monkeypatch):
+    monkeypatch.setattr(rewind, "MOST", 2)
+    for name in ("from-step-8", "from-step-8-2"):
+        (run / "abandoned" / name).mkdir(parents=True)
+    before = hashes(run)
+    assert_refused(from_step_8(run, capsys), f"{run / 'abandoned'} holds 2 folders named from-step-8")
+    assert hashes(run) == before
+
+
+# --- average --out: a symbolic link is neither written through nor replaced ----------------------------
+
+
+@pytest.mark.parametrize("where", ["out", "default"])
+def test_average_refuses_a_dangling_symbolic_link(run, tmp_path, capsys, where):
+    link = tmp_path / "avg.ckpt" if where == "out" else run / "checkpoints" / "averaged.ckpt"
+    link.symlink_to(tmp_path / "nowhere.ckpt")
+    before = hashes(run)
+    args = ["average", str(run), "--last", "2", *(["--out", str(link)] if where == "out" else [])]
+    assert_refused(run_cli(args, capsys), f"{link} is a symbolic link (to {tmp_path / 'nowhere.ckpt'})")
+    assert link.is_symlink() and not (tmp_path / "nowhere.ckpt").exists()
+    assert hashes(run) == before

@@ -12,18 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from hostile import assert_refused, run_cli
+import test_faults
 
 from tfbuilder.atomic import TEMP_MARK
 from tfbuilder.cli.commands import main
 from tfbuilder.runs import rewind
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
-TINY = [
-    "trainer.progress=false", "data.train_size=300", "data.val_size=20", "data.lengths=[1, 6]",
-    "trainer.val_every=4", "trainer.log_every=1", "trainer.keep_last=3", "trainer.max_steps=16", "trainer.threads=1",
-    "model.d_model=16", "model.attention.heads=2", "model.attention.key_dim=8", "model.attention.value_dim=8",
-    "model.ffn.hidden=16", "model.encoder.layers=1", "model.decoder.layers=1",
-]  # fmt: skip
+TINY = [*test_faults.TINY, "trainer.log_every=1"]  # the tiny run of test_faults.py, every step in metrics.csv
 
 
 @pytest.fixture(scope="module")

@@ -262,3 +262,29 @@ def test_packed_documents_need_an_end_id():
     assert segments(torch.tensor([[5, 1, 6, 7, 1, 8]]), 1).tolist() == [[0, 1, 1, 1, 2, 2]]
     with pytest.raises(ValueError, match="no end-of-text id"):
         segments(torch.tensor([[5, 6]]), None)
+
+
+def test_chunked_loss_multiplies_in_the_autocast_dtype():
+    """Under bf16 autocast every matrix product of the fused loss, the weight gradient's included, runs in
+    bfloat16 as nn.Linear's would; the softmax stays float32."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    products = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.addmm_.default}
+
+    class Dtypes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple[str, torch.dtype]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in products:
+                self.seen += [(str(func), a.dtype) for a in args if isinstance(a, torch.Tensor) and a.dim() == 2]
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    x, linear, target = torch.randn(16, 8), nn.Linear(8, 40), torch.randint(1, 40, (16,))
+    with torch.autocast("cpu", dtype=torch.bfloat16), Dtypes() as mode:
+        loss = LinearCrossEntropy.apply(x, linear.weight, linear.bias, target, 0.1, IGNORE, 2, True, None, 0.0)[0]
+    assert loss.dtype == torch.float32
+    assert len(mode.seen) >= 3 * 2 * 2  # logits, input gradient, weight gradient; two operands; two chunks
+    assert {dtype for _, dtype in mode.seen} == {torch.bfloat16}, mode.seen

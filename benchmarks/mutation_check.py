@@ -210,6 +210,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("memory: a machine's processes not counted", "tfbuilder/model/sizing.py", "    return ram // processes,", "    return ram,", ("tests/test_sizing.py",)),
     # --- a key in the wrong section, an objective given the wrong kind
     Mutation("did you mean: the key's own section searched", "tfbuilder/spec/problems.py", "(name,) != here and key in section", "(name,) == here and key in section", ("tests/test_recipe_errors.py", "-k", "another_section")),
+    # --- the fused loss under autocast; one step numbering in every logger
+    Mutation("loss: the weight gradient's product in float32 under autocast", "tfbuilder/train/objectives.py", "rows, t = x[start : start + chunk].to(compute), target", "rows, t = x[start : start + chunk], target", OBJ + ("-k", "autocast")),
+    Mutation("steps: rewind keeps the row of the step after", "tfbuilder/runs/rewind.py", "int(logged) > last else kept", "int(logged) >= last else kept", ("tests/test_faults_runs.py", "-k", "older or console")),
+    Mutation("steps: an older run renumbered on resume", "tfbuilder/runs/steps.py", "return 0 if numbering == OPTIMIZER else 1", "return 0", ("tests/test_faults_runs.py", "-k", "older or console")),
+    Mutation("steps: curves shifted by one", "tfbuilder/use/results.py", "        step = int(step) + offset\n", "        step = int(step) + 1\n", ("tests/test_faults_runs.py", "-k", "older or console")),
+    Mutation("steps: trackers numbered as Lightning counts", "tfbuilder/train/trainer.py", "        log(metrics, step_of())", "        log(metrics, step)", ("tests/test_loggers.py", "-k", "every_logger")),
     Mutation("objective: the model's kind not checked", "tfbuilder/train/objectives.py", "        if not isinstance(model, kind):\n", "        if not isinstance(model, nn.Module):\n", OBJ + ("-k", "another_kind or refuses")),
 ]
 

@@ -4,12 +4,15 @@ naming the path, or handled, and every byte the user had is still there afterwar
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT
 from hostile import assert_refused, run_cli
 import test_faults
@@ -17,6 +20,7 @@ import test_faults
 from tfbuilder.atomic import TEMP_MARK
 from tfbuilder.cli.commands import main
 from tfbuilder.runs import rewind
+from tfbuilder.use.results import read_run
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 TINY = [*test_faults.TINY, "trainer.log_every=1"]  # the tiny run of test_faults.py, every step in metrics.csv
@@ -198,3 +202,45 @@ def test_average_refuses_a_dangling_symbolic_link(run, tmp_path, capsys, where):
     assert_refused(run_cli(args, capsys), f"{link} is a symbolic link (to {tmp_path / 'nowhere.ckpt'})")
     assert link.is_symlink() and not (tmp_path / "nowhere.ckpt").exists()
     assert hashes(run) == before
+
+
+# --- one step numbering: a row of step n is numbered n; a run begun as n - 1 keeps it ------------------
+
+
+def logged(run: Path) -> list[tuple[int, bool]]:
+    with (run / "metrics.csv").open(newline="") as f:
+        return [(int(r["step"]), bool(r["val_loss"])) for r in csv.DictReader(f)]
+
+
+def test_metrics_rows_carry_the_step_the_console_and_checkpoints_name(run, capsys):
+    rows = logged(run)
+    assert [step for step, val in rows if val] == [4, 8, 12, 16]  # the validations (every 4 steps)
+    assert [step for step, val in rows if not val] == list(range(1, 17))
+    assert json.loads((run / "summary.json").read_text())["metrics_steps"] == "optimizer"
+    assert [step for step, _ in read_run(run).val_curve] == [4, 8, 12, 16]
+    assert resume(run, capsys).rc == 0
+    assert [step for step, val in logged(run) if not val][-2:] == [17, 18]
+
+
+def test_a_run_begun_with_the_older_numbering_keeps_it_when_resumed(run, capsys):
+    # As an older version left it: rows numbered n - 1, checkpoints and summary silent on the numbering.
+    for ckpt in (run / "checkpoints").glob("*.ckpt"):
+        state = torch.load(ckpt, map_location="cpu", weights_only=True)
+        del state["tfbuilder"]["metrics_steps"]
+        torch.save(state, ckpt)
+    lines = (run / "metrics.csv").read_text().splitlines()
+    older = [lines[0]] + [str(int(line.split(",", 1)[0]) - 1) + "," + line.split(",", 1)[1] for line in lines[1:]]
+    (run / "metrics.csv").write_text("\n".join(older) + "\n")
+    summary = json.loads((run / "summary.json").read_text())
+    del summary["metrics_steps"]
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert [step for step, _ in read_run(run).val_curve] == [4, 8, 12, 16]
+
+    outcome = from_step_8(run, capsys)  # rows of steps 9..16 (logged 8..15) go aside; 7 (step 8) stays
+    assert outcome.rc == 0, outcome.err
+    aside = logged(run / "abandoned" / "from-step-8")
+    assert min(step for step, _ in aside) == 8 and (7, True) not in aside
+    rows = logged(run)
+    assert [step for step, val in rows if val] == [3, 7, 9]  # steps 4, 8 and 10, numbered as the run began
+    assert [step for step, val in rows if not val] == list(range(0, 10))
+    assert json.loads((run / "summary.json").read_text())["metrics_steps"] == "lightning"

@@ -68,7 +68,7 @@ def test_every_logger_receives_the_metrics_and_metrics_csv_stays(tmp_path, monke
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     val_steps = [int(r["step"]) for r in rows if r.get("val_loss")]
-    assert len(val_steps) == 1 and any(r.get("train_loss") for r in rows)
+    assert val_steps == [2] and any(r.get("train_loss") for r in rows)  # the step the console names
     # TensorBoard, beside metrics.csv: read back with TensorBoard's own reader, at metrics.csv's steps.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -28,6 +28,7 @@ import torch
 
 from tfbuilder import atomic
 from tfbuilder.runs.checkpoints import RunDirError, display_path, step_checkpoints
+from tfbuilder.runs.steps import OPTIMIZER, offset
 
 ABANDONED = "abandoned"
 
@@ -64,7 +65,9 @@ def checkpoint_step(path: Path, known: dict[tuple[int, int], int]) -> int | None
     return step if isinstance(step, int) else None
 
 
-def set_aside(run_dir: Path, *, step: int, resumed: Path, best_step: int | None) -> SetAside:
+def set_aside(
+    run_dir: Path, *, step: int, resumed: Path, best_step: int | None, numbering: str = OPTIMIZER
+) -> SetAside:
     """Move everything of ``run_dir`` later than ``step`` into ``abandoned/from-step-<step>[-k]/``
     and point ``last.ckpt`` (and ``best.ckpt`` where it moved) at this history. Call it holding the
     run's lock, before training."""
@@ -78,7 +81,7 @@ def set_aside(run_dir: Path, *, step: int, resumed: Path, best_step: int | None)
             held = checkpoint_step(path, known)
             if held is not None and held > step:
                 later.append(path)
-    header, kept, future, unplaced = _split_metrics(run_dir / "metrics.csv", step)
+    header, kept, future, unplaced = _split_metrics(run_dir / "metrics.csv", step - offset(numbering))
     if not later and not future:
         return SetAside()
     if later or len(future) > unplaced:  # the end the run reached: its results describe the abandoned history
@@ -128,12 +131,12 @@ def _claim(parent: Path, name: str) -> Path:
     raise RunDirError(f"{parent} holds {MOST} folders named {name}[-k] already: move some away, then resume again")
 
 
-def _split_metrics(path: Path, step: int) -> tuple[bytes, list[bytes], list[bytes], int]:
-    """(header line, lines before ``step``, lines from ``step`` on, how many of those could not be
-    placed) of a metrics.csv, each line as its bytes. Lightning logs the metrics of optimizer step n
-    (and of the validation after it) as step n - 1, so a checkpoint of step N holds the history up to
-    logged step N - 1. A line that is not UTF-8 or has another number of cells than the header cannot
-    be placed: it goes with the later ones, as it is (the run's own file is read again as CSV)."""
+def _split_metrics(path: Path, last: int) -> tuple[bytes, list[bytes], list[bytes], int]:
+    """(header line, lines up to logged step ``last``, lines after it, how many of those could not be
+    placed) of a metrics.csv, each line as its bytes. A checkpoint of step N holds the history up to
+    logged step N (N - 1 in a run numbered as Lightning counts: :mod:`tfbuilder.runs.steps`). A line
+    that is not UTF-8 or has another number of cells than the header cannot be placed: it goes with
+    the later ones, as it is (the run's own file is read again as CSV)."""
     if not os.path.lexists(path):
         return b"", [], [], 0
     if path.is_symlink() or not path.is_file():
@@ -163,7 +166,7 @@ def _split_metrics(path: Path, step: int) -> tuple[bytes, list[bytes], list[byte
             unplaced += 1
             continue
         logged = cells[columns.index("step")]
-        (future if logged.isascii() and logged.isdigit() and int(logged) >= step else kept).append(line)
+        (future if logged.isascii() and logged.isdigit() and int(logged) > last else kept).append(line)
     return header, kept, future, unplaced
 
 

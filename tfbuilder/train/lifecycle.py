@@ -22,6 +22,7 @@ from tfbuilder import atomic
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.model.builder import build_model
 from tfbuilder.model.model import Model
+from tfbuilder.runs import steps as numbering
 from tfbuilder.runs import vocab_files
 from tfbuilder.runs.checkpoints import (
     RUN_DIR_ENV,
@@ -287,7 +288,8 @@ def _set_up_run_dir(run_dir: Path, recipe: Recipe, origin: Origin, vocab: Vocab,
         step = origin.invocation["from_step"]
         guard = (source.get("callbacks") or {}).get("RunGuard") or {}
         best_step = guard.get("best_step") if isinstance(guard.get("best_step"), int) else None
-        moved = set_aside(run_dir, step=step, resumed=checkpoint, best_step=best_step)
+        numbered = numbering.of(source.get("tfbuilder"))
+        moved = set_aside(run_dir, step=step, resumed=checkpoint, best_step=best_step, numbering=numbered)
         if moved.folder is not None:
             origin.invocation["set_aside"] = str(moved.folder.relative_to(run_dir))
             say(moved.line(step))

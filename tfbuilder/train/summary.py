@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tfbuilder import atomic
+from tfbuilder.runs import steps as numbering
 from tfbuilder.runs.checkpoints import display_path
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import memory
@@ -46,6 +47,7 @@ class Summary:
     peak_memory_mb: float | None = (
         None  # this invocation's peak: GPU memory allocated, or the process's resident memory on a CPU
     )
+    metrics_steps: str = numbering.LIGHTNING  # how metrics.csv numbers its rows (tfbuilder.runs.steps)
 
     @classmethod
     def of(cls, recipe: Recipe, training: Training, task: Task) -> Summary:
@@ -73,6 +75,7 @@ class Summary:
             stopped=training.stopped,
             history=task.history + [{**task.invocation, "to_step": steps}],
             peak_memory_mb=memory.peak_mb(training.gpu),
+            metrics_steps=task.metrics_steps,
             head_scores=None
             if recipe.model.head is None
             else {

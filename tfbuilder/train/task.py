@@ -18,6 +18,7 @@ from tfbuilder.data.prepare import Prepared, Vocab
 from tfbuilder.errors import DataError
 from tfbuilder.inference.translate import translate
 from tfbuilder.model.model import Model
+from tfbuilder.runs import steps as numbering
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import objectives
 from tfbuilder.train.heads import metrics as head_metrics
@@ -73,6 +74,7 @@ class Task(L.LightningModule):
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
         self.history: list[dict] = []  # earlier invocations (from the resumed checkpoint)
         self.invocation: dict = {}  # this invocation's record; its to_step follows the checkpoints
+        self.metrics_steps = numbering.OPTIMIZER  # how metrics rows are numbered (a resumed older run: its own)
 
     @classmethod
     def for_run(
@@ -232,6 +234,7 @@ class Task(L.LightningModule):
             "history": self.history + [{**self.invocation, "to_step": self.global_step}],
             "components": registry.provenance([params for _, params in self.recipe.model.components()]),
             "specials": self.model.specials.to_dict(),
+            numbering.KEY: self.metrics_steps,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -241,6 +244,7 @@ class Task(L.LightningModule):
         self.train_seconds = float(saved.get("train_seconds", 0.0))
         self.elapsed_before = float(saved.get("elapsed", 0.0))
         self.history = list(saved.get("history") or [])
+        self.metrics_steps = numbering.of(saved)
 
     def on_train_end(self) -> None:
         if self.trainer.world_size > 1:

@@ -25,6 +25,7 @@ from tfbuilder import atomic, devices
 from tfbuilder.data.datamodule import DataModule
 from tfbuilder.data.prepare import Prepared
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.runs import steps as numbering
 from tfbuilder.runs.checkpoints import RUN_DIR_ENV, Interrupted, display_path
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import diskspace, loggers, memory, stopping
@@ -215,13 +216,32 @@ def new_trainer(
         MisconfigurationException,
     ) as exc:  # e.g. a precision or accelerator this machine lacks
         raise TfbuilderError(f"trainer: {exc}") from None
-    for csv in (each for each in logger if isinstance(each, MetricsCSV)):
-        # Rows are numbered from the optimizer step itself (step n logged as n - 1, as Lightning numbers
-        # them), not from Lightning's logging count, which a resume from a checkpoint written while
-        # stopping restores one short: every later row would be numbered one lower than in an
-        # uninterrupted run, and rows of different steps would share a number.
-        csv.step_of = lambda: trainer.global_step - 1
+    for each in logger:
+        number(each, lambda: logged_step(trainer))
     return trainer
+
+
+def logged_step(trainer: L.Trainer) -> int:
+    """The number a metrics row of ``trainer``'s current step gets in every logger: the optimizer step
+    itself (the console's and the checkpoints' number; :mod:`tfbuilder.runs.steps`), not Lightning's
+    logging count, which is one lower and which a resume from a checkpoint written while stopping
+    restores one short again (rows of different steps would share a number)."""
+    task = trainer.lightning_module
+    kept = task.metrics_steps if isinstance(task, Task) else numbering.OPTIMIZER
+    return trainer.global_step - numbering.offset(kept)
+
+
+def number(logger: Logger, step_of: Callable[[], int]) -> None:
+    """Have ``logger`` number its rows by ``step_of()`` rather than by the step Lightning passes."""
+    if isinstance(logger, MetricsCSV):
+        logger.step_of = step_of
+        return
+    log = logger.log_metrics
+
+    def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+        log(metrics, step_of())
+
+    logger.log_metrics = log_metrics  # type: ignore[method-assign]  # Lightning's loggers, TensorBoard's and the caller's
 
 
 class StepHook(Callback):

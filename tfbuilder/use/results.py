@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tfbuilder.errors import RecipeError, TfbuilderError
 from tfbuilder.model.builder import build_model, count_parameters
+from tfbuilder.runs import steps as numbering
 from tfbuilder.runs.checkpoints import scores_file
 from tfbuilder.spec.diffing import MISSING, differences
 from tfbuilder.spec.recipe import Recipe, load_recipe
@@ -175,7 +176,7 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
             exact = None if exact is None else 100.0 * exact
             break
     try:
-        val_curve, train_curve = _curves(run_dir / "metrics.csv")
+        val_curve, train_curve = _curves(run_dir / "metrics.csv", numbering.offset(numbering.of(summary)))
     except DamagedFile as exc:
         warn(f"{run_dir}: curves left out: {exc}")
         val_curve, train_curve = [], []
@@ -196,7 +197,8 @@ def read_run(run_dir: Path, *, beam: int = 4, warn: Callable[[str], None] = lamb
     )
 
 
-def _curves(metrics: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+def _curves(metrics: Path, offset: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """Validation and training loss by optimizer step (``offset``: what the file's step numbers lack of it)."""
     val: list[tuple[int, float]] = []
     train: list[tuple[int, float]] = []
     if not metrics.exists():
@@ -205,7 +207,7 @@ def _curves(metrics: Path) -> tuple[list[tuple[int, float]], list[tuple[int, flo
         step = metric(row, "step", metrics, line)
         if step is None:
             continue
-        step = int(step) + 1  # Lightning logs the step about to be taken
+        step = int(step) + offset
         for key, curve in (("val_loss", val), ("train_loss", train)):
             value = metric(row, key, metrics, line)
             if value is not None:

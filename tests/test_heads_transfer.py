@@ -119,3 +119,18 @@ def test_fit_init_from_an_imported_bert_fine_tunes_a_new_head(imported, capsys):
     assert summary["history"][0]["new_head"] is True
     assert main(["predict", str(run), "--input", str(root / "data" / "val.jsonl")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 40
+
+
+def test_the_recipe_names_its_tokenizer_pretrained_and_fit_without_weights_is_refused(imported, capsys):
+    """The recipe's tokenizer is the imported model's own (a WordPiece): `pretrained` without a path,
+    which only `--init-from` can give; without it fit refuses before preparing or creating anything."""
+    root, overrides = imported
+    recipe = load_recipe(ROOT / "recipes" / "tasks" / "bert-classify.yaml", overrides)
+    assert recipe.data.tokenizer.type == "pretrained" and recipe.data.tokenizer.path is None
+    output = root / "refused"
+    args = ["fit", str(ROOT / "recipes" / "tasks" / "bert-classify.yaml")]
+    sets = [x for o in [*overrides, f"trainer.output={output}"] for x in ("--set", o)]
+    assert main(args + sets) == 2
+    err = capsys.readouterr().err
+    assert "type pretrained without a path is the tokenizer of the weights" in err and "--init-from" in err
+    assert "Traceback" not in err and not output.exists()

@@ -344,6 +344,12 @@ def sample_rows(rows: Iterable[Row], size: int | None, *, seed: int = 0) -> list
     return kept
 
 
+PRETRAINED_WITHOUT_PATH = (
+    "data.tokenizer: type pretrained without a path is the tokenizer of the weights a run starts from: "
+    "give fit --init-from CHECKPOINT (an imported model's run), or data.tokenizer.path (a tokenizer.json)"
+)
+
+
 def build_vocab(data: DataSection, train: SplitSource) -> Vocab:
     """Train the tokenizer(s) on (a sample of ``data.tokenizer.sample`` examples of) the training split."""
     tok: Tokenizer
@@ -354,6 +360,8 @@ def build_vocab(data: DataSection, train: SplitSource) -> Vocab:
         named = data.tokenizer.specials.model_dump() if data.tokenizer.specials else None
         tok = pretrained.load(data.tokenizer.type, data.tokenizer.path, named)
         return Vocab(tok, tok)
+    if data.tokenizer.type == "pretrained":  # without a path: the weights' own, which only --init-from gives
+        raise DataError(PRETRAINED_WITHOUT_PATH)
     size = data.tokenizer.vocab_size
     if size is None:  # the schema requires it for a trained tokenizer; a section built without validation gets this
         raise DataError("a tokenizer trained on the data needs data.tokenizer.vocab_size")

@@ -64,7 +64,8 @@ class TokenizerSection(Section):
     type: Literal["bpe", "char", "sentencepiece", "pretrained"] = Field(
         "bpe",
         description="bpe (byte-level BPE, HF tokenizers) or char, trained on the data; sentencepiece: a SentencePiece "
-        "model, trained on the data or given as path; pretrained: a Hugging Face tokenizer.json given as path",
+        "model, trained on the data or given as path; pretrained: a Hugging Face tokenizer.json given as path, or "
+        "without path the tokenizer of the weights `fit --init-from` starts from (an imported model's)",
     )
     path: str | None = Field(
         None,
@@ -94,8 +95,6 @@ class TokenizerSection(Section):
     @model_validator(mode="after")
     def _check(self) -> TokenizerSection:
         problems: list[Issue] = []
-        if self.type == "pretrained" and self.path is None:
-            problems.append((("path",), "a pretrained tokenizer needs path: its tokenizer.json", None))
         if self.path is not None and self.type not in ("pretrained", "sentencepiece"):
             problems.append(
                 (

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
 
 from tfbuilder import torch_state
-from tfbuilder.data.prepare import prepare
+from tfbuilder.data.prepare import PRETRAINED_WITHOUT_PATH, prepare
 from tfbuilder.data.settle import settle
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import Interrupted
@@ -73,6 +73,9 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
         )
     if resume is not None and init_from is not None:
         raise TfbuilderError("give --resume or --init-from, not both")
+    tokenizer = recipe.data.tokenizer
+    if tokenizer.type == "pretrained" and tokenizer.path is None and resume is None and init_from is None:
+        raise TfbuilderError(PRETRAINED_WITHOUT_PATH)  # before anything is prepared or created
     return recipe.data
 
 

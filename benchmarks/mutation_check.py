@@ -212,6 +212,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("did you mean: the key's own section searched", "tfbuilder/spec/problems.py", "(name,) != here and key in section", "(name,) == here and key in section", ("tests/test_recipe_errors.py", "-k", "another_section")),
     # --- the fused loss under autocast; one step numbering in every logger
     Mutation("loss: the weight gradient's product in float32 under autocast", "tfbuilder/train/objectives.py", "rows, t = x[start : start + chunk].to(compute), target", "rows, t = x[start : start + chunk], target", OBJ + ("-k", "autocast")),
+    Mutation("paths: the tokenizer path relative to the working directory", "tfbuilder/spec/sources.py", 'FILE_RELATIVE: tuple[Key, ...] = (("data", "path"), ("data", "tokenizer", "path"))', 'FILE_RELATIVE: tuple[Key, ...] = (("data", "path"),)', ("tests/test_recipe_paths.py", "-k", "tokenizer")),
+    Mutation("paths: the old-style tokenizer path read over the recipe's", "tfbuilder/spec/recipe.py", 'if files.exists(tokenizer["path"]) or not files.exists(written.value):', "if not files.exists(written.value):", ("tests/test_recipe_paths.py", "-k", "tokenizer")),
     Mutation("steps: rewind keeps the row of the step after", "tfbuilder/runs/rewind.py", "int(logged) > last else kept", "int(logged) >= last else kept", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: an older run renumbered on resume", "tfbuilder/runs/steps.py", "return 0 if numbering == OPTIMIZER else 1", "return 0", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: curves shifted by one", "tfbuilder/use/results.py", "        step = int(step) + offset\n", "        step = int(step) + 1\n", ("tests/test_faults_runs.py", "-k", "older or console")),

@@ -14,6 +14,7 @@ from conftest import tiny_model
 from tfbuilder import fit, load_recipe, recipe_from_dict
 from tfbuilder.cli.commands import main
 from tfbuilder.data.prepare import prepare
+from tfbuilder.errors import RecipeError
 
 LINES = ["a dog runs on the grass", "two men play ball", "a girl in red", "the cat sleeps", "a man rides a horse"]
 
@@ -133,3 +134,42 @@ def test_a_sweeps_seeded_copies_read_the_old_style_folder_too(tmp_path, elsewher
     with pytest.warns(FutureWarning, match=r"r\.yaml: data\.path 'd'"):
         sweep = plan([recipe], seeds=2, out=tmp_path / "sweep")
     assert [run.recipe.data.path for run in sweep.runs] == [str(elsewhere / "d")] * 2
+
+
+# --- data.tokenizer.path: the same rule --------------------------------------------------------------
+
+
+def tokenizer_recipe(file: Path, path: str) -> Path:
+    """A recipe file whose given tokenizer (a BERT-style tokenizer.json) is at ``path``."""
+    return write_recipe(file, path="d", tokenizer={"type": "pretrained", "path": path})
+
+
+def test_a_tokenizer_path_is_relative_to_the_recipe_file(tmp_path, elsewhere):
+    from test_pretrained import hf_tokenizer_file
+
+    (tmp_path / "a" / "tok").mkdir(parents=True)
+    mine = hf_tokenizer_file(tmp_path / "a" / "tok" / "tokenizer.json", ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+    (elsewhere / "tok").mkdir()  # the same relative path from the working directory: not read
+    hf_tokenizer_file(elsewhere / "tok" / "tokenizer.json", ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"], last=True)
+    recipe = load_recipe(tokenizer_recipe(tmp_path / "a" / "r.yaml", "tok/tokenizer.json"))
+    assert recipe.data.tokenizer.path == str(mine)
+    assert recipe.data.vocab_size == recipe.data.tokenizer.facts().vocab_size  # read from there while validating
+    # --set stays relative to the working directory.
+    overridden = load_recipe(tmp_path / "a" / "r.yaml", ["data.tokenizer.path=tok/tokenizer.json"])
+    assert overridden.data.tokenizer.path == "tok/tokenizer.json"
+
+
+def test_an_old_style_tokenizer_path_is_still_read_with_a_warning(tmp_path, elsewhere):
+    from test_pretrained import hf_tokenizer_file
+
+    (elsewhere / "tok").mkdir()
+    old = hf_tokenizer_file(elsewhere / "tok" / "tokenizer.json", ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"])
+    file = tokenizer_recipe(tmp_path / "a" / "r.yaml", "tok/tokenizer.json")
+    pattern = r"r\.yaml: data\.tokenizer\.path 'tok/tokenizer\.json' .* write data\.tokenizer\.path: \.\./w/tok/tokenizer\.json"
+    with pytest.warns(FutureWarning, match=pattern):
+        recipe = load_recipe(file)
+    assert recipe.data.tokenizer.path == str(old)  # what the run records
+    # Neither there: the problem names the recipe-relative file.
+    old.unlink()
+    with pytest.raises(RecipeError, match=str(tmp_path / "a" / "tok" / "tokenizer.json")):
+        load_recipe(file)

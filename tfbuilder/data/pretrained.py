@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -263,6 +264,11 @@ def facts(kind: str, path: str | Path, named: dict[str, str | None] | None = Non
         )
         _facts[key] = Facts(tok.vocab_size, found)
     return _facts[key]
+
+
+def exists(path: str | Path) -> bool:
+    """Whether anything is at ``path`` (a stat; nothing is read): the schema's tokenizer-path fallback."""
+    return os.path.lexists(path)
 
 
 def unreadable(kind: str, path: str | Path, named: dict[str, str | None] | None = None) -> str:

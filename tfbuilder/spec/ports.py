@@ -33,6 +33,10 @@ class TokenizerFiles(Protocol):
         """Why the file cannot be used (for a recipe problem)."""
         ...
 
+    def exists(self, path: str | Path) -> bool:
+        """Whether anything is at ``path`` (a stat; nothing is read)."""
+        ...
+
 
 _tokenizer_files: TokenizerFiles | None = None
 

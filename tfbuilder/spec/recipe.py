@@ -11,7 +11,9 @@ errors to positions is :mod:`~tfbuilder.spec.problems`.
 from __future__ import annotations
 
 import copy
+import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,13 @@ from pydantic_core import PydanticCustomError
 from tfbuilder.errors import Problem, RecipeError
 from tfbuilder.spec.base import Issue, Section, fail
 from tfbuilder.spec.model_section import ModelSection
+from tfbuilder.spec.ports import tokenizer_files
 from tfbuilder.spec.problems import translate
 from tfbuilder.spec.sections import SPECIAL_COUNT, SYNTHETIC_ALPHABET, DataSection
 from tfbuilder.spec.slots import slot_family
 from tfbuilder.spec.sources import (
     RECIPE_SECTIONS,
+    Key,
     Source,
     apply_overrides,
     check_bounds,
@@ -300,8 +304,42 @@ def recipe_from_dict(
     return validate(apply_overrides(src, list(overrides)))
 
 
+TOKENIZER_PATH: Key = ("data", "tokenizer", "path")
+
+
+def _settle_tokenizer_path(src: Source) -> None:
+    """A recipe file's relative ``data.tokenizer.path`` is relative to that file's folder (as ``data.path``
+    and ``extends`` are). For one release, where nothing is there but the same relative path exists from
+    the working directory (as such paths were read before), that file is used, with a warning naming the
+    new form. Only whether the paths exist is asked (the tokenizer-files port), before validation reads it."""
+    written = src.written.get(TOKENIZER_PATH)
+    data = src.data.get("data")
+    tokenizer = data.get("tokenizer") if isinstance(data, dict) else None
+    if written is None or not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("path"), str):
+        return
+    files = tokenizer_files()
+    if files.exists(tokenizer["path"]) or not files.exists(written.value):
+        return
+    found = os.path.abspath(written.value)
+    try:
+        new_form = os.path.relpath(found, Path(written.file).absolute().parent)
+    except ValueError:  # another drive (Windows): only an absolute path names it
+        new_form = found
+    warnings.warn(
+        f"{written.file}: data.tokenizer.path {written.value!r} is relative to the recipe's folder, where nothing "
+        f"is; reading {found} (relative to the working directory, as before) instead. Relative paths in a recipe "
+        f"start at the recipe file: write data.tokenizer.path: {new_form} (this fallback will be removed in a "
+        "later release)",
+        FutureWarning,
+        stacklevel=3,
+    )
+    tokenizer["path"] = found
+    del src.written[TOKENIZER_PATH]
+
+
 def validate(src: Source) -> Recipe:
     """Validate loaded data against the schema, translating errors to positions."""
+    _settle_tokenizer_path(src)
     try:
         recipe = Recipe.model_validate(src.data)
     except ValidationError as exc:

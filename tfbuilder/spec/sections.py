@@ -71,7 +71,7 @@ class TokenizerSection(Section):
         None,
         min_length=1,
         description="pretrained: a tokenizer.json (HF tokenizers); sentencepiece: a .model file to use instead of "
-        "training one (relative to the working directory)",
+        "training one (in a recipe file relative to that file's folder, in --set relative to the working directory)",
     )
     _tokenizer_path = field_validator("path")(no_nul)
     specials: SpecialNames | None = Field(

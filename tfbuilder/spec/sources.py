@@ -33,7 +33,7 @@ MAX_EXTENDS = 32  # files in one extends chain (a recipe needs 2 or 3)
 RECIPE_SECTIONS = ("name", "extends", "model", "data", "optim", "trainer")
 # Paths a recipe file writes relative to its own folder, as ``extends`` is (``--set`` values and
 # recipes built in Python stay relative to the working directory).
-FILE_RELATIVE: tuple[Key, ...] = (("data", "path"),)
+FILE_RELATIVE: tuple[Key, ...] = (("data", "path"), ("data", "tokenizer", "path"))
 
 
 def read_recipe_text(path: Path, shown: str) -> str:

@@ -185,8 +185,8 @@ def test_a_run_directory_in_use_is_refused_by_every_way_in(tmp_path, capsys, mon
             assert_refused(outcome, f"is in use: a fit is training there (pid {third} ")
     assert hashes(run) == before
     assert sorted(p.name for p in empty.iterdir()) == ["fit.lock"]
-    # --init-from into a directory that holds a run is refused (it used to train into a new version quietly).
-    with pytest.raises(RunDirError, match="already holds a run"):
+    # --init-from into a directory that holds a run not started from those weights is refused.
+    with pytest.raises(RunDirError, match="holds a run that did not start from --init-from .*it started from scratch"):
         tfbuilder.fit(recipe, run_dir=run, init_from=run / "checkpoints" / "best.ckpt")
     assert hashes(run) == before
 
@@ -227,9 +227,9 @@ def test_every_interrupted_attempt_of_a_sweep_run_keeps_its_metrics(tmp_path, ca
         name = f"metrics.interrupted-{n}.csv" if n < 2 else "metrics.csv"
         kept = f"metrics.interrupted-{n}.csv"
         assert kept in after and (after[kept] == before[name])
-        assert [r["step"] for r in metrics_rows(seed / kept)] == [str(s) for s in range(n)]
+        assert [r["step"] for r in metrics_rows(seed / kept)] == [str(s) for s in range(1, n + 1)]
     assert all(before[k] == after[k] for k in before if k.startswith("metrics.interrupted"))
-    assert int(metrics_rows(seed / "metrics.csv")[-1]["step"]) == 15
+    assert int(metrics_rows(seed / "metrics.csv")[-1]["step"]) == 16
 
 
 # --- a full disk ---------------------------------------------------------------------------------------

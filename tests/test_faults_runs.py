@@ -244,3 +244,41 @@ def test_a_run_begun_with_the_older_numbering_keeps_it_when_resumed(run, capsys)
     assert [step for step, val in rows if val] == [3, 7, 9]  # steps 4, 8 and 10, numbered as the run began
     assert [step for step, val in rows if not val] == list(range(0, 10))
     assert json.loads((run / "summary.json").read_text())["metrics_steps"] == "lightning"
+
+
+# --- --run-dir: the same command starts the run, then continues it -----------------------------------
+
+
+def test_the_same_command_starts_a_run_then_continues_it(run, tmp_path, capsys):
+    here = tmp_path / "job"
+    command = ["fit", str(QUICKSTART), "--run-dir", str(here), *test_faults.tiny(tmp_path, "trainer.max_steps=8")]
+    assert run_cli(command, capsys).rc == 0
+    assert read_run(here).steps == 8
+    outcome = run_cli([*command, "--set", "trainer.max_steps=12"], capsys)  # requeued, with more steps
+    assert outcome.rc == 0, outcome.err
+    history = json.loads((here / "summary.json").read_text())["history"]
+    assert [(h["kind"], h["from_step"], h["to_step"]) for h in history] == [("new", 0, 8), ("resume", 8, 12)]
+    # Started from weights: run again, it continues (the run began from them); other weights are refused.
+    tuned = tmp_path / "tuned"
+    from_weights = ["fit", str(QUICKSTART), "--run-dir", str(tuned), "--init-from", str(run), *test_faults.tiny(tmp_path, "trainer.max_steps=2")]
+    assert run_cli(from_weights, capsys).rc == 0
+    assert run_cli([*from_weights, "--set", "trainer.max_steps=4"], capsys).rc == 0
+    assert read_run(tuned).steps == 4
+    before = hashes(tuned)
+    other = [*from_weights[:4], "--init-from", str(here), *from_weights[6:]]
+    assert_refused(run_cli(other, capsys), f"holds a run that did not start from --init-from {here}", "it started from")
+    assert hashes(tuned) == before
+    assert_refused(run_cli(["fit", "--resume", str(here), "--run-dir", str(here)], capsys), "--run-dir starts or continues")
+
+
+def test_the_same_command_starts_over_a_run_stopped_before_its_first_checkpoint(run, tmp_path, capsys):
+    here = tmp_path / "job"
+    (here / "checkpoints").mkdir(parents=True)  # as an attempt killed before its first checkpoint leaves it
+    for name in ("recipe.yaml", "metrics.csv"):
+        shutil.copy(run / name, here / name)
+    attempt = (here / "metrics.csv").read_bytes()
+    command = ["fit", str(QUICKSTART), "--run-dir", str(here), *test_faults.tiny(tmp_path, "trainer.max_steps=4")]
+    outcome = run_cli(command, capsys)
+    assert outcome.rc == 0, outcome.err
+    assert "stopped before its first checkpoint: starting over" in outcome.err
+    assert (here / "metrics.interrupted-1.csv").read_bytes() == attempt and read_run(here).steps == 4

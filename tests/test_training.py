@@ -223,14 +223,17 @@ def test_quickstart_recipe_learns_the_copy_task_to_99_percent(quickstart_run):
     assert summary["best_val_loss"] < 0.3 and summary["steps"] == 1200
 
 
-def test_a_given_run_directory_is_shared_and_never_reused(tmp_path, monkeypatch):
-    """TFBUILDER_RUN_DIR (for cluster launchers that start every rank) names the run directory."""
+def test_a_given_run_directory_starts_the_run_or_continues_it(tmp_path, monkeypatch):
+    """TFBUILDER_RUN_DIR (for cluster launchers that start every rank) names the run directory: the same
+    command starts the run there, and run again continues it from its last checkpoint."""
     target = tmp_path / "shared-run"
     monkeypatch.setenv("TFBUILDER_RUN_DIR", str(target))
     summary = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=2", "trainer.val_every=2")))
     assert summary.run_dir == str(target) and (target / "checkpoints" / "last.ckpt").exists()
-    with pytest.raises(tfbuilder.errors.TfbuilderError, match="already holds a run"):
-        fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=2")))
+    again = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, "trainer.max_steps=4", "trainer.val_every=2")))
+    assert again.run_dir == str(target) and again.steps == 4
+    assert [(h["kind"], h["from_step"], h.get("continued")) for h in again.history] == [("new", 0, None), ("resume", 2, True)]
+    assert again.history[1]["changed"] == {"trainer.max_steps": [2, 4]}
 
 
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log()`")

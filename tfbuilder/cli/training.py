@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from tfbuilder.cli.arguments import EXIT_USAGE, add_set
 from tfbuilder.data.prepare import prepare, summary_lines
 from tfbuilder.runs.averaging import write_average
-from tfbuilder.runs.checkpoints import read_checkpoint
+from tfbuilder.runs.checkpoints import RUN_DIR_ENV, read_checkpoint
 from tfbuilder.spec.recipe import load_recipe, recipe_from_dict
 
 if TYPE_CHECKING:
@@ -27,6 +27,13 @@ def add_fit(sub: Subparsers) -> None:
         "--init-from", metavar="CHECKPOINT", help="start a new run from these weights (fresh optimizer and schedule)"
     )
     f.add_argument("--force", action="store_true", help="resume a run directory that was copied or moved")
+    f.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        help="this run's directory: start the run there, or continue it from DIR's last checkpoint when it holds "
+        "one, so a scheduler can run the same command again after a requeue or a crash (the environment "
+        f"variable {RUN_DIR_ENV}=DIR does the same; not with --resume)",
+    )
     add_set(f)
     f.set_defaults(run=cmd_fit)
 
@@ -60,13 +67,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.force and not args.resume:
         print("fit: --force applies to --resume", file=sys.stderr)
         return EXIT_USAGE
+    if args.run_dir and args.resume:
+        print(
+            "fit: --run-dir starts or continues the run of a RECIPE; --resume continues a run: give one",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     if args.resume:
         recipe = recipe_from_dict(read_checkpoint(args.resume)["tfbuilder"]["recipe"], args.overrides)
     else:
         recipe = load_recipe(args.recipe, args.overrides)  # fit runs the pre-flight itself
     from tfbuilder.train.fit import fit  # deferred: start-up time
 
-    summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force)
+    summary = fit(recipe, resume=args.resume, init_from=args.init_from, force=args.force, run_dir=args.run_dir)
     if summary is not None and _is_rank_zero():
         print("\n".join(summary.lines()))
     return 0

@@ -38,7 +38,7 @@ class FitRequest:
 
     recipe: Recipe
     resume: str | Path | None = None  # a checkpoint or run directory: the run continues where it lies
-    run_dir: str | Path | None = None  # train here instead of a new <output>/<name>/version_<n>
+    run_dir: str | Path | None = None  # this run's directory: start it there, or continue it from its last.ckpt
     init_from: str | Path | None = None  # a checkpoint whose weights (and vocabulary) a new run starts from
     force: bool = False  # resume a checkpoint written in another directory (a copied or moved run)
     restart: bool = False  # start run_dir over when it stopped before its first checkpoint
@@ -82,9 +82,11 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
 def fit(recipe: Recipe, **options: Any) -> Summary:
     """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
 
-    ``run_dir`` trains into that directory (created if needed; refused if it already holds a run)
-    instead of a new ``<output>/<name>/version_<n>``; ``init_from`` starts from a checkpoint's weights
-    (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
+    ``run_dir`` (or the ``TFBUILDER_RUN_DIR`` environment variable) names this run's directory instead of
+    a new ``<output>/<name>/version_<n>``: the run starts there (created if needed), or, when it holds a
+    checkpoint, continues from its ``last.ckpt`` as ``resume`` would, so the same call run again (by a
+    scheduler, after a requeue or a crash) carries on where the run stopped; ``init_from`` starts from a
+    checkpoint's weights (and vocabulary) with a fresh optimizer and schedule; ``force`` resumes a checkpoint that was
     written in another directory (a copied or moved run); ``restart`` starts ``run_dir`` over when
     it stopped before its first checkpoint (its metrics kept as ``metrics.interrupted-<n>.csv``);
     ``on_step(step, max_steps)`` is called after every optimizer step. ``callbacks`` (Lightning
@@ -120,9 +122,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     started = time.perf_counter()  # the wall time counts the data preparation
     # 3. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
     #    locked at once, and there must be room for the checkpoints.
-    where = read_origin(
-        r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force, restart=r.restart
-    )
+    where = read_origin(r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force)
     origin = claim.hold(where, r.recipe)
     # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
     prepared = prepare(r.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)
@@ -133,7 +133,9 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     model = initial_model(recipe, origin)
     model.specials = prepared.vocab.specials
     # 6. The run directory, claimed, locked and set up: vocabulary, recipe, a resume's later history set aside.
-    run_dir = claim.set_up(recipe, origin, prepared.vocab, restart=r.restart)
+    # A given run directory starts over when it stopped before its first checkpoint (start or continue).
+    restart = r.restart or (origin.run_dir is not None and not origin.resumed)
+    run_dir = claim.set_up(recipe, origin, prepared.vocab, restart=restart)
     # 7. The task and its batches.
     task = Task.for_run(recipe, model, prepared, run_dir=run_dir, invocation=origin.invocation, started=started)
     datamodule = data_module(recipe, prepared, task)

@@ -187,7 +187,6 @@ def read_origin(
     init_from: str | Path | None,
     run_dir: str | Path | None,
     force: bool,
-    restart: bool = False,
 ) -> Origin:
     """Read (and check) what the fit starts from; nothing is written."""
     invocation: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "kind": "new", "from_step": 0}
@@ -206,10 +205,16 @@ def read_origin(
         return Origin(
             invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab
         )
-    if run_dir is not None or os.environ.get(RUN_DIR_ENV):
-        origin = _shared_run_dir(
-            invocation, Path(run_dir if run_dir is not None else os.environ[RUN_DIR_ENV]), restart=restart
-        )
+    given = run_dir if run_dir is not None else os.environ.get(RUN_DIR_ENV) or None
+    if given is not None:
+        shared = Path(given)
+        check_foreign(shared)  # every rank reads the same files: a refusal happens on every rank
+        if holds_run(shared, restart=True):
+            # This run, started before: continue it from its last checkpoint (a scheduler runs the same
+            # command again after a requeue, a preemption or a crash).
+            return _continued(recipe, shared, init_from=init_from)
+        # No checkpoint yet: start it (over, keeping what an attempt stopped before its first checkpoint logged).
+        origin = _shared_run_dir(invocation, shared)
     else:
         origin = Origin(invocation)
     if init_from is not None:
@@ -226,16 +231,33 @@ def read_origin(
     return origin
 
 
-def _shared_run_dir(invocation: dict, run_dir: Path, *, restart: bool = False) -> Origin:
+def _continued(recipe: Recipe, run_dir: Path, *, init_from: str | Path | None) -> Origin:
+    """The run in ``run_dir`` continued from its ``last.ckpt``, as ``--resume run_dir`` does. With
+    ``init_from``, the run must have started from those weights (the same command, run again)."""
+    origin = read_origin(recipe, resume=run_dir, init_from=None, run_dir=None, force=False)
+    origin.invocation["continued"] = True
+    if init_from is not None:
+        history = origin.source["tfbuilder"].get("history") if origin.source is not None else None
+        first = history[0] if isinstance(history, list) and history and isinstance(history[0], dict) else {}
+        began = first.get("init_from")
+        try:
+            wanted = find_checkpoint(init_from).resolve()
+        except CheckpointError:  # gone since: only the recorded path can say
+            wanted = Path(init_from).resolve()
+        if not isinstance(began, str) or Path(began).resolve() != wanted:
+            raise RunDirError(
+                f"{display_path(run_dir)} holds a run that did not start from --init-from {init_from} "
+                f"({'it started from ' + str(began) if began else 'it started from scratch'}): "
+                "continue it without --init-from, or name a new directory"
+            )
+    return origin
+
+
+def _shared_run_dir(invocation: dict, run_dir: Path) -> Origin:
     """One directory for every process of a job: set by rank 0 for the processes it launches, or by
     the user for a cluster launcher (torchrun, SLURM) that starts all ranks at once. Every rank asks
     for the same prepared data: one prepares it, the others wait for it (the store's lock) and open
     it, so all use the vocabulary it holds."""
-    if global_rank() == 0:
-        check_foreign(run_dir)
-    if global_rank() == 0 and holds_run(run_dir, restart=restart):
-        raise RunDirError(f"{run_dir} already holds a run: resume it with --resume {run_dir}")
-
     return Origin(invocation, run_dir=run_dir, vocab=vocab_files.read(run_dir))
 
 

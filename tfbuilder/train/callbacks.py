@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from tfbuilder import atomic
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs.checkpoints import STEP_PREFIX, step_checkpoints
+from tfbuilder.train import stopping
 
 
 @runtime_checkable
@@ -108,7 +109,7 @@ class RunGuard(Callback):
     # --- signals --------------------------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in stopping.SIGNALS:
                 self._previous[signum] = signal.getsignal(signum)
                 signal.signal(signum, self._on_signal)
 

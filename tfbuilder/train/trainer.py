@@ -20,6 +20,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 
 from tfbuilder import atomic, devices
 from tfbuilder.data.datamodule import DataModule
@@ -108,9 +109,10 @@ class Training:
                 os.environ.pop(RUN_DIR_ENV, None)
             loggers.finish(self.own_loggers)
         if guard.signum is not None:
+            requeued = stopping.requeue(guard.signum) if self.trainer.is_global_zero else None
             raise Interrupted(
                 f"{stopping.name(guard.signum)}: training stopped at step {self.trainer.global_step}; {guard.kept()} "
-                f"Continue with: tfbuilder fit --resume {run_dir}",
+                f"Continue with: tfbuilder fit --resume {run_dir}" + (f". {requeued}" if requeued else ""),
                 guard.signum,
             )
         self.stopped = guard.stopped or ("max_steps" if self.trainer.global_step >= self.max_steps else "max_minutes")
@@ -180,6 +182,14 @@ def _max_steps(recipe: Recipe, datamodule: DataModule) -> int:
     return min(t.max_steps, math.ceil(t.max_epochs * per_epoch / recipe.optim.accumulate))
 
 
+def _cluster_environment() -> list[SLURMEnvironment]:
+    """Under SLURM, Lightning's environment with its own requeue switched off: tfbuilder's stop handler
+    takes SIGUSR1 as it takes SIGTERM (one checkpoint written the normal way) and then requeues the job
+    itself (:func:`tfbuilder.train.stopping.requeue`). Lightning's would write a checkpoint of its own
+    (``hpc_ckpt_<n>.ckpt``, which nothing reads) and requeue from every path, resumed or not."""
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
 def new_trainer(
     recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int, logger: list[Logger]
 ) -> L.Trainer:
@@ -207,7 +217,7 @@ def new_trainer(
             use_distributed_sampler=False,  # the bucketing sampler splits batches across ranks itself
             logger=logger,
             enable_checkpointing=False,  # RunGuard writes every checkpoint
-            plugins=[AtomicCheckpointIO()],
+            plugins=[AtomicCheckpointIO(), *_cluster_environment()],
             default_root_dir=str(run_dir),
         )
     except (

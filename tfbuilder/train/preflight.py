@@ -64,16 +64,24 @@ def check_lengths(recipe: Recipe) -> list[Problem]:
     if limit is None or data is None:
         return []
     extra = specials(recipe.model.kind)
-    longest, where = (
-        (data.lengths[1], ("data", "lengths")) if data.type == "synthetic" else (data.max_len, ("data", "max_len"))
-    )
+    if data.type == "synthetic":
+        longest, where = data.lengths[1], ("data", "lengths")
+    elif data.packing and data.block_size is not None:
+        # Packed examples are blocks of block_size tokens, specials included (data.max_len drops nothing).
+        longest, where, extra = data.block_size, ("data", "block_size"), 0
+    else:
+        longest, where = data.max_len, ("data", "max_len")
     if longest + extra <= limit:
         return []
+    needs = (
+        f"packs blocks of {longest} tokens"
+        if where == ("data", "block_size")
+        else f"allows {longest} tokens ({longest + extra} positions with the special tokens)"
+    )
     return [
         recipe.problem(
             ("model", "position", "max_len"),
-            f"learned positions cover {limit} but {dotted_path(where)} allows {longest} tokens "
-            f"({longest + extra} positions with the special tokens): "
+            f"learned positions cover {limit} but {dotted_path(where)} {needs}: "
             f"raise max_len to at least {longest + extra}, or lower {dotted_path(where)}",
         )
     ]

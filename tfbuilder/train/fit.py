@@ -115,8 +115,9 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     r = request
     # 1. A Trainer this machine can run: accelerator, precision, strategy (the cheapest check first).
     probe(r.recipe)
-    # 2. The model builds, steps and fits this machine (the pre-flight), before any run directory exists.
-    preflight.check_run(r.recipe)
+    # 2. The model builds, steps and fits this machine, its data's files are there (the pre-flight),
+    #    before any run directory exists. A resumed or initialised run takes its checkpoint's vocabulary.
+    preflight.check_run(r.recipe, vocab_given=r.resume is not None or r.init_from is not None)
     started = time.perf_counter()  # the wall time counts the data preparation
     # 3. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
     #    locked at once, and there must be room for the checkpoints.

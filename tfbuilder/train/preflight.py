@@ -1,9 +1,10 @@
 """Pre-flight: what ``tfbuilder validate`` and ``fit`` check beyond the schema, so that "OK" means the
 model builds, runs forward and backward, fits this machine, and the run can start.
 
-Three checks, all before anything big is allocated:
+Checks, all before anything big is allocated or any run directory is made:
 
-1. lengths: a learned position table must cover the longest sequence the data can hold;
+1. lengths: a learned position table must cover the longest sequence the data can hold (with
+   packing, a block of ``data.block_size`` tokens);
 2. size (:mod:`tfbuilder.model.sizing`): parameters are counted on the ``meta`` device (no memory) from models
    of one and two layers per stack, extrapolated to the recipe's depth; training needs about 16 bytes per parameter
    (weights, gradients and Adam's two moments in float32), refused when that exceeds the memory of
@@ -11,7 +12,10 @@ Three checks, all before anything big is allocated:
 3. a trial step: the recipe's model with one layer per stack and a small vocabulary (every width,
    head count and component kept as written) runs forward and backward on a batch of 2 x 8 ids on
    the meta device (shapes only, nothing computed or allocated), so that shape errors (an odd rotary
-   width, a learned table shorter than the data) surface here.
+   width, a learned table shorter than the data) surface here;
+4. this machine: a launcher for several nodes, the loggers' packages and MLflow's tracking store
+   (:mod:`tfbuilder.train.loggers`), and the data's files (:func:`check_data`: the folder, each split's
+   file, the training file's first records, a tokenizer file; never the Hugging Face Hub).
 
 Problems are reported at the recipe's positions, like schema errors.
 """

@@ -161,3 +161,19 @@ def test_a_logger_that_cannot_be_made_is_an_error_not_a_traceback(tmp_path, monk
     recipe = tfbuilder.load_recipe(QUICKSTART, ["trainer.loggers=[mlflow]"])
     with pytest.raises(tfbuilder.errors.TfbuilderError, match=r"^trainer.loggers: the mlflow logger could not start: unsupported URI 'x'$"):
         loggers.build(recipe, tmp_path)
+
+
+def test_a_tracker_that_will_not_start_leaves_no_half_made_run(tmp_path, monkeypatch, capsys):
+    """What the pre-flight cannot tell (a server that refuses) stops fit with exit 2 after the run
+    directory is set up: the recipe and vocabulary it wrote there go, and the folder with them."""
+
+    def refuse(name, recipe, run_dir):
+        raise RuntimeError("connection refused")
+
+    monkeypatch.setattr(loggers, "_make", refuse)
+    monkeypatch.setattr(loggers, "unusable", lambda name: None)
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in [*ONE_LAYER, *short_run(tmp_path, "trainer.loggers=[mlflow]", train=20, val=5)]), [])]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "trainer.loggers: the mlflow logger could not start: connection refused" in err and "Traceback" not in err
+    assert list((tmp_path / "runs").rglob("*")) == [tmp_path / "runs" / "quickstart"]  # no version_0

@@ -108,6 +108,9 @@ def run(request: FitRequest) -> Summary:
                 return _steps(request, claim)
         except stopping.Stop as stop:
             raise Interrupted(claim.stopped(stop.signum), stop.signum) from None
+        except TfbuilderError:
+            claim.discard()  # refused while setting up (a tracker that would not start): no half-made run left
+            raise
 
 
 def _steps(request: FitRequest, claim: Claim) -> Summary:
@@ -148,6 +151,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
         callbacks=r.callbacks,
         user_loggers=r.loggers,
     )
+    claim.training = True
     # 9. Train.
     training.fit(recipe, task, datamodule, checkpoint=origin.checkpoint)
     # 10. What the run did, kept as summary.json.

@@ -63,6 +63,8 @@ D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",
 VARIANTS, BLOCKS = ("tests/test_attention_variants.py",), ("tests/test_blocks.py",)
 OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_patterns.py",)
 MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbuilder/spec/stacks.py"
+PF, PREFLIGHT = "tfbuilder/train/preflight.py", ("tests/test_preflight.py",)
+LOGGERS = ("tests/test_loggers.py", "-k", "mlflow_store or cannot_be_made")
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -225,6 +227,21 @@ MUTATIONS: list[Mutation] = [
     Mutation("steps: curves shifted by one", "tfbuilder/use/results.py", "        step = int(step) + offset\n", "        step = int(step) + 1\n", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: trackers numbered as Lightning counts", "tfbuilder/train/trainer.py", "        log(metrics, step_of())", "        log(metrics, step)", ("tests/test_loggers.py", "-k", "every_logger")),
     Mutation("objective: the model's kind not checked", "tfbuilder/train/objectives.py", "        if not isinstance(model, kind):\n", "        if not isinstance(model, nn.Module):\n", OBJ + ("-k", "another_kind or refuses")),
+    # --- validate: what fit would refuse before training, refused by the pre-flight
+    Mutation("validate: a packed block counted with the special tokens", PF, '("data", "block_size"), 0', '("data", "block_size"), 1', ("tests/test_validation_rules.py", "-k", "packed")),
+    Mutation("validate: every recipe's data skipped as if synthetic", PF, 'if data is None or data.type == "synthetic":\n        return []\n    problems', 'if data is None or data.type != "synthetic":\n        return []\n    problems', PREFLIGHT),
+    Mutation("validate: the training file's head not read", PF, "if reader(data.format).rows is not None:", "if reader(data.format).rows is None:", PREFLIGHT + ("-k", "column or head")),
+    Mutation("validate: the whole training file read", PF, "islice(rows, HEAD_ROWS)", "islice(rows, None)", PREFLIGHT + ("-k", "head")),
+    Mutation("validate: a column's problem at another key", PF, "if name == exc.column", "if name != exc.column", PREFLIGHT + ("-k", "column")),
+    Mutation("validate: no did-you-mean for a JSON field", "tfbuilder/data/formats.py", "did_you_mean(name, _names(record))", "did_you_mean(name, [])", PREFLIGHT + ("-k", "column")),
+    Mutation("validate: no did-you-mean for a CSV column", "tfbuilder/data/formats.py", "n=1, cutoff=0.6)", "n=1, cutoff=1.6)", PREFLIGHT + ("-k", "column")),
+    Mutation("validate: an absent tokenizer file accepted", PF, "tokenizer.facts() is not None:", "tokenizer.facts() is None:", PREFLIGHT + ("-k", "tokenizer")),
+    Mutation("validate: --no-data ignored", "tfbuilder/cli/recipes.py", "check(recipe, data=data)", "check(recipe, data=True)", PREFLIGHT + ("-k", "no_data")),
+    Mutation("validate: MLflow's store never checked", "tfbuilder/train/loggers.py", 'if name == "mlflow" else None', 'if name != "mlflow" else None', LOGGERS),
+    Mutation("validate: a SQLite file's folder not checked", "tfbuilder/train/loggers.py", 'if name != ":memory:" and not path.parent.is_dir():', 'if name == ":memory:" and not path.parent.is_dir():', LOGGERS),
+    Mutation("validate: a database URI accepted without SQLAlchemy", "tfbuilder/train/loggers.py", "        if not database:", "        if database:", LOGGERS),
+    Mutation("fit: a run set up before a tracker failed is kept", "tfbuilder/train/fit.py", "            claim.discard()  #", "            pass  #", ("tests/test_loggers.py", "-k", "half_made")),
+    Mutation("validate: a file store refused MLflow accepts", "tfbuilder/train/loggers.py", "    if not file_store:", "    if file_store:", LOGGERS),
 ]
 
 

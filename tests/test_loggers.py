@@ -113,3 +113,67 @@ def test_chosen_loggers_keep_csv_first_and_each_once():
     assert loggers.chosen(trainer(loggers=["mlflow", "csv"], logger="tensorboard")) == ["csv", "mlflow", "tensorboard"]
     with pytest.raises(ValueError, match="names mlflow twice"):
         trainer(loggers=["mlflow", "mlflow"])
+
+
+@pytest.mark.parametrize(
+    "uri,database,file_store,message",
+    [
+        ("sqlite:///{tmp}/nowhere/mlflow.db", True, True, "the folder {tmp}/nowhere of the SQLite tracking database"),
+        ("sqlite:///{tmp}/mlflow.db", False, True, "is a database, which needs MLflow's database store (SQLAlchemy"),
+        ("postgresql+psycopg2://host/db", False, True, "is a database, which needs MLflow's database store"),
+        ("sqlite:///{tmp}/folder", True, True, "the SQLite tracking database sqlite:///{tmp}/folder cannot be written"),
+        ("sqlite:///{tmp}/mlflow.db", True, True, None),
+        ("sqlite:///:memory:", True, True, None),
+        ("file:{tmp}/file/mlruns", True, True, "the MLflow file store {tmp}/file/mlruns cannot be made: {tmp}/file is not"),
+        ("file://{tmp}/new/mlruns", True, True, None),
+        ("{tmp}/new/mlruns", True, False, "keeps a file store ({tmp}/new/mlruns) only with MLFLOW_ALLOW_FILE_STORE=true"),
+        ("http://localhost:5000", False, False, None),
+        ("databricks", False, False, None),
+    ],
+)
+def test_a_local_mlflow_store_is_checked_without_starting_mlflow(tmp_path, uri, database, file_store, message):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    why = loggers.tracking_problem(uri.format(tmp=tmp_path), database=database, file_store=file_store)
+    assert why == message if message is None else message.format(tmp=tmp_path) in why, why
+
+
+def test_an_mlflow_store_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
+    """The SQLite database the docs suggest, in a folder that is not there: validate refuses it, and fit
+    before it creates a run directory (not a traceback from inside MLflow, after it)."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'nowhere' / 'mlflow.db'}")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nextends: {QUICKSTART}\ntrainer:\n  loggers: [mlflow]\n  output: {tmp_path / 'runs'}\n")
+    expected = f"r.yaml:4:13: trainer.loggers[0]: the folder {tmp_path / 'nowhere'} of the SQLite tracking database"
+    assert main(["validate", str(recipe)]) == 2
+    assert expected in capsys.readouterr().err
+    assert main(["fit", str(recipe)]) == 2
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_logger_that_cannot_be_made_is_an_error_not_a_traceback(tmp_path, monkeypatch):
+    def refuse(name, recipe, run_dir):
+        raise RuntimeError("unsupported URI 'x'\nsee the docs")
+
+    monkeypatch.setattr(loggers, "_make", refuse)
+    recipe = tfbuilder.load_recipe(QUICKSTART, ["trainer.loggers=[mlflow]"])
+    with pytest.raises(tfbuilder.errors.TfbuilderError, match=r"^trainer.loggers: the mlflow logger could not start: unsupported URI 'x'$"):
+        loggers.build(recipe, tmp_path)
+
+
+def test_a_tracker_that_will_not_start_leaves_no_half_made_run(tmp_path, monkeypatch, capsys):
+    """What the pre-flight cannot tell (a server that refuses) stops fit with exit 2 after the run
+    directory is set up: the recipe and vocabulary it wrote there go, and the folder with them."""
+
+    def refuse(name, recipe, run_dir):
+        raise RuntimeError("connection refused")
+
+    monkeypatch.setattr(loggers, "_make", refuse)
+    monkeypatch.setattr(loggers, "unusable", lambda name: None)
+    args = ["fit", str(QUICKSTART), *sum((["--set", o] for o in [*ONE_LAYER, *short_run(tmp_path, "trainer.loggers=[mlflow]", train=20, val=5)]), [])]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "trainer.loggers: the mlflow logger could not start: connection refused" in err and "Traceback" not in err
+    assert list((tmp_path / "runs").rglob("*")) == [tmp_path / "runs" / "quickstart"]  # no version_0

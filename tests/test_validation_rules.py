@@ -26,6 +26,7 @@ SYNTHETIC = RECIPES / "quickstart.yaml"  # encoder-decoder on synthetic data, ch
 PARALLEL = RECIPES / "vanilla.yaml"  # encoder-decoder on parallel text, shared 37k BPE
 DECODER = RECIPES / "decoder-lm.yaml"  # decoder-only on monolingual text, 8k BPE
 ENCODER = RECIPES / "encoder-mlm.yaml"  # encoder-only, learned positions (512), monolingual text
+PACKED = RECIPES / "decoder-lm-packed.yaml"  # decoder-only, packed blocks of 128 tokens
 NO_DATA = ["data=null", "model.vocab_size=100"]
 SMALL_SYNTHETIC = ["data.train_size=100", "data.val_size=100", "data.test_size=100"]
 
@@ -145,6 +146,9 @@ PREFLIGHT_RULES = [
          "learned positions cover 12 but data.lengths allows 12 tokens (13 positions", ("model.position={type: learned, max_len: 13}",)),
     Rule("learned-positions-cover-text", ENCODER, ("data.max_len=511",), "model.position.max_len",
          "learned positions cover 512 but data.max_len allows 511 tokens (513 positions", ("data.max_len=510",)),
+    Rule("learned-positions-cover-packed-blocks", PACKED, ("model.position={type: learned, max_len: 64}", "data.block_size=65"),
+         "model.position.max_len", "learned positions cover 64 but data.block_size packs blocks of 65 tokens",
+         ("model.position={type: learned, max_len: 64}", "data.block_size=64")),  # data.max_len (256) drops nothing here
     Rule("trial-step-runs", SYNTHETIC, ("model.position=rotary", "model.attention.key_dim=15"), "model",
          "fails a forward/backward pass: rotary positions need an even key width", ("model.position=rotary",)),
     Rule("fits-in-memory", SYNTHETIC, HUGE, "model", "training needs about", ()),

@@ -48,6 +48,14 @@ class DataError(TfbuilderError):
     """The data cannot be used (missing files, mismatched lines, too little text for the vocabulary...)."""
 
 
+class ColumnError(DataError):
+    """A record lacks a field that ``data.columns`` names (``column``: the name as written there)."""
+
+    def __init__(self, message: str, *, column: str):
+        super().__init__(message)
+        self.column = column
+
+
 class RecipeError(TfbuilderError):
     """A recipe is wrong: every problem found, at once."""
 

@@ -29,6 +29,12 @@ if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the c
 def add_validate(sub: Subparsers) -> None:
     v = sub.add_parser("validate", help="check recipes; print OK or every problem (exit 0 or 2)")
     v.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe files (YAML)")
+    v.add_argument(
+        "--no-data",
+        dest="data",
+        action="store_false",
+        help="do not look at the data's files (a folder or tokenizer file on another machine)",
+    )
     add_set(v)
     v.set_defaults(run=cmd_validate)
 
@@ -70,12 +76,13 @@ def _check(path: str, overrides: list[str]) -> tuple[Recipe, Model]:
     return recipe, model
 
 
-def preflight(path: str, overrides: list[str]) -> Recipe:
-    """Load a recipe and run the pre-flight (the model builds, steps, fits this machine; see preflight.py)."""
+def preflight(path: str, overrides: list[str], *, data: bool = True) -> Recipe:
+    """Load a recipe and run the pre-flight (the model builds, steps, fits this machine, its data's files
+    are there unless ``data`` is false; see preflight.py)."""
     from tfbuilder.train.preflight import check  # deferred: start-up time
 
     recipe = load_recipe(path, overrides)
-    check(recipe)
+    check(recipe, data=data)
     return recipe
 
 
@@ -83,7 +90,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.recipes:
         try:
-            preflight(path, args.overrides)
+            preflight(path, args.overrides, data=args.data)
         except RecipeError as exc:
             failed = True
             print("\n".join(str(p) for p in exc.problems), file=sys.stderr)

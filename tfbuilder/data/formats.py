@@ -12,14 +12,16 @@ themselves are registered by :mod:`tfbuilder.data.builtin.records`.
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from tfbuilder.data import text
-from tfbuilder.errors import DataError
+from tfbuilder.errors import ColumnError, DataError, did_you_mean
 
 MAX_FIELD = 16 * 2**20  # a cell is text, at most as long as a line
+MAX_NAMES = 200  # the field names of a record a "did you mean" looks through
 
 
 def _field(record: object, dotted: str) -> object:
@@ -29,6 +31,19 @@ def _field(record: object, dotted: str) -> object:
             raise KeyError(dotted)
         value = value[part]
     return value
+
+
+def _names(record: dict, prefix: str = "") -> list[str]:
+    """The dotted paths of ``record``'s fields, nested ones too (at most :data:`MAX_NAMES`)."""
+    out: list[str] = []
+    for key, value in record.items():
+        if len(out) >= MAX_NAMES:
+            break
+        name = f"{prefix}{key}"
+        out.append(name)
+        if isinstance(value, dict):
+            out += _names(value, f"{name}.")[: MAX_NAMES - len(out)]
+    return out
 
 
 def _text_of(value: object, where: str, name: str, *, number: bool = False) -> str:
@@ -60,7 +75,8 @@ def jsonl_rows(path: Path, fields: tuple[str, ...], *, numbers: tuple[str, ...] 
             try:
                 value = _field(record, name)
             except KeyError:
-                raise DataError(f"{where}: no field '{name}' (data.columns)") from None
+                hint = did_you_mean(name, _names(record))
+                raise ColumnError(f"{where}: no field '{name}' (data.columns){hint}", column=name) from None
             values.append(_text_of(value, where, name, number=name in numbers))
         yield tuple(values)
 
@@ -77,9 +93,12 @@ def table_rows(path: Path, fields: tuple[str, ...], *, delimiter: str) -> Iterat
             raise DataError(f"{path} is empty")
         missing = [name for name in fields if name not in header]
         if missing:
-            raise DataError(
+            close = difflib.get_close_matches(missing[0], header[:MAX_NAMES], n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ColumnError(
                 f"{path}:1: no column {', '.join(repr(m) for m in missing)} in the header (data.columns); "
-                f"it has {', '.join(map(repr, header[:20]))}"
+                f"it has {', '.join(map(repr, header[:20]))}{hint}",
+                column=missing[0],
             )
         columns = [header.index(name) for name in fields]
         for row in reader:

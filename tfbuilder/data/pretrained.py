@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -208,7 +209,10 @@ class SentencePieceTokenizer:
 def read_bytes(path: str | Path) -> bytes:
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        st = path.stat()
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):  # a FIFO would block, a device never end
+            raise DataError(f"data.tokenizer.path: {path} is not a regular file (a FIFO, socket or device)")
+        if st.st_size > MAX_TOKENIZER_BYTES:
             raise DataError(f"{path} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not reading it")
         return path.read_bytes()
     except FileNotFoundError:

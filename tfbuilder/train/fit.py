@@ -110,6 +110,9 @@ def run(request: FitRequest) -> Summary:
                 return _steps(request, claim)
         except stopping.Stop as stop:
             raise Interrupted(claim.stopped(stop.signum), stop.signum) from None
+        except TfbuilderError:
+            claim.discard()  # refused while setting up (a tracker that would not start): no half-made run left
+            raise
 
 
 def _steps(request: FitRequest, claim: Claim) -> Summary:
@@ -117,8 +120,9 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     r = request
     # 1. A Trainer this machine can run: accelerator, precision, strategy (the cheapest check first).
     probe(r.recipe)
-    # 2. The model builds, steps and fits this machine (the pre-flight), before any run directory exists.
-    preflight.check_run(r.recipe)
+    # 2. The model builds, steps and fits this machine, its data's files are there (the pre-flight),
+    #    before any run directory exists. A resumed or initialised run takes its checkpoint's vocabulary.
+    preflight.check_run(r.recipe, vocab_given=r.resume is not None or r.init_from is not None)
     started = time.perf_counter()  # the wall time counts the data preparation
     # 3. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
     #    locked at once, and there must be room for the checkpoints.
@@ -149,6 +153,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
         callbacks=r.callbacks,
         user_loggers=r.loggers,
     )
+    claim.training = True
     # 9. Train.
     training.fit(recipe, task, datamodule, checkpoint=origin.checkpoint)
     # 10. What the run did, kept as summary.json.

@@ -119,12 +119,14 @@ class Origin:
 class Claim:
     """A fit's hold on its run directory, from where it starts to the end of training: the origin
     (:meth:`hold`), the directory claimed and set up (:meth:`set_up`), its ``fit.lock`` held until the
-    ``with`` block ends, and what a signal before training leaves behind (:meth:`stopped`)."""
+    ``with`` block ends, and what a signal or an error before training leaves behind (:meth:`stopped`,
+    :meth:`discard`)."""
 
     def __init__(self) -> None:
         self.origin: Origin | None = None
         self.run_dir: Path | None = None
         self.fresh = False  # the run directory was made by this fit (a new version_<n>)
+        self.training = False  # the Trainer is built and its trackers started: what is in run_dir stays
         self.rank_zero = global_rank() == 0
         self.lock: RunLock | None = None
 
@@ -169,15 +171,26 @@ class Claim:
             step = checkpoint_step(last, {})
             held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
             return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"
-        if run_dir is not None and self.fresh and global_rank() == 0:
-            for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
-                (run_dir / made).unlink(missing_ok=True)
-            for folder in (run_dir / "checkpoints", run_dir):
-                try:
-                    folder.rmdir()  # only when empty: nothing else is removed
-                except OSError:
-                    pass
+        self._remove_fresh()
         return f"{name}: stopped before the first step; nothing was trained or kept. {Interrupted.AGAIN}"
+
+    def discard(self) -> None:
+        """After an error before training began (the lock released): what :meth:`set_up` put in a run
+        directory this fit made goes, and the directory when that leaves it empty."""
+        if not self.training:
+            self._remove_fresh()
+
+    def _remove_fresh(self) -> None:
+        run_dir = self.run_dir
+        if run_dir is None or not self.fresh or global_rank() != 0:
+            return
+        for made in ("recipe.yaml", *vocab_files.NAMES, "fit.lock"):
+            (run_dir / made).unlink(missing_ok=True)
+        for folder in (run_dir / "checkpoints", run_dir):
+            try:
+                folder.rmdir()  # only when empty: nothing else is removed
+            except OSError:
+                pass
 
 
 def read_origin(

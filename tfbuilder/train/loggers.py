@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from tfbuilder.atomic import write_text
 from tfbuilder.errors import TfbuilderError
@@ -38,6 +39,8 @@ PACKAGES = {
     "mlflow": ("mlflow", "pip install 'tfbuilder[mlflow]'"),
 }
 RECORD = "loggers.json"
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # the tracking URI schemes of MLflow's database store
+SERVER_NAMES = ("databricks", "databricks-uc", "uc")  # tracking URIs without a scheme that are not folders
 WANDB_PROJECT = "tfbuilder"  # unless WANDB_PROJECT says otherwise
 
 
@@ -61,15 +64,74 @@ def missing(name: str) -> str | None:
     return None if installed(module) else f"the {name} logger needs the {module} package: {install}"
 
 
+def unusable(name: str) -> str | None:
+    """Why logger ``name`` cannot run here (its package is missing; MLflow: its tracking store cannot be
+    written), or None."""
+    return missing(name) or (mlflow_problem() if name == "mlflow" else None)
+
+
+def mlflow_problem() -> str | None:
+    """Why MLflow could not start a run at the tracking URI it would use (MLFLOW_TRACKING_URI, or MLflow's
+    default), where that can be told without starting one (:func:`tracking_problem`)."""
+    try:
+        import mlflow  # deferred: only a recipe that logs to MLflow pays for importing it
+        from mlflow import environment_variables
+
+        uri = str(mlflow.get_tracking_uri())
+    except Exception as exc:  # noqa: BLE001 (a broken install or setting: what stops it here stops fit too)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return f"the mlflow logger cannot start: {first}"
+    allow = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)  # MLflow 3: file stores need opting in
+    return tracking_problem(uri, database=installed("sqlalchemy"), file_store=allow is None or bool(allow.get()))
+
+
+def tracking_problem(uri: str, *, database: bool, file_store: bool = True) -> str | None:
+    """Why MLflow could not write to the local tracking store ``uri``: a SQLite file (``sqlite:///path``)
+    whose folder is missing or read-only, or which needs MLflow's database store (``database``: SQLAlchemy
+    is installed; mlflow-skinny has none); a file store (``file:path`` or a bare path) that cannot be
+    made, or (``file_store`` false) that MLflow refuses. Servers are not contacted: None for them."""
+    scheme = urlsplit(uri).scheme.lower()
+    if scheme == "sqlite" and uri.startswith("sqlite:///"):
+        name = unquote(uri.split("?", 1)[0].removeprefix("sqlite:///"))
+        path = Path(name)
+        if name != ":memory:" and not path.parent.is_dir():
+            return f"the folder {path.parent} of the SQLite tracking database {uri} does not exist"
+        if name != ":memory:" and (
+            not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not _writable_file(path))
+        ):
+            return f"the SQLite tracking database {uri} cannot be written here"
+    if scheme.split("+")[0] in DATABASES:
+        if not database:  # MLflow registers its database stores only where SQLAlchemy is installed
+            return (
+                f"the tracking URI {uri} is a database, which needs MLflow's database store (SQLAlchemy; "
+                "mlflow-skinny has none): pip install mlflow, or set MLFLOW_TRACKING_URI to a server"
+            )
+        return None
+    local = scheme == "file" or (scheme == "" and uri not in SERVER_NAMES) or (len(scheme) == 1 and os.name == "nt")
+    if not local:  # a server (a drive letter is a path)
+        return None
+    folder = Path(unquote(urlsplit(uri).path)) if scheme == "file" else Path(uri)
+    existing = next((p for p in (folder, *folder.absolute().parents) if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"the MLflow file store {folder} cannot be made: {existing} is not a folder that can be written"
+    if not file_store:
+        return f"this MLflow keeps a file store ({uri}) only with MLFLOW_ALLOW_FILE_STORE=true"
+    return None
+
+
+def _writable_file(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.R_OK | os.W_OK)
+
+
 def check(recipe: Recipe) -> list[Problem]:
     """A problem at ``trainer.loggers[i]`` (or ``trainer.logger``) for each logger that cannot run here."""
     problems = []
     for i, name in enumerate(recipe.trainer.loggers):
-        why = missing(name)
+        why = unusable(name)
         if why:
             problems.append(recipe.problem(("trainer", "loggers", i), why))
     if recipe.trainer.logger not in recipe.trainer.loggers:
-        why = missing(recipe.trainer.logger)
+        why = unusable(recipe.trainer.logger)
         if why:
             problems.append(recipe.problem(("trainer", "logger"), why))
     return problems
@@ -84,7 +146,11 @@ def build(recipe: Recipe, run_dir: Path) -> list[Logger]:
         why = missing(name)
         if why:
             raise TfbuilderError(f"trainer.loggers: {why}")
-        out.append(_make(name, recipe, run_dir))
+        try:
+            out.append(_make(name, recipe, run_dir))
+        except Exception as exc:  # noqa: BLE001 (trackers raise their own kinds: a refused URI, a missing store)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+            raise TfbuilderError(f"trainer.loggers: the {name} logger could not start: {first}") from None
     return out
 
 
@@ -107,7 +173,7 @@ def _make(name: str, recipe: Recipe, run_dir: Path) -> Logger:
         )
     from lightning.pytorch.loggers import MLFlowLogger
 
-    # MLFLOW_TRACKING_URI says where (a server, or file:<folder>); unset: ./mlruns.
+    # MLFLOW_TRACKING_URI says where (a server, sqlite:///<file>, or file:<folder>); unset: MLflow's default.
     return MLFlowLogger(
         experiment_name=recipe.name,
         run_name=run_name,
@@ -190,4 +256,16 @@ def record(run_dir: Path, loggers: Iterable[Logger]) -> None:
         write_text(run_dir / RECORD, json.dumps(entries, indent=2, default=str) + "\n", what="logger record")
 
 
-__all__ = ["NAMES", "build", "check", "chosen", "hyperparameters", "finish", "missing", "record", "start"]
+__all__ = [
+    "NAMES",
+    "build",
+    "check",
+    "chosen",
+    "hyperparameters",
+    "finish",
+    "missing",
+    "record",
+    "start",
+    "tracking_problem",
+    "unusable",
+]

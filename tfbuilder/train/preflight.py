@@ -1,9 +1,10 @@
 """Pre-flight: what ``tfbuilder validate`` and ``fit`` check beyond the schema, so that "OK" means the
 model builds, runs forward and backward, fits this machine, and the run can start.
 
-Three checks, all before anything big is allocated:
+Checks, all before anything big is allocated or any run directory is made:
 
-1. lengths: a learned position table must cover the longest sequence the data can hold;
+1. lengths: a learned position table must cover the longest sequence the data can hold (with
+   packing, a block of ``data.block_size`` tokens);
 2. size (:mod:`tfbuilder.model.sizing`): parameters are counted on the ``meta`` device (no memory) from models
    of one and two layers per stack, extrapolated to the recipe's depth; training needs about 16 bytes per parameter
    (weights, gradients and Adam's two moments in float32), refused when that exceeds the memory of
@@ -11,7 +12,10 @@ Three checks, all before anything big is allocated:
 3. a trial step: the recipe's model with one layer per stack and a small vocabulary (every width,
    head count and component kept as written) runs forward and backward on a batch of 2 x 8 ids on
    the meta device (shapes only, nothing computed or allocated), so that shape errors (an odd rotary
-   width, a learned table shorter than the data) surface here.
+   width, a learned table shorter than the data) surface here;
+4. this machine: a launcher for several nodes, the loggers' packages and MLflow's tracking store
+   (:mod:`tfbuilder.train.loggers`), and the data's files (:func:`check_data`: the folder, each split's
+   file, the training file's first records, a tokenizer file; never the Hugging Face Hub).
 
 Problems are reported at the recipe's positions, like schema errors.
 """
@@ -19,40 +23,51 @@ Problems are reported at the recipe's positions, like schema errors.
 from __future__ import annotations
 
 import os
+from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tfbuilder.errors import DataError, Problem, RecipeError
+from tfbuilder.data.location import locate
+from tfbuilder.data.readers import SplitSource, reader, split_sources
+from tfbuilder.errors import ColumnError, DataError, Problem, RecipeError
 from tfbuilder.model.sizing import build_located, check_size, count_parameters, max_positions, specials, with_layers
+from tfbuilder.spec import formats
+from tfbuilder.spec.ports import tokenizer_files
 from tfbuilder.spec.recipe import ModelSection, Recipe
 from tfbuilder.spec.sources import dotted_path
 from tfbuilder.train import loggers
 
 TRIAL_VOCAB = 64  # the trial model's vocabulary (the real one only widens the embedding and the head)
 TRIAL_LENGTH = 8
+HEAD_ROWS = 100  # training records the pre-flight reads (fit reads every one as it prepares the data)
 LAUNCHER_VARIABLES = ("SLURM_NTASKS", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-def check(recipe: Recipe, *, environment: bool = True) -> int:
+def check(recipe: Recipe, *, environment: bool = True, data: bool = True, vocab_given: bool = False) -> int:
     """Raise :class:`RecipeError` with every pre-flight problem of ``recipe``; returns the parameter
-    count. ``environment``: also check what depends on this machine (memory, a launcher)."""
+    count. ``environment``: also check what depends on this machine (memory, a launcher, loggers, and
+    with ``data`` the data's files: :func:`check_data`). ``vocab_given``: the run takes its vocabulary
+    from a checkpoint, so a tokenizer file the recipe names need not be here."""
     problems = check_lengths(recipe)
     parameters = count_parameters(recipe)
     if environment:
         problems += (
             check_size(recipe, parameters) + check_launcher(recipe) + loggers.check(recipe) + check_tokenizer(recipe)
         )
+        if data:
+            problems += check_data(recipe, vocab_given=vocab_given)
     if problems:
         raise RecipeError(problems)
     trial_step(recipe)
     return parameters
 
 
-def check_run(recipe: Recipe) -> None:
+def check_run(recipe: Recipe, *, vocab_given: bool = False) -> None:
     """What ``fit`` checks before it creates a run directory (the same as ``validate``)."""
-    check(recipe)
+    check(recipe, vocab_given=vocab_given)
 
 
 # --- lengths ---------------------------------------------------------------------------------
@@ -64,16 +79,24 @@ def check_lengths(recipe: Recipe) -> list[Problem]:
     if limit is None or data is None:
         return []
     extra = specials(recipe.model.kind)
-    longest, where = (
-        (data.lengths[1], ("data", "lengths")) if data.type == "synthetic" else (data.max_len, ("data", "max_len"))
-    )
+    if data.type == "synthetic":
+        longest, where = data.lengths[1], ("data", "lengths")
+    elif data.packing and data.block_size is not None:
+        # Packed examples are blocks of block_size tokens, specials included (data.max_len drops nothing).
+        longest, where, extra = data.block_size, ("data", "block_size"), 0
+    else:
+        longest, where = data.max_len, ("data", "max_len")
     if longest + extra <= limit:
         return []
+    needs = (
+        f"packs blocks of {longest} tokens"
+        if where == ("data", "block_size")
+        else f"allows {longest} tokens ({longest + extra} positions with the special tokens)"
+    )
     return [
         recipe.problem(
             ("model", "position", "max_len"),
-            f"learned positions cover {limit} but {dotted_path(where)} allows {longest} tokens "
-            f"({longest + extra} positions with the special tokens): "
+            f"learned positions cover {limit} but {dotted_path(where)} {needs}: "
             f"raise max_len to at least {longest + extra}, or lower {dotted_path(where)}",
         )
     ]
@@ -109,6 +132,66 @@ def check_split_lengths(recipe: Recipe, splits: dict[str, Any]) -> None:
                     f"{limit - extra:,} the learned positions cover (model.position.max_len {limit}); "
                     "raise max_len or shorten the data"
                 )
+
+
+# --- the data's files ------------------------------------------------------------------------
+
+
+def check_data(recipe: Recipe, *, vocab_given: bool = False) -> list[Problem]:
+    """What ``fit`` would refuse in the data before preparing it, read cheaply: the folder ``data.path``
+    names (settled as ``fit`` settles it, :func:`tfbuilder.data.location.locate`), each split's file,
+    the first :data:`HEAD_ROWS` records of the training file (the columns ``data.columns`` names, with a
+    "did you mean"), and a tokenizer file. Data on the Hugging Face Hub is not looked at (no network)."""
+    data = recipe.data
+    if data is None or data.type == "synthetic":
+        return []
+    problems = [] if vocab_given else check_tokenizer_file(recipe)
+    if data.hub is not None or data.path is None:
+        return problems
+    locate(data)
+    try:
+        directory = Path(data.path)
+        if not directory.is_dir():
+            raise DataError(
+                f"{directory} is a file, not a directory"
+                if directory.exists()
+                else f"data directory {directory} does not exist"
+            )
+        if formats.get(data.format).hub:
+            return problems  # a save_to_disk folder: opening its splits is loading the dataset (fit does)
+        sources = split_sources(data)
+        if reader(data.format).rows is not None:  # a file per split, streamed: its head is cheap to read
+            read_head(sources["train"])
+    except ColumnError as exc:
+        columns = data.columns.model_dump() if data.columns is not None else {}
+        role = next((r for r, name in columns.items() if name == exc.column), None)
+        problems.append(recipe.problem(("data", "columns", role) if role else ("data", "columns"), str(exc)))
+    except DataError as exc:
+        problems.append(recipe.problem(("data", "path"), str(exc).removesuffix(" (data.path)")))
+    return problems
+
+
+def read_head(source: SplitSource) -> None:
+    """Read the first :data:`HEAD_ROWS` rows of ``source``: a bad record there is a :class:`DataError`."""
+    rows = source.rows()
+    try:
+        for _ in islice(rows, HEAD_ROWS):
+            pass
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()  # the reader's own clean-up (files, the csv field limit) runs now
+
+
+def check_tokenizer_file(recipe: Recipe) -> list[Problem]:
+    """A tokenizer file the recipe names is one that reads (the schema lets a recipe that states the
+    vocabulary size load without it, as a checkpoint's recipe does; training needs it)."""
+    tokenizer = recipe.data.tokenizer if recipe.data is not None else None
+    if tokenizer is None or tokenizer.path is None or tokenizer.facts() is not None:
+        return []
+    named = tokenizer.specials.model_dump() if tokenizer.specials else None
+    why = tokenizer_files().unreadable(tokenizer.type, tokenizer.path, named)
+    return [recipe.problem(("data", "tokenizer", "path"), why)]
 
 
 # --- size ------------------------------------------------------------------------------------
@@ -193,4 +276,4 @@ def trial_step(recipe: Recipe) -> None:
         torch.random.set_rng_state(state)
 
 
-__all__ = ["check", "check_run", "check_split_lengths", "count_parameters", "max_positions", "trial_step"]
+__all__ = ["check", "check_data", "check_run", "check_split_lengths", "count_parameters", "max_positions", "trial_step"]

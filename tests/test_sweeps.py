@@ -222,3 +222,45 @@ def test_a_diverging_run_does_not_stop_the_others(recipes, tmp_path, capsys):
     assert "diverged: tiny-wild seed 0 (the loss became" in captured.err and "Traceback" not in captured.err
     assert "| tiny-pre |" in captured.out and "| tiny-wild |" not in captured.out
     assert "Not in the table (diverged): tiny-wild seed 0" in (tmp_path / "s" / "report.md").read_text()
+
+
+# --- fanned out: workers that share the sweep directory, job-array tasks, a report-only pass ------------
+
+
+def trained_once(out: Path) -> dict[str, int]:
+    """How many invocations trained each run of the sweep (its summary's history)."""
+    return {
+        f"{p.parent.parent.name}/{p.parent.name}": len(json.loads(p.read_text())["history"])
+        for p in sorted((out / "runs").glob("*/seed-*/summary.json"))
+    }
+
+
+def test_two_workers_share_a_sweep_each_entry_once_and_one_report(recipes, tmp_path, capsys):
+    from test_faults import held
+
+    out = tmp_path / "sweep"
+    command = ["sweep", *map(str, recipes), "--seeds", "2", "--out", str(out), "--no-bleu", *TINY]
+    assert main([*command, "--entry", "3"]) == 0  # a job-array task ran first: the plan, and entry 3
+    first = out / "runs" / "tiny-post" / "seed-0"
+    first.mkdir(parents=True)
+    with held(first / "fit.lock"):  # another worker is training entry 0
+        assert main(command) == 0
+    err = capsys.readouterr().err
+    assert "3 of 4 runs finished; 1 were being trained by another worker" in err
+    assert not (out / "report.md").exists()  # not every run finished: no report yet
+    assert main(command) == 0  # the other worker, arriving later: only entry 0 is left
+    assert trained_once(out) == {f"{n}/seed-{s}": 1 for n in ("tiny-post", "tiny-pre") for s in (0, 1)}
+    assert (out / "report.md").exists() and "tiny-pre" in (out / "report.md").read_text()
+
+
+def test_entry_i_runs_one_entry_and_report_only_writes_the_report(recipes, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    command = ["sweep", *map(str, recipes), "--seeds", "1", "--out", str(out), "--no-bleu", *TINY]
+    assert main([*command, "--report-only"]) == 2
+    assert "no finished runs to report yet" in capsys.readouterr().err
+    assert main([*command, "--entry", "1"]) == 0  # a job-array task: tiny-pre, seed 0
+    assert trained_once(out) == {"tiny-pre/seed-0": 1} and not (out / "report.md").exists()
+    assert main([*command, "--report-only"]) == 0  # the runs finished so far
+    assert "tiny-pre" in (out / "report.md").read_text() and trained_once(out) == {"tiny-pre/seed-0": 1}
+    assert main([*command, "--entry", "2"]) == 2
+    assert "--entry 2: the plan has entries 0 to 1" in capsys.readouterr().err

@@ -8,12 +8,13 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from tfbuilder.cli.arguments import add_set, directory_arg, positive_int
+from tfbuilder.cli.arguments import EXIT_USAGE, add_set, count, directory_arg, positive_int
 from tfbuilder.cli.recipes import preflight
 from tfbuilder.errors import RecipeError, TfbuilderError, printable
 
 if TYPE_CHECKING:  # rich and the sweeps (torch, Lightning) are imported in the commands (start-up time)
     from collections.abc import Callable
+    from pathlib import Path
 
     from rich.console import Console
     from rich.progress import Progress, TaskID
@@ -40,6 +41,16 @@ def add_sweep(sub: Subparsers) -> None:
         "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
     )
     w.add_argument("--dry-run", action="store_true", help="say what would run, and stop")
+    w.add_argument(
+        "--entry",
+        type=count,
+        metavar="I",
+        help="run entry I of the plan alone (0-based, recipes x seeds in order; --dry-run lists them): one "
+        "task of a SLURM job array (--entry $SLURM_ARRAY_TASK_ID)",
+    )
+    w.add_argument(
+        "--report-only", action="store_true", help="train nothing: write the report from the runs finished so far"
+    )
     add_set(w)
     w.set_defaults(run=cmd_sweep)
 
@@ -85,7 +96,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         command=command,
     )
     sweeps.check_own(sweep.dir)  # never writes its reports over files it did not make
-    todo = [r for r in sweep.runs if r.status != "finished"]
+    if args.entry is not None and args.entry >= len(sweep.runs):
+        print(f"sweep: --entry {args.entry}: the plan has entries 0 to {len(sweep.runs) - 1}", file=sys.stderr)
+        return EXIT_USAGE
+    chosen = sweep.runs if args.entry is None else [sweep.runs[args.entry]]
+    todo = [] if args.report_only else [r for r in chosen if r.status != "finished"]
     counts = {s: sum(r.status == s for r in sweep.runs) for s in ("finished", "resume", "evaluate", "new")}
     print(
         f"sweep {sweep.dir}: {len(sweep.runs)} runs ({len(sweep.names)} recipes x {args.seeds} seeds); "
@@ -94,15 +109,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.dry_run:
-        for run in sweep.runs:
-            print(f"{run.status:>9}  {run.dir}")
+        for index, run in enumerate(sweep.runs):
+            print(f"{index:>4}  {run.status:>9}  {run.dir}")
         return 0
-    sweeps.write_plan(sweep)
-    from tfbuilder.train.trainer import quiet_lightning  # deferred: start-up time
+    from tfbuilder.train.progress import global_rank  # deferred: start-up time
+    from tfbuilder.train.trainer import quiet_lightning
 
+    if global_rank() == 0:
+        sweeps.write_plan(sweep)
     with quiet_lightning():
-        failed = _run_with_progress(todo, sweep)
+        diverged, elsewhere = _run_with_progress(todo, sweep)
+    failed = list(diverged.values())
+    if global_rank() != 0:
+        return 0  # another rank of a DDP sweep: rank 0 writes the report
+    unfinished = [r for r in sweep.runs if r.dir not in diverged and sweeps.status(r, sweep.bleu_beam) != "finished"]
+    if unfinished and not args.report_only:
+        # Other workers (processes, nodes, job-array tasks) are training these: the one that finishes the
+        # sweep's last run writes the report.
+        print(
+            f"sweep {sweep.dir}: {len(sweep.runs) - len(unfinished)} of {len(sweep.runs)} runs finished"
+            + (f"; {len(elsewhere)} were being trained by another worker" if elsewhere else "")
+            + "; the report is written when the last one finishes (or run this command with --report-only)",
+            file=sys.stderr,
+        )
+        return 1 if failed else 0
     finished, _ = reports.find_runs([sweep.dir])
+    if not finished:
+        print(f"sweep {sweep.dir}: no finished runs to report yet", file=sys.stderr)
+        return EXIT_USAGE
     rows = reports.group(reports.read_runs(finished, beam=args.beam, warn=_warn), baseline=args.baseline)
     note = f"Made by `{command}`." if command else ""
     if failed:
@@ -115,9 +149,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _run_with_progress(todo: list[Run], sweep: Sweep, console: Console | None = None) -> list[str]:
+def _run_with_progress(
+    todo: list[Run], sweep: Sweep, console: Console | None = None
+) -> tuple[dict[Path, str], list[str]]:
     """Each run in turn under a rich progress display (plain lines when the output is not a terminal).
-    A run that diverges does not stop the others; returns what diverged."""
+    A run that diverges does not stop the others. A run another worker holds (its ``fit.lock``) is left
+    to it, and a run that worker finished meanwhile is not trained again. Returns what diverged, and
+    what other workers were training."""
     import time
 
     from rich.console import Console
@@ -130,11 +168,13 @@ def _run_with_progress(todo: list[Run], sweep: Sweep, console: Console | None = 
         TimeRemainingColumn,
     )
 
+    from tfbuilder.runs.checkpoints import RunInUse
     from tfbuilder.train.callbacks import NonFiniteLoss  # deferred: start-up time
-    from tfbuilder.use.sweeps import execute  # deferred: start-up time
+    from tfbuilder.use.sweeps import execute, status  # deferred: start-up time
 
     console = console or Console(stderr=True)
-    failed: list[str] = []
+    failed: dict[Path, str] = {}  # run directory -> what diverged
+    elsewhere: list[str] = []
     columns = (
         TextColumn("{task.description:<36}"),
         BarColumn(),
@@ -151,20 +191,22 @@ def _run_with_progress(todo: list[Run], sweep: Sweep, console: Console | None = 
             if not console.is_terminal:
                 print(f"[{index}/{len(todo)}] {label}: {run.status} -> {run.dir}", file=sys.stderr, flush=True)
             start = time.perf_counter()
+            run.status = status(run, sweep.bleu_beam)  # another worker may have trained it since the plan
             try:
-                execute(
-                    run,
-                    bleu_beam=sweep.bleu_beam,
-                    on_step=_moving(progress, current),
-                )
+                if run.status != "finished":
+                    execute(run, bleu_beam=sweep.bleu_beam, on_step=_moving(progress, current))
             except NonFiniteLoss as exc:
-                failed.append(f"{label} ({exc})")
+                failed[run.dir] = f"{label} ({exc})"
+            except RunInUse:
+                elsewhere.append(label)  # another worker holds it: the next entry
+                if not console.is_terminal:
+                    print(f"[{index}/{len(todo)}] {label}: another worker is training it", file=sys.stderr)
             progress.refresh()  # the run's last state (a short run can end between ticks)
             progress.remove_task(current)
             progress.advance(overall)
             if console.is_terminal:
                 progress.console.print(f"done {label} in {time.perf_counter() - start:.0f} s")
-    return failed
+    return failed, elsewhere
 
 
 def _moving(progress: Progress, task: TaskID) -> Callable[[int, int], None]:

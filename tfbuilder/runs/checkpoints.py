@@ -373,6 +373,11 @@ def model_state(data: dict) -> dict[str, torch.Tensor]:
     return {k.removeprefix("model."): v for k, v in data["state_dict"].items() if k.startswith("model.")}
 
 
+class RunInUse(RunDirError):
+    """Another process holds the run's ``fit.lock``: it is training there (a sweep's other worker takes
+    the next entry instead)."""
+
+
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/fit.lock`` for as long as a fit trains there; the file
     says who holds it (pid, host, since). The kernel drops the lock when the process dies, kill -9 included."""
@@ -388,7 +393,7 @@ class RunLock:
         except OSError:
             holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
-            raise RunDirError(
+            raise RunInUse(
                 f"{self.path.parent} is in use: a fit is training there ({holder}); "
                 "wait for it, or choose another directory"
             ) from None

@@ -20,6 +20,7 @@ import test_faults
 from tfbuilder.atomic import TEMP_MARK
 from tfbuilder.cli.commands import main
 from tfbuilder.runs import rewind
+from tfbuilder.runs.checkpoints import read_checkpoint
 from tfbuilder.use.results import read_run
 
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
@@ -282,3 +283,19 @@ def test_the_same_command_starts_over_a_run_stopped_before_its_first_checkpoint(
     assert outcome.rc == 0, outcome.err
     assert "stopped before its first checkpoint: starting over" in outcome.err
     assert (here / "metrics.interrupted-1.csv").read_bytes() == attempt and read_run(here).steps == 4
+
+
+# --- the world size: a resume runs with as many processes as the run had -------------------------------
+
+
+def test_a_resume_on_another_number_of_processes_is_refused_naming_both(run, capsys):
+    last = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert last["tfbuilder"]["world_size"] == 1
+    last["tfbuilder"]["world_size"] = 2  # as two processes would have written it
+    torch.save(last, run / "checkpoints" / "moved.ckpt")
+    (run / "checkpoints" / "last.ckpt").unlink()
+    (run / "checkpoints" / "moved.ckpt").rename(run / "checkpoints" / "last.ckpt")
+    before = hashes(run)
+    assert_refused(resume(run, capsys), "the run was trained by 2 processes (world size 2); this resume would run 1",
+                   "continues exactly only with 2")  # fmt: skip
+    assert hashes(run) == before

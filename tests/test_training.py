@@ -170,6 +170,7 @@ train_end = Task.on_train_end
 def save_weights(self):
     train_end(self)
     state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+    state["train_tokens"] = torch.tensor(self.train_tokens)  # this rank's own count
     torch.save(state, os.path.join(os.environ["WEIGHTS_DIR"], f"rank-{self.global_rank}.pt"))
 Task.on_train_end = save_weights
 sys.exit(main(sys.argv[1:]))
@@ -203,9 +204,14 @@ def test_ddp_on_two_cpu_processes_completes_and_ranks_agree(tmp_path):
     assert re.search(r"^ranks agree +yes$", proc.stdout, re.M), proc.stdout
     runs = list((tmp_path / "runs" / "quickstart").iterdir())
     assert len(runs) == 1  # both ranks wrote into one run directory
-    assert json.loads((runs[0] / "summary.json").read_text())["ranks_agree"] is True
-    # Every tensor of both ranks' final weights is equal, and equal to the last checkpoint's.
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert summary["ranks_agree"] is True
     rank0, rank1 = (torch.load(tmp_path / f"rank-{r}.pt", weights_only=True) for r in (0, 1))
+    # The summary counts both ranks' tokens; the checkpoint says how many processes trained.
+    tokens = [int(state.pop("train_tokens")) for state in (rank0, rank1)]
+    assert summary["train_tokens"] == sum(tokens) and min(tokens) > 0
+    assert read_checkpoint(runs[0] / "checkpoints" / "last.ckpt")["tfbuilder"]["world_size"] == 2
+    # Every tensor of both ranks' final weights is equal, and equal to the last checkpoint's.
     saved = model_state(read_checkpoint(runs[0] / "checkpoints" / "last.ckpt"))
     assert rank0.keys() == rank1.keys() == saved.keys()
     assert all(torch.equal(rank0[k], rank1[k]) and torch.equal(rank0[k], saved[k]) for k in rank0)

@@ -24,7 +24,7 @@ from tfbuilder.runs.checkpoints import Interrupted
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sections import DataSection
 from tfbuilder.train import preflight, stopping
-from tfbuilder.train.lifecycle import Claim, initial_model, read_origin
+from tfbuilder.train.lifecycle import Claim, Origin, initial_model, read_origin
 from tfbuilder.train.progress import say
 from tfbuilder.train.summary import Summary
 from tfbuilder.train.task import Task
@@ -79,6 +79,21 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
     return recipe.data
 
 
+def _same_world(origin: Origin, world: int) -> None:
+    """A resume runs with as many processes as the run had: each rank's data position is its own share
+    of the batches, so another number would replay some batches and skip others. (Checkpoints of runs
+    that do not record it were written by one process or by a run that had as many.)"""
+    if not origin.resumed or origin.source is None:
+        return
+    saved = origin.source["tfbuilder"].get("world_size")
+    if isinstance(saved, int) and saved != world:
+        raise TfbuilderError(
+            f"the run was trained by {saved} process{'es' if saved > 1 else ''} (world size {saved}); this resume "
+            f"would run {world}: each process's place in the data is its own share of the batches, so a resume "
+            f"continues exactly only with {saved} (trainer.devices x trainer.num_nodes)"
+        )
+
+
 def fit(recipe: Recipe, **options: Any) -> Summary:
     """Train ``recipe`` (or continue the run a checkpoint or run directory belongs to).
 
@@ -119,7 +134,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     """The steps of a fit, in order."""
     r = request
     # 1. A Trainer this machine can run: accelerator, precision, strategy (the cheapest check first).
-    probe(r.recipe)
+    world = probe(r.recipe)
     # 2. The model builds, steps and fits this machine, its data's files are there (the pre-flight),
     #    before any run directory exists. A resumed or initialised run takes its checkpoint's vocabulary.
     preflight.check_run(r.recipe, vocab_given=r.resume is not None or r.init_from is not None)
@@ -127,6 +142,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     # 3. Where the fit starts (new, resume, init-from), read and checked; an existing run directory is
     #    locked at once, and there must be room for the checkpoints.
     where = read_origin(r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force)
+    _same_world(where, world)
     origin = claim.hold(where, r.recipe)
     # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
     prepared = prepare(r.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)

@@ -69,6 +69,7 @@ class Task(L.LightningModule):
         self._clock = 0.0
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
+        self.all_ranks: tuple[int, float] | None = None  # (target tokens, tokens/s) over every rank, at the end
         self.bad_step: torch.Tensor | None = None  # first step with a non-finite loss (0: none)
         self._window_tokens: torch.Tensor | int = 0  # target tokens of the micro-batches since the last step
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
@@ -235,6 +236,7 @@ class Task(L.LightningModule):
             "components": registry.provenance([params for _, params in self.recipe.model.components()]),
             "specials": self.model.specials.to_dict(),
             numbering.KEY: self.metrics_steps,
+            "world_size": self.trainer.world_size,  # the data position is per rank: a resume needs as many
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -252,3 +254,9 @@ class Task(L.LightningModule):
             digest = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().reshape(1)
             gathered = self.trainer.strategy.all_gather(digest.to(self.device)).flatten()
             self.ranks_agree = bool(torch.all(gathered == gathered[0]))
+            # Throughput of the whole job: every rank's target tokens and tokens/s, summed.
+            mine = [float(self.train_tokens), self.train_tokens / max(self.train_seconds, 1e-9)]
+            summed = self.trainer.strategy.reduce(
+                torch.tensor(mine, dtype=torch.float64, device=self.device), reduce_op="sum"
+            ).tolist()
+            self.all_ranks = (int(summed[0]), summed[1])

@@ -264,8 +264,9 @@ class StepHook(Callback):
         self.hook(trainer.global_step, trainer.max_steps)
 
 
-def probe(recipe: Recipe) -> None:
-    """Fail on an accelerator, precision or strategy this machine lacks before any run directory exists."""
+def probe(recipe: Recipe) -> int:
+    """Fail on an accelerator, precision or strategy this machine lacks before any run directory exists;
+    else the number of processes the run will have (its world size)."""
     t = recipe.trainer
     if isinstance(t.devices, list) and not accelerated(recipe):
         where = "accelerator: cpu" if t.accelerator == "cpu" else "this machine has no GPU"
@@ -274,7 +275,7 @@ def probe(recipe: Recipe) -> None:
             "give a number of processes"
         )
     try:
-        L.Trainer(
+        trial = L.Trainer(
             accelerator=t.accelerator,
             devices=t.devices,
             strategy=t.strategy,
@@ -287,6 +288,7 @@ def probe(recipe: Recipe) -> None:
         )
     except (TypeError, ValueError, RuntimeError, MisconfigurationException) as exc:
         raise TfbuilderError(f"trainer: {exc}") from None
+    return trial.world_size
 
 
 @contextmanager

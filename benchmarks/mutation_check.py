@@ -227,6 +227,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("sweep: --report-only trains", "tfbuilder/cli/sweeps.py", "    todo = [] if args.report_only else [", "    todo = [] if False else [", ("tests/test_sweeps.py", "-k", "workers or entry")),
     Mutation("ranks: the summary counts rank 0's tokens only", "tfbuilder/train/summary.py", "            train_tokens=task.all_ranks[0] if task.all_ranks else task.train_tokens,", "            train_tokens=task.train_tokens,", ("tests/test_training.py", "-k", "ddp")),
     Mutation("ranks: a resume on another world size allowed", "tfbuilder/train/fit.py", "    if isinstance(saved, int) and saved != world:", "    if False:", ("tests/test_faults_runs.py", "-k", "another_number")),
+    Mutation("validate: fsdp on the CPU passes", "tfbuilder/train/preflight.py", '    if t.strategy != "fsdp":\n        return []', '    if t.strategy == "fsdp":\n        return []', ("tests/test_preflight.py", "-k", "fsdp")),
     Mutation("steps: rewind keeps the row of the step after", "tfbuilder/runs/rewind.py", "int(logged) > last else kept", "int(logged) >= last else kept", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: an older run renumbered on resume", "tfbuilder/runs/steps.py", "return 0 if numbering == OPTIMIZER else 1", "return 0", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: curves shifted by one", "tfbuilder/use/results.py", "        step = int(step) + offset\n", "        step = int(step) + 1\n", ("tests/test_faults_runs.py", "-k", "older or console")),

@@ -153,3 +153,19 @@ def test_a_tokenizer_path_that_is_not_a_regular_file_is_refused_without_reading_
     assert_refused(validate(capsys, recipe), f"data.tokenizer.path: {fifo} is not a regular file")
     recipe = write_recipe(tmp_path / "r.yaml", tokenizer={"type": "pretrained", "path": str(fifo)})
     assert_refused(validate(capsys, recipe), f"data.tokenizer.path: {fifo} is not a regular file")
+
+
+# --- a strategy this machine cannot run -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", "auto"])
+def test_fsdp_without_a_cuda_gpu_is_refused_by_validate_and_fit(accelerator, tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    quickstart = str(ROOT / "recipes" / "quickstart.yaml")
+    sets = ["--set", "trainer.strategy=fsdp", "--set", f"trainer.accelerator={accelerator}", "--set", f"trainer.output={tmp_path / 'runs'}"]
+    why = "trainer.accelerator is cpu" if accelerator == "cpu" else "this machine has no CUDA GPU"
+    assert_refused(run_cli(["validate", quickstart, *sets], capsys), "trainer.strategy: fsdp shards the model over CUDA GPUs", why)
+    assert_refused(run_cli(["fit", quickstart, *sets], capsys), "fsdp")  # fit: Lightning's own words, first
+    assert not (tmp_path / "runs").exists()

@@ -55,7 +55,11 @@ def check(recipe: Recipe, *, environment: bool = True, data: bool = True, vocab_
     parameters = count_parameters(recipe)
     if environment:
         problems += (
-            check_size(recipe, parameters) + check_launcher(recipe) + loggers.check(recipe) + check_tokenizer(recipe)
+            check_size(recipe, parameters)
+            + check_launcher(recipe)
+            + check_strategy(recipe)
+            + loggers.check(recipe)
+            + check_tokenizer(recipe)
         )
         if data:
             problems += check_data(recipe, vocab_given=vocab_given)
@@ -68,6 +72,26 @@ def check(recipe: Recipe, *, environment: bool = True, data: bool = True, vocab_
 def check_run(recipe: Recipe, *, vocab_given: bool = False) -> None:
     """What ``fit`` checks before it creates a run directory (the same as ``validate``)."""
     check(recipe, vocab_given=vocab_given)
+
+
+def check_strategy(recipe: Recipe) -> list[Problem]:
+    """A strategy this machine cannot run: FSDP shards over CUDA devices only (Lightning refuses it with
+    any other accelerator, after the data is prepared)."""
+    t = recipe.trainer
+    if t.strategy != "fsdp":
+        return []
+    if t.accelerator in ("cpu", "mps"):
+        why = f"trainer.accelerator is {t.accelerator}"
+    elif not torch.cuda.is_available():
+        why = "this machine has no CUDA GPU"
+    else:
+        return []
+    return [
+        recipe.problem(
+            ("trainer", "strategy"),
+            f"fsdp shards the model over CUDA GPUs, and {why}: use strategy ddp (or auto) here",
+        )
+    ]
 
 
 # --- lengths ---------------------------------------------------------------------------------

@@ -47,3 +47,23 @@ def test_switch_routing_trains_the_router_from_the_task_loss():
     x = torch.randn(2, 5, 8)
     (moe(x).square().sum() + moe.auxiliary_loss()).backward()
     assert moe.router.weight.grad is not None and moe.router.weight.grad.abs().sum() > 1e-2
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_geglu_gates_with_gelu_exact_or_its_tanh_form(approximate):
+    """GEGLU(x) = (GELU(x W) * x V) W2; the tanh form written out from Hendrycks & Gimpel (2016)."""
+    from tfbuilder.model.components.ffn import GEGLU
+
+    torch.manual_seed(0)
+    ffn = GEGLU(GEGLU.Params(hidden=12, approximate=approximate), BuildContext(d_model=8))
+    x = torch.randn(2, 5, 8) * 3
+    gate, value = ffn.ff_in(x).chunk(2, dim=-1)
+    if approximate == "tanh":
+        gelu = 0.5 * gate * (1 + torch.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate**3)))
+    else:
+        gelu = 0.5 * gate * (1 + torch.erf(gate / math.sqrt(2)))
+    with torch.no_grad():
+        torch.testing.assert_close(ffn(x), ffn.ff_out(gelu * value), atol=1e-6, rtol=1e-6)
+        other = GEGLU(GEGLU.Params(hidden=12, approximate="tanh" if approximate == "none" else "none"), BuildContext(d_model=8))
+        other.load_state_dict(ffn.state_dict())
+        assert (other(x) - ffn(x)).abs().max() > 1e-5  # the two forms differ

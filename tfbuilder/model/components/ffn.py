@@ -111,12 +111,22 @@ class SwiGLU(GLU):
 
 @register("ffn", "geglu")
 class GEGLU(GLU):
-    """GLU with a GELU gate (Shazeer 2020, arXiv:2002.05202)."""
+    """GLU with a GELU gate (Shazeer 2020, arXiv:2002.05202). ``approximate: tanh`` gates with GELU's tanh
+    approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (Hendrycks & Gimpel 2016,
+    arXiv:1606.08415), as Gemma does (Gemma Team 2024, arXiv:2403.08295; ``gelu_pytorch_tanh``)."""
 
     activation = "gelu"
 
     class Params(_GLUParams):
         type: Literal["geglu"] = "geglu"
+        approximate: Literal["none", "tanh"] = Field(
+            "none", description="GELU exact (erf), or its tanh approximation (Gemma's gelu_pytorch_tanh)"
+        )
+
+    def __init__(self, params: Params, ctx: BuildContext):
+        super().__init__(params, ctx)
+        if params.approximate == "tanh":
+            self.act = ACTIVATIONS["gelu_tanh"]()
 
 
 @register("ffn", "reglu")

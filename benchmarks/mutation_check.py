@@ -229,6 +229,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("ranks: a resume on another world size allowed", "tfbuilder/train/fit.py", "    if isinstance(saved, int) and saved != world:", "    if False:", ("tests/test_faults_runs.py", "-k", "another_number")),
     Mutation("validate: fsdp on the CPU passes", "tfbuilder/train/preflight.py", '    if t.strategy != "fsdp":\n        return []', '    if t.strategy == "fsdp":\n        return []', ("tests/test_preflight.py", "-k", "fsdp")),
     Mutation("geglu: the tanh form ignored", "tfbuilder/model/components/ffn.py", '        if params.approximate == "tanh":\n            self.act = ACTIVATIONS["gelu_tanh"]()', '        if params.approximate == "none":\n            self.act = ACTIVATIONS["gelu_tanh"]()', ("tests/test_ffn.py", "-k", "geglu")),
+    Mutation("qk rms: not applied in self-attention", A, "        q, k = self._rms_qk(q, k)\n        if self._shared:", "        if self._shared:", ("tests/test_attention.py", "-k", "rms")),
+    Mutation("qk rms: keys not normalised", A, "        return self.q_norm(q), self.k_norm(k)", "        return self.q_norm(q), k", ("tests/test_attention.py", "-k", "rms")),
     Mutation("steps: rewind keeps the row of the step after", "tfbuilder/runs/rewind.py", "int(logged) > last else kept", "int(logged) >= last else kept", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: an older run renumbered on resume", "tfbuilder/runs/steps.py", "return 0 if numbering == OPTIMIZER else 1", "return 0", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: curves shifted by one", "tfbuilder/use/results.py", "        step = int(step) + offset\n", "        step = int(step) + 1\n", ("tests/test_faults_runs.py", "-k", "older or console")),

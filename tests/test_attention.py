@@ -62,3 +62,42 @@ def test_qk_norm_is_cosine_similarity_times_a_temperature():
             cosine = torch.tensor([[float(qh[i] @ kh[j] / (qh[i].norm() * kh[j].norm())) for j in range(5)] for i in range(5)])
             out.append((2.7 * cosine).softmax(dim=-1) @ vh)
         torch.testing.assert_close(attn(x)[0], attn.to_out(torch.cat(out, dim=-1)), atol=1e-5, rtol=1e-5)
+
+
+def test_qk_rms_norm_normalises_each_heads_queries_and_keys_with_a_gain_per_channel_before_rotary():
+    """Qwen3's q_norm/k_norm: x / sqrt(mean(x^2) + eps) * g over each head's d_k channels (one gain
+    vector for queries, one for keys), then the rotation, then softmax(q k^T / sqrt(d_k)) v."""
+    from tfbuilder.model.components.position import RotaryPosition
+
+    dk, eps = D // HEADS, 1e-6
+    rotary = RotaryPosition(RotaryPosition.Params(), BuildContext(d_model=D, heads=HEADS))
+    params = MultiHeadAttention.Params(heads=HEADS, qk_norm="rms", qk_norm_eps=eps)
+    attn = MultiHeadAttention(params, BuildContext(d_model=D, causal=False, position=rotary)).eval()
+    assert attn.qk_scale is None and attn.q_norm.weight.shape == (dk,)
+    with torch.no_grad():
+        attn.q_norm.weight.copy_(torch.rand(dk) + 0.5)
+        attn.k_norm.weight.copy_(torch.rand(dk) * 3)
+    x = torch.randn(1, 5, D) * 4
+
+    def rms(t, gain):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+    with torch.no_grad():
+        q, k, v = attn.to_qkv(x).split(D, dim=-1)
+        out = []
+        for h in range(HEADS):
+            part = slice(h * dk, (h + 1) * dk)
+            qh = rotary.rotate(rms(q[:, :, part], attn.q_norm.weight)[:, None], 0)[0, 0]
+            kh = rotary.rotate(rms(k[:, :, part], attn.k_norm.weight)[:, None], 0)[0, 0]
+            out.append((qh @ kh.T / math.sqrt(dk)).softmax(dim=-1) @ v[0, :, part])
+        torch.testing.assert_close(attn(x)[0], attn.to_out(torch.cat(out, dim=-1)), atol=1e-5, rtol=1e-5)
+
+
+def test_qk_rms_norm_decodes_with_a_cache_as_the_full_forward():
+    attn = attention(qk_norm="rms")
+    with torch.no_grad():
+        attn.k_norm.weight.copy_(torch.rand(D // HEADS) * 2)
+        x = torch.randn(2, 5, D)
+        cache: dict = {}
+        rows = [attn(x[:, t : t + 1], cache=cache) for t in range(5)]
+        torch.testing.assert_close(torch.cat(rows, dim=1), attn(x), atol=1e-5, rtol=1e-5)

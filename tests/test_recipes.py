@@ -147,7 +147,8 @@ def analytic_parameters(spec) -> int:
         widths = h * dk + kv * dk + kv * dv
         total = d * widths + h * dv * d + (widths + d if p.bias else 0)
         gates = {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]  # gated attention's W_theta, no bias
-        return total + (1 if p.qk_norm else 0) + d * gates
+        qk = {None: 0, "l2": 1, "rms": 2 * dk}[p.qk_form]  # a temperature, or two gain vectors
+        return total + qk + d * gates
 
     def mlp(hidden, bias) -> int:
         return 2 * d * hidden + (hidden + d if bias else 0)

@@ -42,7 +42,13 @@ class MultiHeadParams(AttentionParams):
         ge=1,
         description="sliding-window self-attention: attend to keys at most window-1 positions away; default all",
     )
-    qk_norm: bool = Field(False, description="L2-normalise queries and keys per head, with a learned scale")
+    qk_norm: Literal[False, True, "l2", "rms"] = Field(
+        False,
+        description="normalise queries and keys per head: l2 (or true): cosine similarity times one learned "
+        "temperature (Henry et al. 2020); rms: an RMSNorm over the head's channels with a learned gain per channel, "
+        "before the positions rotate them (Qwen3, Gemma 3, OLMo 2's per-head form)",
+    )
+    qk_norm_eps: float = Field(1e-6, gt=0.0, lt=1.0, description="epsilon of qk_norm: rms")
     gate: Literal["none", "elementwise", "headwise"] = Field(
         "none",
         description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): "
@@ -74,12 +80,19 @@ class MultiHeadParams(AttentionParams):
         "softmax (Gemma 2: 50); default none",
     )
 
+    @property
+    def qk_form(self) -> Literal["l2", "rms"] | None:
+        """The query/key normalisation: None, ``l2`` (``qk_norm: true`` too) or ``rms``."""
+        if self.qk_norm is False:
+            return None
+        return "rms" if self.qk_norm == "rms" else "l2"
+
     def shape(self, d_model: int) -> AttentionShape:
         return AttentionShape(self.heads, self.key_dim or default_head_dim(d_model, self.heads))
 
     def check(self, dims: ModelDims) -> list[tuple[str, str]]:
         problems = []
-        if self.scale is not None and self.qk_norm:
+        if self.scale is not None and self.qk_form == "l2":
             problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
         if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
             unset = " and ".join(n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None)
@@ -157,8 +170,15 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             self.value_lambdas = (
                 nn.Parameter(torch.tensor(lambdas)) if params.value_residual == "learnable" else lambdas
             )
-        # qk_norm: cosine similarity times a learned temperature, initialised to sqrt(d_k).
-        self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if params.qk_norm else None
+        # qk_norm l2: cosine similarity times a learned temperature, initialised to sqrt(d_k); rms: an
+        # RMSNorm with a gain per channel over each head's queries and keys (shared by the heads).
+        form = params.qk_form
+        self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if form == "l2" else None
+        self.q_norm: nn.RMSNorm | None = None
+        self.k_norm: nn.RMSNorm | None = None
+        if form == "rms":
+            self.q_norm = nn.RMSNorm(self.key_dim, eps=params.qk_norm_eps)
+            self.k_norm = nn.RMSNorm(self.key_dim, eps=params.qk_norm_eps)
         self.reset_parameters()
 
     def output_projections(self) -> list[nn.Linear]:
@@ -217,6 +237,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         q, k, v = self.to_qkv(x).split(list(self.split), dim=-1)
         q = rearrange(q, "b i (h k) -> b h i k", h=self.heads)
         k, v = self._heads_kv((k, v))
+        q, k = self._rms_qk(q, k)
         if self._shared:
             v = self._value_residual(v)
         offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0
@@ -259,9 +280,13 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             if context is None:
                 raise ValueError("cross-attention needs a context")
             k, v = self._heads_kv(self.to_kv(context).split([k_width, v_width], dim=-1))
+            if self.k_norm is not None:
+                k = self.k_norm(k)
             if cache is not None:
                 cache["k"], cache["v"] = k, v
         q = rearrange(self.to_q(x), "b i (h k) -> b h i k", h=self.heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         group = 1
         if q.shape[0] != k.shape[0]:
             # `group` consecutive query rows share one source (the beams of beam search): their
@@ -311,6 +336,13 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             return mask, is_causal
         bias = position.bias(n_q, n_k, offset, self.heads).to(q.dtype)
         return (bias if mask is None else bias.masked_fill(~mask, float("-inf"))), is_causal
+
+    def _rms_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """qk_norm rms: each head's queries and keys (b, h, n, k) through their RMSNorm, gain per channel
+        (Qwen3's q_norm and k_norm), before positions rotate them and keys are cached."""
+        if self.q_norm is None or self.k_norm is None:
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
 
     def _scaled_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         """Queries, keys and the factor on their dot products: 1/sqrt(d_k) (or ``scale``); with
@@ -400,8 +432,10 @@ class DifferentialAttention(MultiHeadAttention):
 
         def check(self, dims: ModelDims) -> list[tuple[str, str]]:
             problems = []
-            if self.scale is not None and self.qk_norm:
+            if self.scale is not None and self.qk_form == "l2":
                 problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
+            if self.qk_form == "rms":
+                problems.append(("qk_norm", "differential attention takes qk_norm l2 (true), not rms"))
             if self.key_dim is None and dims.d_model % (2 * self.heads):
                 problems.append(
                     (

@@ -101,3 +101,14 @@ def test_qk_rms_norm_decodes_with_a_cache_as_the_full_forward():
         cache: dict = {}
         rows = [attn(x[:, t : t + 1], cache=cache) for t in range(5)]
         torch.testing.assert_close(torch.cat(rows, dim=1), attn(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_bias_qkv_biases_the_query_key_and_value_projections_only(cross):
+    """Qwen2's attention: biases on q, k and v, none on the output projection."""
+    attn = MultiHeadAttention(MultiHeadAttention.Params(heads=HEADS, bias="qkv"), BuildContext(d_model=D, cross=cross))
+    inputs = [attn.to_q, attn.to_kv] if cross else [attn.to_qkv]
+    assert all(linear.bias is not None for linear in inputs) and attn.to_out.bias is None
+    full = MultiHeadAttention(MultiHeadAttention.Params(heads=HEADS, bias=True), BuildContext(d_model=D, cross=cross))
+    assert full.to_out.bias is not None
+    assert sum(p.numel() for p in full.parameters()) - sum(p.numel() for p in attn.parameters()) == D

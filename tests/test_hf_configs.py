@@ -216,3 +216,13 @@ def test_a_config_too_large_for_the_machine_is_refused_before_anything_is_alloca
     outcome = run_limited(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], cwd=tmp_path)
     assert_refused(outcome, f"{tmp_path / 'hf' / 'config.json'}: ", "parameters")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_query_key_value_biases_without_an_output_bias():
+    from conftest import ROOT
+    from tfbuilder import load_recipe
+    from tfbuilder.interop.hf.configs import to_config
+
+    llama = load_recipe(ROOT / "recipes" / "architectures" / "llama-small.yaml", ["model.attention.bias=qkv"]).model
+    with pytest.raises(UnsupportedConfig, match="model.attention.bias: qkv"):
+        to_config(llama, "llama")

@@ -145,7 +145,7 @@ def analytic_parameters(spec) -> int:
         h, kv = p.heads, p.kv_heads or p.heads
         dk, dv = p.key_dim or d // h, p.value_dim or d // h
         widths = h * dk + kv * dk + kv * dv
-        total = d * widths + h * dv * d + (widths + d if p.bias else 0)
+        total = d * widths + h * dv * d + (widths if p.bias else 0) + (d if p.bias is True else 0)  # qkv: no output bias
         gates = {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]  # gated attention's W_theta, no bias
         qk = {None: 0, "l2": 1, "rms": 2 * dk}[p.qk_form]  # a temperature, or two gain vectors
         return total + qk + d * gates

@@ -309,8 +309,15 @@ def stack_layers(model: ModelSection, part: Literal["encoder", "decoder"]) -> in
 
 
 def attention_bias(attention: ComponentParams) -> bool:
-    """Whether the attention's projections learn biases (False for one that has no such field)."""
-    return attention.bias if isinstance(attention, _ATTENTION_WITH_DROPOUT) else False
+    """Whether the attention's projections learn biases (False for one that has no such field). Biases
+    on the query, key and value projections alone (``bias: qkv``) are no layout of these families."""
+    bias = attention.bias if isinstance(attention, _ATTENTION_WITH_DROPOUT) else False
+    if bias == "qkv":
+        raise UnsupportedConfig(
+            "model.attention.bias: qkv (query/key/value biases without an output bias) is not a layout of the "
+            "GPT-2, BERT, T5 or Llama families: they bias every projection or none"
+        )
+    return bool(bias)
 
 
 def ffn_bias(ffn: ComponentParams) -> bool:

@@ -68,7 +68,11 @@ class MultiHeadParams(AttentionParams):
         "(learnable: their initial values); the paper's Identity-ResFormer: 0.5, 0.5",
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the attention weights")
-    bias: bool = Field(True, description="learn biases in the input and output projections")
+    bias: bool | Literal["qkv"] = Field(
+        True,
+        description="learn biases in the input and output projections; qkv: in the query, key and value "
+        "projections only (Qwen2)",
+    )
     scale: float | None = Field(
         None, gt=0.0, description="multiplies q.k before the softmax; default 1/sqrt(d_k) (sec. 3.2.1); T5 uses 1"
     )
@@ -148,11 +152,11 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         q, k, v = h * self.key_dim, self.kv_heads * self.key_dim, self.kv_heads * self.value_dim
         self.split = (q, k, v)
         if self.cross:
-            self.to_q = nn.Linear(d, q, bias=params.bias)
-            self.to_kv = nn.Linear(d, k + v, bias=params.bias)
+            self.to_q = nn.Linear(d, q, bias=bool(params.bias))
+            self.to_kv = nn.Linear(d, k + v, bias=bool(params.bias))
         else:
-            self.to_qkv = nn.Linear(d, q + k + v, bias=params.bias)
-        self.to_out = nn.Linear(h * self.value_dim, d, bias=params.bias)
+            self.to_qkv = nn.Linear(d, q + k + v, bias=bool(params.bias))
+        self.to_out = nn.Linear(h * self.value_dim, d, bias=params.bias is True)
         # Gated attention: the paper's Y' = Y * sigmoid(X W_theta), without a bias; one gate per value
         # channel of each head (elementwise) or one per head (headwise).
         self.gate = params.gate

@@ -39,6 +39,7 @@ PACKAGES = {
     "mlflow": ("mlflow", "pip install 'tfbuilder[mlflow]'"),
 }
 RECORD = "loggers.json"
+LIGHTNING_MLFLOW_DEFAULT = "file:./mlruns"  # Lightning's MLFlowLogger without a tracking URI
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")  # the tracking URI schemes of MLflow's database store
 SERVER_NAMES = ("databricks", "databricks-uc", "uc")  # tracking URIs without a scheme that are not folders
 WANDB_PROJECT = "tfbuilder"  # unless WANDB_PROJECT says otherwise
@@ -71,13 +72,14 @@ def unusable(name: str) -> str | None:
 
 
 def mlflow_problem() -> str | None:
-    """Why MLflow could not start a run at the tracking URI it would use (MLFLOW_TRACKING_URI, or MLflow's
-    default), where that can be told without starting one (:func:`tracking_problem`)."""
+    """Why MLflow could not start a run at the tracking URI the run's logger would use (MLFLOW_TRACKING_URI,
+    else Lightning's default ``file:./mlruns``), where that can be told without starting one
+    (:func:`tracking_problem`). Not ``mlflow.get_tracking_uri()``: an earlier run in the same process sets
+    MLflow's process-wide URI, which the next run's logger does not use."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or LIGHTNING_MLFLOW_DEFAULT
     try:
-        import mlflow  # deferred: only a recipe that logs to MLflow pays for importing it
+        import mlflow  # noqa: F401  # deferred: only a recipe that logs to MLflow pays for importing it
         from mlflow import environment_variables
-
-        uri = str(mlflow.get_tracking_uri())
     except Exception as exc:  # noqa: BLE001 (a broken install or setting: what stops it here stops fit too)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         return f"the mlflow logger cannot start: {first}"

@@ -232,6 +232,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("qk rms: not applied in self-attention", A, "        q, k = self._rms_qk(q, k)\n        if self._shared:", "        if self._shared:", ("tests/test_attention.py", "-k", "rms")),
     Mutation("qk rms: keys not normalised", A, "        return self.q_norm(q), self.k_norm(k)", "        return self.q_norm(q), k", ("tests/test_attention.py", "-k", "rms")),
     Mutation("bias qkv: an output bias too", A, "        self.to_out = nn.Linear(h * self.value_dim, d, bias=params.bias is True)", "        self.to_out = nn.Linear(h * self.value_dim, d, bias=bool(params.bias))", ("tests/test_attention.py", "-k", "bias_qkv")),
+    Mutation("preemption: no requeue when SIGUSR1 comes before training", "tfbuilder/train/fit.py", "            requeued = stopping.requeue(stop.signum) if global_rank() == 0 else None", "            requeued = None", ("tests/test_stopping.py",)),
     Mutation("steps: rewind keeps the row of the step after", "tfbuilder/runs/rewind.py", "int(logged) > last else kept", "int(logged) >= last else kept", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: an older run renumbered on resume", "tfbuilder/runs/steps.py", "return 0 if numbering == OPTIMIZER else 1", "return 0", ("tests/test_faults_runs.py", "-k", "older or console")),
     Mutation("steps: curves shifted by one", "tfbuilder/use/results.py", "        step = int(step) + offset\n", "        step = int(step) + 1\n", ("tests/test_faults_runs.py", "-k", "older or console")),

@@ -91,3 +91,15 @@ def test_lightnings_own_requeue_is_switched_off_under_slurm(slurm, monkeypatch):
     assert environment.auto_requeue is False  # else Lightning writes hpc_ckpt_<n>.ckpt and requeues as well
     monkeypatch.delenv("SLURM_NTASKS")
     assert _cluster_environment() == []
+
+
+def test_sigusr1_before_the_first_step_requeues_too(tmp_path, slurm, net, monkeypatch, capsys):
+    from tfbuilder.train import lifecycle
+
+    here = tmp_path / "job"
+    with monkeypatch.context() as patch:
+        signal_at(patch, lifecycle, "_set_up_run_dir", signal.SIGUSR1)
+        outcome = run_cli(["fit", str(QUICKSTART), "--run-dir", str(here), *tiny(tmp_path)], capsys)
+    assert outcome.rc == 128 + signal.SIGUSR1, outcome.err
+    assert "SIGUSR1: stopped before the first step" in outcome.err and "SLURM job 4242 requeued" in outcome.err
+    assert slurm.read_text() == "requeue 4242\n"

@@ -25,7 +25,7 @@ from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sections import DataSection
 from tfbuilder.train import preflight, stopping
 from tfbuilder.train.lifecycle import Claim, Origin, initial_model, read_origin
-from tfbuilder.train.progress import say
+from tfbuilder.train.progress import global_rank, say
 from tfbuilder.train.summary import Summary
 from tfbuilder.train.task import Task
 from tfbuilder.train.trainer import build, data_module, probe, quiet_lightning
@@ -124,7 +124,9 @@ def run(request: FitRequest) -> Summary:
             with stopping.raising(), claim:
                 return _steps(request, claim)
         except stopping.Stop as stop:
-            raise Interrupted(claim.stopped(stop.signum), stop.signum) from None
+            requeued = stopping.requeue(stop.signum) if global_rank() == 0 else None  # SIGUSR1 in a SLURM job
+            message = claim.stopped(stop.signum) + (f" {requeued}" if requeued else "")
+            raise Interrupted(message, stop.signum) from None
         except TfbuilderError:
             claim.discard()  # refused while setting up (a tracker that would not start): no half-made run left
             raise

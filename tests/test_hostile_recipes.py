@@ -13,6 +13,7 @@ import tfbuilder
 from conftest import ROOT
 from hostile import assert_refused, run_cli, run_limited
 from tfbuilder.spec.sources import MAX_EXTENDS, MAX_RECIPE_BYTES, load_source
+from tfbuilder.spec.yaml_source import MAX_LINE, MAX_NODES
 
 VANILLA = ROOT / "recipes" / "vanilla.yaml"
 BOMB = ROOT / "tests" / "broken_recipes" / "yaml_alias_bomb.yaml"
@@ -45,16 +46,39 @@ def test_a_directory_is_not_a_recipe(tmp_path, capsys):
     assert_refused(run_cli(["validate", str(tmp_path)], capsys), ":1:1: ", "a directory")
 
 
-def test_a_recipe_is_at_most_a_mebibyte(tmp_path, capsys):
+def test_a_recipe_is_at_most_256_kib(tmp_path, capsys):
+    assert MAX_RECIPE_BYTES == 256 * 1024
     big = write(tmp_path / "big.yaml", "model: {vocab_size: 10}\n" + "# padding\n" * (MAX_RECIPE_BYTES // 10 + 1))
     assert_refused(run_cli(["validate", str(big)], capsys), "big.yaml:1:1: ", f"a recipe is at most {MAX_RECIPE_BYTES:,}")
+
+
+def test_a_long_line_is_refused_before_it_is_scanned(tmp_path, capsys):
+    """One line of flow YAML is parsed as slowly as many: a 200 KB line is refused where it is."""
+    line = "data: {lengths: [" + ", ".join(["1"] * 60_000) + "]}"
+    long = write(tmp_path / "long.yaml", "name: x\n" + line + "\n")
+    outcome = run_cli(["validate", str(long)], capsys)
+    assert_refused(outcome, "long.yaml:2:1: ", f"a line of {len(line):,} characters", f"at most {MAX_LINE:,}")
+    short = write(tmp_path / "short.yaml", "name: x\n" + "# " + "x" * (MAX_LINE - 2) + "\n" + "model: {vocab_size: 10}\n")
+    assert "a line of" not in run_cli(["validate", str(short)], capsys).err  # a line of exactly MAX_LINE is read
+    assert_refused(run_cli(["validate", "recipes/quickstart.yaml", "--set", f"name={'x' * (MAX_LINE + 1)}"], capsys,
+                           cwd=ROOT), "--set name=", "recipe lines are at most")
+
+
+def test_values_written_are_bounded_while_composing(tmp_path, capsys):
+    """Values written one per line (no alias) are counted as PyYAML composes them: refused at the
+    first value past MAX_NODES, within the time bound, not after composing all of them."""
+    many = write(tmp_path / "many.yaml", "data:\n  lengths: [1,\n" + "    1,\n" * 30_000 + "  1]\n")
+    outcome = run_cli(["validate", str(many)], capsys)
+    assert_refused(outcome, "many.yaml:", f"more than {MAX_NODES:,} values written")
+    line = int(outcome.err.split("many.yaml:")[1].split(":")[0])
+    assert MAX_NODES - 10 < line <= MAX_NODES, outcome.err  # where the count ran out, not at the end
 
 
 def test_resource_cases_stay_within_a_gibibyte(tmp_path):
     """The cases that used to take gigabytes, in one subprocess whose address space is capped:
     `validate` goes on to the next file after refusing one, so each case is refused in turn under the
     same limit (one import of torch instead of three)."""
-    deep = write(tmp_path / "deep.yaml", "model: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    deep = write(tmp_path / "deep.yaml", "model: " + "[\n" * 60_000 + "]\n" * 60_000)  # lines within MAX_LINE
     zero = write(tmp_path / "z.yaml", "extends: /dev/zero\n")
     cases = {BOMB: "YAML aliases expand this recipe to more than", zero: "not a regular file", deep: "nested deeper than"}
     outcome = run_limited(["validate", *map(str, cases)], cwd=tmp_path)
@@ -161,3 +185,54 @@ def test_a_yaml_reader_error_is_reported_once_where_it_is(tmp_path, capsys):
     outcome = run_cli(["validate", str(recipe)], capsys)
     assert_refused(outcome, "r.yaml:3:12: ", "special character #x0001")
     assert len(outcome.err.strip().splitlines()) == 1, outcome.err
+
+
+# --- integers beyond what torch and numpy hold ------------------------------------------------------
+
+
+def _errors_at(cls, field: str, value) -> list[str]:
+    """The error types ``cls`` gives for ``field`` set to ``value`` (other fields' errors ignored)."""
+    from pydantic import ValidationError
+
+    data = {field: value}
+    if "type" in cls.model_fields and field != "type":
+        data["type"] = cls.model_fields["type"].default
+    try:
+        cls.model_validate(data)
+    except ValidationError as exc:
+        return [e["type"] for e in exc.errors() if e["loc"][:1] == (field,)]
+    return []
+
+
+def _int_fields() -> list[tuple[type, str]]:
+    """Every field of every section and registered component that takes an integer."""
+    from tfbuilder import registry
+    from tfbuilder.spec import recipe  # noqa: F401  (defines every section)
+    from tfbuilder.spec.base import Section
+
+    registry.load()
+    classes, stack = [], list(Section.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        classes.append(cls)
+        stack.extend(cls.__subclasses__())
+    classes += [entry.params for family in registry.FAMILIES for entry in registry.entries(family)]
+    return [(cls, name) for cls in dict.fromkeys(classes) for name in cls.model_fields
+            if name != "type" and not _errors_at(cls, name, 5) and _errors_at(cls, name, 5.5)]  # ints, not floats
+
+
+def test_every_integer_of_a_recipe_is_bounded():
+    """An integer past 2^32 - 1 anywhere in a recipe (a component's size, a window, a count) is a
+    validation error at that key, never an overflow inside torch or numpy later."""
+    fields = _int_fields()
+    assert len(fields) > 40, fields  # the walk found the recipe's integers
+    refused = {"int_bound", "less_than_equal", "less_than"}  # the common bound, or the field's own
+    unbounded = [f"{cls.__name__}.{name}" for cls, name in fields if not refused & set(_errors_at(cls, name, 10**20))]
+    assert not unbounded, unbounded
+    assert all("int_bound" not in _errors_at(cls, name, 2**32 - 1) for cls, name in fields)
+
+
+def test_an_overflowing_integer_is_refused_where_it_was_written(capsys):
+    outcome = run_cli(["validate", "recipes/quickstart.yaml", "--set", "model.attention.window=100000000000000000000"],
+                      capsys, cwd=ROOT)
+    assert_refused(outcome, "model.attention.window: integers here are at most 4,294,967,295")

@@ -12,15 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic_core import PydanticCustomError
+
+MAX_INT = 2**32 - 1
+"""The largest integer any recipe value may be (a seed's range): sizes beyond it overflow torch and
+numpy before any check of the model's size could say so."""
+
+
+def bounded(value: object) -> object:
+    """``value``, if no integer in it (or in its items) is beyond :data:`MAX_INT` either way."""
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    for item in items:
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_INT:
+            raise PydanticCustomError("int_bound", f"integers here are at most {MAX_INT:,}")
+    return value
 
 
 class ComponentParams(BaseModel):
-    """Base of every component's params: strict (unknown keys are errors), immutable, described."""
+    """Base of every component's params: strict (unknown keys are errors), immutable, described; no
+    integer beyond :data:`MAX_INT` (a plugin's fields included)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
     family: ClassVar[str] = ""
     type: str
+
+    _bounded = field_validator("*", mode="after")(bounded)
 
     def check(self, dims: ModelDims) -> list[tuple[str, str]]:
         """Checks that need the model's shared dimensions; returns ``(field, message)`` pairs."""
@@ -66,4 +83,4 @@ class PositionParams(ComponentParams):
         return None
 
 
-__all__ = ["AttentionParams", "AttentionShape", "ComponentParams", "ModelDims", "PositionParams", "Shaped"]
+__all__ = ["MAX_INT", "AttentionParams", "AttentionShape", "ComponentParams", "ModelDims", "PositionParams", "Shaped", "bounded"]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Strict, ValidationError
+from pydantic import BaseModel, ConfigDict, Strict, ValidationError, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from tfbuilder.params import bounded
 
 Issue = tuple[tuple[Any, ...], str, Any]
 """A cross-field problem: its location (keys below the section checked), the message, the value shown."""
@@ -21,6 +23,8 @@ class Section(BaseModel):
     """A recipe section: unknown keys are errors, no silent coercion (``yes`` is not 1.0), no inf/nan."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    _bounded = field_validator("*", mode="after")(bounded)  # no integer beyond MAX_INT
 
 
 def fail(model: str, problems: list[Issue]) -> None:

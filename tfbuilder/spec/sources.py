@@ -28,7 +28,7 @@ from tfbuilder.spec.yaml_source import (
     parse_yaml,
 )
 
-MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; 1 MiB is far beyond any real one
+MAX_RECIPE_BYTES = 1 << 18  # a recipe is a page of YAML; 256 KiB is far beyond any real one (~2 s to scan)
 MAX_EXTENDS = 32  # files in one extends chain (a recipe needs 2 or 3)
 RECIPE_SECTIONS = ("name", "extends", "model", "data", "optim", "trainer")
 # Paths a recipe file writes relative to its own folder, as ``extends`` is (``--set`` values and

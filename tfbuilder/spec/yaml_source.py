@@ -24,6 +24,8 @@ Key = tuple  # a path into the data: ("model", "encoder", "layers")
 # Hostile input is input: what a recipe file can make us read, allocate or recurse into is bounded.
 MAX_DEPTH = 64  # nesting of mappings and lists (a recipe needs about 5)
 MAX_VALUES = 100_000  # values after YAML aliases are expanded (a recipe has a few hundred)
+MAX_NODES = 10_000  # values written in one file or --set value, before aliases (PyYAML composes ~20k/s)
+MAX_LINE = 10_000  # characters on one line of a recipe (one line of flow YAML is parsed as slowly as many)
 
 
 @dataclass(frozen=True)
@@ -259,13 +261,18 @@ class Loader(yaml.SafeLoader):
     refusing nesting deeper than MAX_DEPTH while composing (PyYAML's composer recurses per level)."""
 
     _depth = 0
+    _nodes = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
+        self._nodes += 1
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
                 raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            if self._nodes > MAX_NODES:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"more than {MAX_NODES:,} values written", mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -295,6 +302,7 @@ def _pos(file: str, node: yaml.Node) -> tuple[str, int, int]:
 
 def parse_yaml(text: str, file: str) -> Source:
     """Parse one YAML document (a mapping) into a :class:`Source`; YAML errors become problems."""
+    _check_lines(text, file)
     try:
         node = yaml.compose(text, Loader=Loader)
     except yaml.MarkedYAMLError as exc:
@@ -337,8 +345,17 @@ def parse_yaml(text: str, file: str) -> Source:
     return src
 
 
+def _check_lines(text: str, file: str) -> None:
+    """Refuse a line longer than MAX_LINE characters, where it is (before PyYAML scans it)."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        if len(line) > MAX_LINE:
+            message = f"a line of {len(line):,} characters; recipe lines are at most {MAX_LINE:,}"
+            raise RecipeError([Problem(message, "", file, number, 1)])
+
+
 def parse_value(raw: str, label: str) -> Any:
     """An override's value: YAML, read with the same bounds and rules as a recipe file."""
+    _check_lines(raw, label)
     node = yaml.compose(raw, Loader=Loader)
     if node is None:
         return None

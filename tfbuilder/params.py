@@ -83,4 +83,13 @@ class PositionParams(ComponentParams):
         return None
 
 
-__all__ = ["MAX_INT", "AttentionParams", "AttentionShape", "ComponentParams", "ModelDims", "PositionParams", "Shaped", "bounded"]
+__all__ = [
+    "MAX_INT",
+    "AttentionParams",
+    "AttentionShape",
+    "ComponentParams",
+    "ModelDims",
+    "PositionParams",
+    "Shaped",
+    "bounded",
+]

@@ -21,11 +21,24 @@ MAX_ALPHA = 10.0  # GNMT tunes alpha in [0, 1]; far beyond, ((5 + |y|) / 6) ** a
 # --- value types: argparse says "invalid a positive integer value: 'x'" (see the names below) ----------
 
 
-def positive_int(text: str) -> int:
+MAX_ARGUMENT = 2**31 - 1  # any count on the command line (a batch, a budget): within torch's int32 sizes
+MAX_SEEDS = 1_000  # a sweep's seeds per recipe (each seed is a training run; ablations use 3 to 10)
+MAX_BEAM = 1_000  # beams and n-best lists (each hypothesis costs a decoder row per step)
+
+
+def positive_int(text: str, most: int = MAX_ARGUMENT) -> int:
     value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if not 1 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {most:,}, got {value}")
     return value
+
+
+def seeds(text: str) -> int:
+    return positive_int(text, MAX_SEEDS)
+
+
+def beam(text: str) -> int:
+    return positive_int(text, MAX_BEAM)
 
 
 def count(text: str) -> int:
@@ -72,6 +85,8 @@ def seed(text: str) -> int:
 
 for _f, _name in (
     (positive_int, "a positive integer"),
+    (seeds, "a number of seeds"),
+    (beam, "a beam size"),
     (count, "an integer"),
     (finite, "a number"),
     (temperature, "a number"),

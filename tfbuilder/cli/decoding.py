@@ -16,6 +16,7 @@ from tfbuilder.cli.arguments import (
     add_precision,
     add_rules,
     add_sampling,
+    beam,
     count,
     directory_arg,
     new_file,
@@ -45,11 +46,11 @@ def add_translate(sub: Subparsers) -> None:
     )
     add_checkpoints(t, "translate")
     add_checkpoint(t)
-    t.add_argument("--beam", type=positive_int, default=4, help="beam size (1: greedy; default 4, the paper's)")
+    t.add_argument("--beam", type=beam, default=4, help="beam size (1: greedy; default 4, the paper's)")
     add_alpha(t)
     t.add_argument(
         "--nbest",
-        type=positive_int,
+        type=beam,
         default=1,
         metavar="N",
         help="write the N best candidates of each line as 'LINE ||| TEXT ||| SCORE' "

@@ -16,6 +16,7 @@ from tfbuilder.cli.arguments import (
     add_device,
     add_precision,
     add_rules,
+    beam,
     new_file,
     positive_int,
     readable_file,
@@ -74,7 +75,7 @@ def add_test(sub: Subparsers) -> None:
     )
     e.add_argument(
         "--beam",
-        type=positive_int,
+        type=beam,
         default=4,
         help="beam size of the translations scored (1: greedy; default 4, the paper's)",
     )

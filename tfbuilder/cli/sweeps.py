@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING
 
-from tfbuilder.cli.arguments import EXIT_USAGE, add_set, count, directory_arg, positive_int
+from tfbuilder.cli.arguments import EXIT_USAGE, add_set, beam, count, directory_arg, seeds
 from tfbuilder.cli.recipes import preflight
 from tfbuilder.errors import RecipeError, TfbuilderError, printable
 
@@ -31,11 +31,9 @@ def add_sweep(sub: Subparsers) -> None:
         metavar="RECIPE",
         help="the recipes to compare (the first is the baseline unless --baseline)",
     )
-    w.add_argument("--seeds", type=positive_int, default=1, help="seeds 0..N-1 for every recipe (default 1)")
+    w.add_argument("--seeds", type=seeds, default=1, help="seeds 0..N-1 for every recipe (default 1)")
     w.add_argument("--out", metavar="DIR", help="sweep directory (default <trainer.output>/sweeps/<recipes' folder>)")
-    w.add_argument(
-        "--beam", type=positive_int, default=4, help="beam of the validation BLEU after training (default 4)"
-    )
+    w.add_argument("--beam", type=beam, default=4, help="beam of the validation BLEU after training (default 4)")
     w.add_argument("--no-bleu", action="store_true", help="skip the validation BLEU")
     w.add_argument(
         "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
@@ -66,7 +64,7 @@ def add_compare(sub: Subparsers) -> None:
     cp.add_argument(
         "--out", metavar="DIR", help="also write report.md/.csv, runs.csv, curves.png/.svg into DIR (new files only)"
     )
-    cp.add_argument("--beam", type=positive_int, default=4, help="read the validation BLEU of this beam (default 4)")
+    cp.add_argument("--beam", type=beam, default=4, help="read the validation BLEU of this beam (default 4)")
     cp.add_argument(
         "--baseline", metavar="NAME", help="recipe name the 'changes' column is relative to (default the first)"
     )

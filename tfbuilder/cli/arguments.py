@@ -85,8 +85,8 @@ def seed(text: str) -> int:
 
 for _f, _name in (
     (positive_int, "a positive integer"),
-    (seeds, "a number of seeds"),
-    (beam, "a beam size"),
+    (seeds, f"an integer from 1 to {MAX_SEEDS:,}"),
+    (beam, f"an integer from 1 to {MAX_BEAM:,}"),
     (count, "an integer"),
     (finite, "a number"),
     (temperature, "a number"),

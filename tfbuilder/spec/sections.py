@@ -23,9 +23,9 @@ MLM_PROBABILITY = 0.15  # BERT's share of tokens a masked LM predicts (Devlin et
 DEFAULT_BATCH_SIZE = 32  # sentences per batch when a recipe sets neither max_tokens nor batch_size
 SYNTHETIC_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 # Bounds on what a recipe may ask for: far beyond any real run, short of what hangs or cannot work.
-MAX_EXAMPLES = 10_000_000  # synthetic examples per split (generated in memory, in Python)
+MAX_EXAMPLES = 1_000_000  # synthetic examples per split (generated in memory, in Python)
 MAX_SYNTHETIC_LEN = 100_000
-MAX_SYNTHETIC_TOKENS = 1_000_000_000  # examples x longest length
+MAX_SYNTHETIC_TOKENS = 20_000_000  # examples x longest length: about 10 s and 500 MB to generate
 
 
 class SpecialNames(Section):

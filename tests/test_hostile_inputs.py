@@ -24,3 +24,62 @@ from tfbuilder.cli.arguments import MAX_ARGUMENT, MAX_BEAM, MAX_SEEDS
 )
 def test_counts_on_the_command_line_are_bounded(args, expected, capsys):
     assert_refused(run_cli(args, capsys, cwd=ROOT), expected)
+
+
+def test_a_long_line_is_translated_from_its_beginning(quickstart_run, tmp_path, capsys):
+    """A 90,000-character line (the quick-start model reads one token a character) is translated from
+    its first DEFAULT_MAX_SOURCE tokens, said on stderr with its line number; the lines around it are
+    translated whole."""
+    from tfbuilder.inference.translate import DEFAULT_MAX_SOURCE
+
+    lines = tmp_path / "in.txt"
+    lines.write_text("abc\n" + "abcd" * 22_500 + "\nba\n", encoding="utf-8")
+    outcome = run_cli(["translate", str(quickstart_run), "--input", str(lines), "--beam", "1"], capsys)
+    assert outcome.rc == 0, outcome.err
+    assert f"line 1: 90,000 tokens; translating its first {DEFAULT_MAX_SOURCE:,}" in outcome.err
+    assert "line 0" not in outcome.err and "line 2" not in outcome.err
+    out = outcome.out.split("\n")
+    assert out[0] == "abc" and out[2] == "ba", out[:1] + out[2:]  # a copy task: the short lines, whole
+    assert len(out) == 4 and out[3] == ""  # one line out for each line in
+    assert outcome.seconds < 30  # of CPU time: a model of 12-symbol sequences stops early
+
+
+def test_a_cut_line_is_translated_as_its_beginning(quickstart_run):
+    import tfbuilder
+    from tfbuilder.inference.translate import Search, translate_batch
+
+    loaded = tfbuilder.load_checkpoint(str(quickstart_run))
+    told: list[tuple[int, int]] = []
+    search = Search(beam=2)
+    cut = translate_batch(loaded.model, loaded.vocab, ["ab", "abcdbca"], search=search, max_source=5,
+                          cut=lambda i, n: told.append((i, n)))
+    assert told == [(1, 7)]
+    assert cut == translate_batch(loaded.model, loaded.vocab, ["ab", "abcdb"], search=search)
+    assert cut[1][0][0] == "abcdb"  # the copy task, copied as far as it was read
+
+
+def test_a_learned_position_table_bounds_what_a_line_reads():
+    from types import SimpleNamespace
+
+    from tfbuilder.inference.translate import DEFAULT_MAX_SOURCE, source_limit
+    from tfbuilder.spec.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "quickstart.yaml")
+    assert source_limit(SimpleNamespace(recipe=recipe)) == DEFAULT_MAX_SOURCE  # sinusoidal: no end
+    learned = load_recipe(ROOT / "recipes" / "quickstart.yaml", ["model.position={type: learned, max_len: 100}"])
+    assert source_limit(SimpleNamespace(recipe=learned)) == 99  # and the end token
+
+
+def test_attention_maps_are_drawn_for_sentences(quickstart_run, tmp_path, capsys):
+    from tfbuilder.use.attention_maps import MAX_MAP_TOKENS
+
+    out = tmp_path / "maps"
+    long = "ab" * 1050
+    outcome = run_cli(["attention", str(quickstart_run), "--src", long, "--out", str(out)], capsys)
+    assert_refused(outcome, "the source is 2,101 tokens", f"at most {MAX_MAP_TOKENS}")
+    outcome = run_cli(["attention", str(quickstart_run), "--src", "ab", "--tgt", long, "--out", str(out)], capsys)
+    assert_refused(outcome, "--tgt is 2,101 tokens")
+    assert not out.exists()
+    edge = "a" * (MAX_MAP_TOKENS - 1)  # with its end token: MAX_MAP_TOKENS exactly
+    outcome = run_cli(["attention", str(quickstart_run), "--src", edge, "--tgt", "a", "--layers", "0", "--out", str(out)], capsys)
+    assert outcome.rc == 0, outcome.err

@@ -189,10 +189,19 @@ def _translate_stream(
     """Translate ``source`` batch by batch, writing each batch's answers as soon as they are found."""
     import torch
 
-    from tfbuilder.inference.translate import translate_batch  # deferred: start-up time
+    from tfbuilder.inference.translate import source_limit, translate_batch  # deferred: start-up time
 
     generator = torch.Generator(device=model_device(model)).manual_seed(args.seed) if args.sample else None
     number = 0
+    limit = source_limit(loaded)
+
+    def cut(i: int, tokens: int) -> None:
+        print(
+            f"translate: line {number + i}: {tokens:,} tokens; translating its first {limit:,} (the most the "
+            "model reads)",
+            file=sys.stderr,
+        )
+
     for lines in batches(source, most=args.batch_size or 512):
         _warn_unknown(loaded.vocab.src, lines, first=number)
         found = translate_batch(
@@ -203,6 +212,8 @@ def _translate_stream(
             max_tokens=args.max_tokens,
             batch_size=args.batch_size,
             generator=generator,
+            max_source=limit,
+            cut=cut,
         )
         for candidates in found:
             if args.nbest == 1:

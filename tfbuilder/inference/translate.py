@@ -4,7 +4,7 @@ inference, below training (training's validation BLEU translates lines). No Ligh
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -23,6 +23,15 @@ from tfbuilder.specials import TRANSLATION_ADDED
 
 Precision = Literal["32", "bf16"]
 M = TypeVar("M", bound=nn.Module)
+DEFAULT_MAX_SOURCE = 1024  # source tokens read of a line, where the model's positions have no end
+
+
+def source_limit(loaded: Loaded) -> int:
+    """The most source tokens of a line a translation reads: what the model's learned position table
+    holds (less the end token), else :data:`DEFAULT_MAX_SOURCE` (sinusoidal, rotary and relative
+    positions go on for ever, but a line's attention grows with the square of its length)."""
+    limit = sizing.max_positions(loaded.recipe.model)
+    return DEFAULT_MAX_SOURCE if limit is None else max(1, limit - TRANSLATION_ADDED)
 
 
 def translate_lines(loaded: Loaded, lines: Iterable[str], **options) -> Iterator[str]:
@@ -65,19 +74,29 @@ def translate_scored(
     max_tokens: int = 6000,
     chunk: int = 512,
     precision: Precision = "32",
+    max_source: int = DEFAULT_MAX_SOURCE,
 ) -> Iterator[tuple[str, float]]:
-    """The best translation of each of ``lines`` with its score, in order, as :func:`translate` finds them."""
+    """The best translation of each of ``lines`` with its score, in order, as :func:`translate` finds
+    them; a line of more than ``max_source`` tokens is translated from its first ``max_source``."""
     model = decoding_model(model, precision)
     buffer: list[str] = []
     for line in lines:
         buffer.append(line.rstrip("\n"))
         if len(buffer) >= chunk:
             yield from (
-                found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens)
+                found[0]
+                for found in translate_batch(
+                    model, vocab, buffer, search=search, max_tokens=max_tokens, max_source=max_source
+                )
             )
             buffer = []
     if buffer:
-        yield from (found[0] for found in translate_batch(model, vocab, buffer, search=search, max_tokens=max_tokens))
+        yield from (
+            found[0]
+            for found in translate_batch(
+                model, vocab, buffer, search=search, max_tokens=max_tokens, max_source=max_source
+            )
+        )
 
 
 def decoding_model(model: M, precision: Precision) -> M:
@@ -126,15 +145,24 @@ def translate_batch(
     max_tokens: int = 6000,
     batch_size: int | None = None,
     generator: torch.Generator | None = None,
+    max_source: int = DEFAULT_MAX_SOURCE,
+    cut: Callable[[int, int], None] | None = None,
 ) -> list[list[tuple[str, float]]]:
     """The ``search.nbest`` best candidates (text, score) for each of ``lines``, best first. Lines are
     sorted by length into batches of at most ``max_tokens`` source tokens (and ``batch_size``
     sentences). Scores: the length-normalised log-probability beam search ranks by; for samples,
     their log-probability. ``model``: a translation model (:class:`~tfbuilder.inference.interfaces.Translator`).
     An empty line (no tokens) translates to an empty line, without a search: every search gives at least
-    one token (:class:`~tfbuilder.inference.decoding.Rules`' ``min_len``)."""
+    one token (:class:`~tfbuilder.inference.decoding.Rules`' ``min_len``). A line of more than
+    ``max_source`` tokens is translated from its first ``max_source`` (``cut(i, tokens)`` is told of
+    line ``i``), so that one long line cannot take the memory and time of its squared length."""
     seq2seq = translator(model)
     ids = vocab.src.encode_batch(lines)
+    for i, x in enumerate(ids):
+        if len(x) > max_source:
+            if cut is not None:
+                cut(i, len(x))
+            ids[i] = x[:max_source]
     sizes = [len(x) + TRANSLATION_ADDED for x in ids]  # x</s>
     order = sorted((i for i in range(len(ids)) if ids[i]), key=lambda i: sizes[i])
     out: list[list[tuple[str, float]]] = [[] if ids[i] else [("", 0.0)] for i in range(len(lines))]

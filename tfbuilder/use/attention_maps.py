@@ -119,6 +119,17 @@ def plot(weights: Tensor, queries: list[str], keys: list[str], *, title: str) ->
     return fig
 
 
+MAX_MAP_TOKENS = 256  # a map's side: a heatmap of a sentence, readable, drawn in seconds
+
+
+def _check_length(what: str, tokens: int) -> None:
+    if tokens > MAX_MAP_TOKENS:
+        raise AttentionMapError(
+            f"{what} is {tokens:,} tokens; attention maps are drawn for at most {MAX_MAP_TOKENS} "
+            "(each map has a cell per query and key): give a sentence"
+        )
+
+
 def write_maps(
     loaded: Loaded, src: str, *, tgt: str | None = None, out_dir: Path, layers: Sequence[int] | None = None
 ) -> list[Path]:
@@ -133,6 +144,9 @@ def write_maps(
     end = ids_of.end if ids_of.end is not None else EOS
     if kind == "encoder_decoder":
         source = vocab.src.encode(src) + [end]
+        _check_length("the source", len(source))
+        if tgt is not None:
+            _check_length("--tgt", len(vocab.tgt.encode(tgt)) + 1)
         src_ids = torch.tensor([source], device=device)
         target = vocab.tgt.encode(tgt) if tgt is not None else greedy(translator(model), src_ids)[0]
         tgt_ids = torch.tensor([[start] + target], device=device)
@@ -142,6 +156,7 @@ def write_maps(
         if tgt is not None:
             raise AttentionMapError(f"--tgt is for translation models; this one is '{kind}'")
         ids = ([start] if kind == "decoder" else []) + vocab.tgt.encode(src)
+        _check_length("the text", len(ids))
         weights = attention_weights(model, torch.tensor([ids], device=device))
         labels = {"encoder": token_labels(vocab.tgt, ids), "decoder": token_labels(vocab.tgt, ids)}
     available = sorted({int(name.rsplit("-L", 1)[1]) for name in weights})

@@ -23,7 +23,7 @@ from tfbuilder.data.prepare import Prepared, prepare
 from tfbuilder.data.tokens import Split
 from tfbuilder.devices import model_device
 from tfbuilder.inference.interfaces import translator
-from tfbuilder.inference.translate import Precision, Search, ensemble_of, translate_scored
+from tfbuilder.inference.translate import Precision, Search, ensemble_of, source_limit, translate_scored
 from tfbuilder.runs.checkpoints import Loaded, run_dir_of, scores_file
 from tfbuilder.spec.sections import DataSection
 from tfbuilder.specials import EOS
@@ -110,7 +110,15 @@ def evaluate_outputs(
         raise ValueError(f"the '{split}' split has no references to score translations against")
     start = time.perf_counter()
     found = list(
-        translate_scored(model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision)
+        translate_scored(
+            model,
+            loaded.vocab,
+            sources,
+            search=search,
+            max_tokens=max_tokens,
+            precision=precision,
+            max_source=source_limit(loaded),
+        )
     )
     scores.seconds_decoding = time.perf_counter() - start
     scores.beam = search.beam

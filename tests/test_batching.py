@@ -117,6 +117,23 @@ def test_an_example_the_budget_cannot_hold_is_refused_on_either_side(tmp_path, s
         prepare(data)
 
 
+def test_a_long_validation_example_does_not_pad_its_batch(tmp_path):
+    """With batch_size, validation keeps an example far longer than max_len (as it keeps every one):
+    it is a batch alone, and no batch holds more than batch_size x max_len tokens beside it (a
+    36,000-character line padded 16 sentences to its length)."""
+    val_src, val_tgt, kept = parallel_corpus(40, seed=1, filtered=False)
+    val_src[5] = numbered(5, "a", MAX_LEN * 30)
+    data = parallel_section(tmp_path, max_tokens=48, val=(val_src, val_tgt, kept))
+    data = data.model_copy(update={"max_tokens": None, "batch_size": 8})
+    batches = one_epoch(DataModule(prepare(data), data, seed=0), "val")
+    assert sum(len(b["src"]) for b in batches) == 40  # every example, once
+    sizes = sorted((b["src"].shape[1], len(b["src"])) for b in batches)
+    assert sizes[-1] == (MAX_LEN * 30 + 1, 1)  # the long one (x</s>), alone
+    assert all(n <= 8 and n * width <= 8 * MAX_LEN for width, n in sizes[:-1]), sizes
+    train = one_epoch(DataModule(prepare(data), data, seed=0), "train")
+    assert max(len(b["src"]) for b in train) == 8  # training batches: batch_size examples, as before
+
+
 def monolingual_section(tmp_path, lines: list[str], *, max_tokens: int) -> DataSection:
     write(tmp_path / "train.en", lines)
     write(tmp_path / "val.en", lines[:20])

@@ -19,12 +19,13 @@ def cut(
 ) -> np.ndarray:
     """Where consecutive batches of ``order`` begin and end (``bounds``, batch k is
     ``order[bounds[k]:bounds[k + 1]]``). With ``max_tokens``, a batch's padded source and target sizes
-    (examples x longest) each stay within the budget, filled greedily in order; an example longer than
-    the budget is a batch alone; ``extra`` is added to every source and target length (the special
+    (examples x longest) each stay within the budget, filled greedily in order (and, with
+    ``batch_size`` too, at most that many examples); an example longer than the budget is a batch alone; ``extra`` is added to every source and target length (the special
     tokens). Vectorised: numpy work per batch, not a Python step per example."""
     n = len(order)
     if max_tokens is None:
         return np.append(np.arange(0, n, batch_size, dtype=np.int64), n)
+    most = n if batch_size is None else batch_size  # with both: at most batch_size examples too
     bounds = [0]
     start = 0
     window = 64
@@ -35,7 +36,7 @@ def cut(
             count = np.arange(1, stop - start + 1, dtype=np.int64)
             longest_src = np.maximum.accumulate(src_lens[picked].astype(np.int64)) + extra[0]
             longest_tgt = np.maximum.accumulate(tgt_lens[picked].astype(np.int64)) + extra[1]
-            over = (count * longest_src > max_tokens) | (count * longest_tgt > max_tokens)
+            over = (count * longest_src > max_tokens) | (count * longest_tgt > max_tokens) | (count > most)
             over[0] = False  # the first example always goes in
             if over.any() or stop == n:
                 break
@@ -118,8 +119,8 @@ class BucketBatchSampler:
         rank: int = 0,
         world: int = 1,
     ):
-        if (max_tokens is None) == (batch_size is None):
-            raise ValueError("give exactly one of max_tokens and batch_size")
+        if max_tokens is None and batch_size is None:
+            raise ValueError("give max_tokens, batch_size or both")
         self.src_lens = np.asarray(src_lens)
         self.tgt_lens = np.asarray(tgt_lens)
         self.max_tokens, self.batch_size, self.extra = max_tokens, batch_size, extra

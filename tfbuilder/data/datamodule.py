@@ -51,12 +51,17 @@ class DataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         budget = self.data.max_tokens
+        size = None if budget else (self.data.batch_size or self.batch_size_default)
+        if size is not None and not train:
+            # Validation and test keep examples longer than data.max_len: one of them must not pad a
+            # whole batch to its length (the batch's tokens stay what batch_size x max_len would hold).
+            budget = size * self.data.max_len
         return BucketBatchSampler(
             src,
             tgt,
             max_tokens=budget,
             extra=extra,
-            batch_size=None if budget else (self.data.batch_size or self.batch_size_default),
+            batch_size=size,
             seed=self.seed,
             shuffle=train,
             infinite=train,

@@ -316,3 +316,27 @@ def test_every_file_tfbuilder_writes_goes_through_the_atomic_writer():
 def test_the_scan_finds_a_plain_write():
     code = "def f(p, x):\n    p.write_text(x)\n    torch.save(x, p)\n    atomic.write_atomic(p, lambda f: torch.save(x, f))\n"
     assert [line for line, _ in plain_writes(ast.parse(code))] == [2, 3]
+
+
+def test_a_read_only_file_system_is_a_write_error_naming_the_target(tmp_path, monkeypatch):
+    """On a read-only file system the temporary cannot be made, nor removed (unlink says EROFS even
+    for a name that is not there): the write's error is what the user reads, about their file."""
+    rofs = OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    def refuse(*args, **kwargs):
+        raise rofs
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    monkeypatch.setattr(atomic, "_serialize", refuse)
+    target = tmp_path / "scores.json"
+    with pytest.raises(atomic.WriteError, match=f"cannot write checkpoint {target}: Read-only file system"):
+        atomic.save({"a": 1}, target)
+    with pytest.raises(atomic.WriteError, match=f"cannot write file {target}: Read-only file system"):
+        atomic.write_atomic(target, refuse)
+    monkeypatch.setattr(atomic, "open", refuse, raising=False)  # the temporary cannot be made
+    with pytest.raises(atomic.WriteError) as found:
+        atomic.write_new_text(target, "{}")
+    assert found.value.errno == errno.EROFS
+    assert str(found.value) == f"cannot write file {target}: Read-only file system (nothing was written)"
+    monkeypatch.undo()
+    atomic.discard(tmp_path / "never-there")  # nothing to remove: no error

@@ -4,6 +4,9 @@ done within the bounds of tests/hostile.py."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from conftest import ROOT
@@ -83,3 +86,36 @@ def test_attention_maps_are_drawn_for_sentences(quickstart_run, tmp_path, capsys
     edge = "a" * (MAX_MAP_TOKENS - 1)  # with its end token: MAX_MAP_TOKENS exactly
     outcome = run_cli(["attention", str(quickstart_run), "--src", edge, "--tgt", "a", "--layers", "0", "--out", str(out)], capsys)
     assert outcome.rc == 0, outcome.err
+
+
+def _outputs(run: str, where: str) -> list[list[str]]:
+    """Every command that writes a file or folder the user names, writing at ``where``."""
+    ckpt = f"{run}/checkpoints/last.ckpt"
+    return [
+        ["schema", "-o", f"{where}/schema.json"],
+        ["translate", run, "--input", "recipes/quickstart.yaml", "--output", f"{where}/out.txt"],
+        ["average", run, "--last", "1", "--out", f"{where}/avg.ckpt"],
+        ["export", ckpt, "--format", "safetensors", "--out", f"{where}/exported"],
+        ["import-hf", run, "--out", f"{where}/imported"],
+    ]
+
+
+def test_an_output_under_a_file_is_refused_before_any_work(quickstart_run, tmp_path, capsys):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine\n", encoding="utf-8")
+    for args in _outputs(str(quickstart_run), str(afile)):
+        outcome = run_cli(args, capsys, cwd=ROOT)
+        assert_refused(outcome, f"{afile}", "is a file, not a directory")
+    assert afile.read_text(encoding="utf-8") == "mine\n"
+
+
+def test_an_output_in_a_folder_that_cannot_be_written_is_refused(quickstart_run, tmp_path, capsys, monkeypatch):
+    """A read-only file system (os.access says so even to root): refused before any work, naming
+    the folder, never a traceback from the temporary file's clean-up."""
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == frozen else real(p, mode, **kw))
+    for args in _outputs(str(quickstart_run), str(frozen)):
+        assert_refused(run_cli(args, capsys, cwd=ROOT), f"{frozen} is not writable")
+    assert list(frozen.iterdir()) == []

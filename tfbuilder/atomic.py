@@ -29,14 +29,24 @@ class WriteError(TfbuilderError):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, errno: int | None = None, path: Path | None = None):
+    def __init__(self, message: str, *, errno: int | None = None, path: Path | None = None, reason: str = ""):
         super().__init__(message)
         self.errno = errno  # of the OSError behind it (ENOSPC: the disk is full)
         self.path = path
+        self.reason = reason or message  # the system's words alone ("Read-only file system")
 
 
 def temp_path(path: Path) -> Path:
     return path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}"
+
+
+def discard(path: Path) -> None:
+    """Remove a temporary file if it is there; never raise (on a read-only file system, or where the
+    write never began, there may be nothing that can be removed: the error that matters is the write's)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def fsync_dir(directory: Path) -> None:
@@ -109,13 +119,14 @@ def _commit(path: Path, produce: Callable[[Path], None], *, what: str) -> Path:
         produce(tmp)
         os.replace(tmp, path)
     except BaseException as exc:
-        tmp.unlink(missing_ok=True)  # whatever stopped the write (Ctrl-C too), its temporary goes
+        discard(tmp)  # whatever stopped the write (Ctrl-C too), its temporary goes
         cause = _os_error(exc) if isinstance(exc, Exception) else None  # Ctrl-C stays Ctrl-C
         if cause is None:
             raise
         reason = cause.strerror or (os.strerror(cause.errno) if cause.errno else str(cause) or type(cause).__name__)
         kept = "the previous version is kept" if path.exists() else "nothing was written"
-        raise WriteError(f"cannot write {what} {path}: {reason} ({kept})", errno=cause.errno, path=path) from None
+        message = f"cannot write {what} {path}: {reason} ({kept})"
+        raise WriteError(message, errno=cause.errno, path=path, reason=reason) from None
     fsync_dir(path.parent)
     return path
 
@@ -156,7 +167,10 @@ def write_new_text(path: str | Path, text: str, *, what: str = "file") -> Path |
     path = Path(path)
     if os.path.lexists(path):
         return None
-    tmp = write_text(temp_path(path).with_name(temp_path(path).name + "-new"), text, what=what)
+    try:
+        tmp = write_text(temp_path(path).with_name(temp_path(path).name + "-new"), text, what=what)
+    except WriteError as exc:  # named by the file asked for, not its temporary name
+        raise WriteError(f"cannot write {what} {path}: {exc.reason} (nothing was written)", errno=exc.errno) from None
     try:
         try:
             os.link(tmp, path)
@@ -169,7 +183,7 @@ def write_new_text(path: str | Path, text: str, *, what: str = "file") -> Path |
                 return None
             os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
     fsync_dir(path.parent)
     return path
 
@@ -207,7 +221,7 @@ def link(source: Path, target: Path) -> None:
     """Make ``target`` the same file as ``source`` atomically (a hard link; a copy where links are not
     possible): last.ckpt, best.ckpt and the kept step checkpoints share one write."""
     tmp = temp_path(target)
-    tmp.unlink(missing_ok=True)
+    discard(tmp)
     try:
         os.link(source, tmp)
     except OSError as exc:
@@ -219,7 +233,7 @@ def link(source: Path, target: Path) -> None:
     try:
         os.replace(tmp, target)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise WriteError(
             f"cannot write checkpoint {target}: {exc.strerror or exc} (the previous version is kept)"
         ) from None
@@ -232,5 +246,5 @@ def remove_temporaries(directory: Path) -> list[Path]:
         return []
     stale = [p for p in directory.iterdir() if p.name.startswith(".") and TEMP_MARK in p.name]
     for p in stale:
-        p.unlink(missing_ok=True)
+        discard(p)
     return stale

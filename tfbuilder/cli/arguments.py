@@ -212,9 +212,17 @@ def new_file(path: str, flag: str) -> None:
     if os.path.lexists(path):
         what = "a directory" if os.path.isdir(path) else "an existing file"
         raise TfbuilderError(f"{flag} {path} is {what}: not overwriting it; name a new file")
+    writable_parent(path, flag)
+
+
+def writable_parent(path: str, flag: str) -> None:
+    """The folder ``path`` would be written in exists, is a folder and can be written."""
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
-        raise TfbuilderError(f"{flag} {path}: directory {parent} does not exist")
+        above = "is a file, not a directory" if os.path.exists(parent) else "does not exist"
+        raise TfbuilderError(f"{flag} {path}: {parent} {above}")
+    if not os.access(parent, os.W_OK | os.X_OK):  # read-only file system or folder (root too: EROFS)
+        raise TfbuilderError(f"{flag} {path}: {parent} is not writable")
 
 
 def directory_arg(path: str, flag: str) -> None:

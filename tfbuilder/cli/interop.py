@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from tfbuilder.cli.arguments import add_set
+from tfbuilder.cli.arguments import add_set, directory_arg
 
 if TYPE_CHECKING:
     from tfbuilder.cli.arguments import Subparsers
@@ -45,6 +45,7 @@ def add_export(sub: Subparsers) -> None:
 def cmd_import_hf(args: argparse.Namespace) -> int:
     from tfbuilder.interop.hf import import_hf  # deferred: start-up time
 
+    directory_arg(args.out, "--out")  # before the weights are read
     ckpt = import_hf(args.hf_dir, args.out, overrides=args.overrides)
     run_dir = ckpt.parent.parent
     print(f"wrote {run_dir} (recipe.yaml, tfbuilder-vocab.json, tokenizer.json, {ckpt.relative_to(run_dir)})")
@@ -54,6 +55,7 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tfbuilder.interop.hf import export  # deferred: start-up time
 
+    directory_arg(args.out, "--out")  # before the checkpoint is read
     for path in export(args.checkpoint, format=args.format, out=args.out):
         print(f"wrote {path}")
     return 0

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from tfbuilder.cli.arguments import EXIT_USAGE, add_set
+from tfbuilder.cli.arguments import EXIT_USAGE, add_set, writable_parent
 from tfbuilder.data.prepare import prepare, summary_lines
 from tfbuilder.runs.averaging import write_average
 from tfbuilder.runs.checkpoints import RUN_DIR_ENV, read_checkpoint
@@ -96,6 +96,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        writable_parent(args.out, "--out")  # before the checkpoints are read
     out, paths = write_average(args.run_dir, last=args.last, out=args.out)
     print("averaged " + ", ".join(p.name for p in paths))
     print(f"wrote {out}")

@@ -20,8 +20,9 @@ def cut(
     """Where consecutive batches of ``order`` begin and end (``bounds``, batch k is
     ``order[bounds[k]:bounds[k + 1]]``). With ``max_tokens``, a batch's padded source and target sizes
     (examples x longest) each stay within the budget, filled greedily in order (and, with
-    ``batch_size`` too, at most that many examples); an example longer than the budget is a batch alone; ``extra`` is added to every source and target length (the special
-    tokens). Vectorised: numpy work per batch, not a Python step per example."""
+    ``batch_size`` too, at most that many examples); an example longer than the budget is a batch
+    alone; ``extra`` is added to every source and target length (the special tokens). Vectorised:
+    numpy work per batch, not a Python step per example."""
     n = len(order)
     if max_tokens is None:
         return np.append(np.arange(0, n, batch_size, dtype=np.int64), n)

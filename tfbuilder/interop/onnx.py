@@ -84,7 +84,7 @@ def export_onnx(model: nn.Module, recipe: Recipe, path: Path) -> Path:
         check(model, tmp, inputs, onnxruntime)
         atomic.copy(tmp, path, what="ONNX model")
     finally:
-        tmp.unlink(missing_ok=True)
+        atomic.discard(tmp)
     return path
 
 

@@ -119,3 +119,38 @@ def test_an_output_in_a_folder_that_cannot_be_written_is_refused(quickstart_run,
     for args in _outputs(str(quickstart_run), str(frozen)):
         assert_refused(run_cli(args, capsys, cwd=ROOT), f"{frozen} is not writable")
     assert list(frozen.iterdir()) == []
+
+
+def test_what_a_path_is_is_said_in_words(tmp_path):
+    import socket
+
+    from tfbuilder.streams import describe
+
+    (tmp_path / "file").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+        assert describe(tmp_path / "sock") == "a socket"
+    assert describe(tmp_path / "file") == "a regular file"
+    assert describe(tmp_path) == "a folder"
+    assert describe(tmp_path / "fifo") == "a FIFO"
+    assert describe("/dev/null") == "a character device"
+    assert describe(tmp_path / "loop1") == "a loop of symbolic links"
+    assert describe(tmp_path / "dangling") == f"a symbolic link to {tmp_path / 'nowhere'}, which does not exist"
+    assert describe(tmp_path / "nowhere") == "missing"
+    assert describe(tmp_path / "file" / "below") == "missing"
+
+
+def test_inputs_that_are_not_files_are_named(quickstart_run, tmp_path, capsys):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    run = str(quickstart_run)
+    for name, words in (("loop1", "is a loop of symbolic links"), ("dangling", "which does not exist")):
+        for verb in ("translate", "predict"):
+            assert_refused(run_cli([verb, run, "--input", str(tmp_path / name)], capsys), f"--input {tmp_path / name} ", words)
+    if Path("/proc/self/mem").exists():  # readable, yet every read fails
+        assert_refused(run_cli(["translate", run, "--input", "/proc/self/mem"], capsys), "cannot read /proc/self/mem: ")

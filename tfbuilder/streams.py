@@ -9,6 +9,7 @@ too), never at other Unicode line breaks: the same rule as the training data.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import stat
@@ -21,6 +22,33 @@ MAX_LINE_BYTES = 1 << 20  # a line longer than this is not a sentence: refused, 
 
 class NotText(ValueError):
     """The input is not UTF-8 text, or has a line too long to be one."""
+
+
+def describe(path: str | os.PathLike[str]) -> str:
+    """What ``path`` is, in words for a message: "a regular file", "a folder", "a FIFO", "a character
+    device", "a block device", "a socket", "a loop of symbolic links", "a symbolic link to T, which does
+    not exist", "missing" (nothing there), or "unreadable (REASON)". Never follows a loop, never opens."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a loop of symbolic links"
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            if os.path.islink(path):
+                return f"a symbolic link to {os.readlink(path)}, which does not exist"
+            return "missing"
+        return f"unreadable ({exc.strerror or exc})"
+    for test, words in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
 
 
 def _line(raw: bytes) -> str:

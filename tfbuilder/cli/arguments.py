@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.streams import describe
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]  # what add_subparsers returns
@@ -199,10 +200,13 @@ def add_alpha(p: argparse.ArgumentParser) -> None:
 
 def readable_file(path: str, flag: str) -> None:
     """``path`` names an existing file that is not a directory (a FIFO is fine: it streams)."""
-    if not os.path.exists(path):
+    kind = describe(path)
+    if kind == "missing":
         raise TfbuilderError(f"{flag} {path}: no such file")
-    if os.path.isdir(path):
+    if kind == "a folder":
         raise TfbuilderError(f"{flag} {path} is a directory, not a file")
+    if kind not in ("a regular file", "a FIFO", "a character device"):  # /dev/stdin is a device
+        raise TfbuilderError(f"{flag} {path} is {kind}, not a file")
     if not os.access(path, os.R_OK):
         raise TfbuilderError(f"{flag} {path}: not readable")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, BinaryIO
 
 from tfbuilder.cli.arguments import (
@@ -138,7 +139,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         source, name = _open_source(args, stack)
         sink = _open_sink(args, stack)
         try:
-            _translate_stream(args, loaded, decoding_model(model, args.precision), search, source, sink)
+            _translate_stream(args, loaded, decoding_model(model, args.precision), search, source, sink, name)
         except NotText as exc:
             raise TfbuilderError(f"{name} {exc}") from None
     return 0
@@ -184,7 +185,13 @@ def _open_sink(args: argparse.Namespace, stack: contextlib.ExitStack) -> IO[str]
 
 
 def _translate_stream(
-    args: argparse.Namespace, loaded: Loaded, model: nn.Module, search: Search, source: BinaryIO, sink: IO[str]
+    args: argparse.Namespace,
+    loaded: Loaded,
+    model: nn.Module,
+    search: Search,
+    source: BinaryIO,
+    sink: IO[str],
+    name: str,
 ) -> None:
     """Translate ``source`` batch by batch, writing each batch's answers as soon as they are found."""
     import torch
@@ -202,7 +209,7 @@ def _translate_stream(
             file=sys.stderr,
         )
 
-    for lines in batches(source, most=args.batch_size or 512):
+    for lines in _read(batches(source, most=args.batch_size or 512), name):
         _warn_unknown(loaded.vocab.src, lines, first=number)
         found = translate_batch(
             model,
@@ -222,6 +229,18 @@ def _translate_stream(
                 sink.writelines(f"{number} ||| {text} ||| {score:.4f}\n" for text, score in candidates)
             number += 1
         sink.flush()  # each batch's answers now: someone may be waiting for them
+
+
+def _read(lines: Iterator[list[str]], name: str) -> Iterator[list[str]]:
+    """``lines``, with an error reading them (``/proc/self/mem``, a disk failing) said about ``name``."""
+    while True:
+        try:
+            batch = next(lines)
+        except StopIteration:
+            return
+        except OSError as exc:
+            raise TfbuilderError(f"cannot read {name}: {exc.strerror or exc}") from None
+        yield batch
 
 
 def _warn_unknown(tokenizer: Tokenizer, lines: list[str], *, first: int) -> None:

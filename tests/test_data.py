@@ -152,3 +152,19 @@ def test_reading_reports_missing_mismatched_and_empty_files(tmp_path):
     (tmp_path / "bad.de.gz").write_bytes(b"not gzip at all")
     with pytest.raises(DataError, match="cannot read"):
         text.read_lines(tmp_path / "bad.de.gz")
+
+
+def test_a_gzip_of_blank_lines_is_refused_where_the_run_passes_the_bound(tmp_path):
+    """A small gzip can expand to gigabytes of empty lines, read for minutes: past MAX_BLANK_RUN blank
+    lines in a row the file is refused, naming where the run began; blank lines a corpus has (one
+    fewer than the bound, then text) are read."""
+    bomb = tmp_path / "train.de.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(b"ein Satz\n" + b"\n" * (text.MAX_BLANK_RUN * 20))
+    with pytest.raises(DataError, match=rf"lines 2 to {text.MAX_BLANK_RUN + 2:,} are all blank"):
+        for _ in text.lines(bomb):
+            pass
+    padded = tmp_path / "ok.de"
+    padded.write_bytes(b"a\n" + b"\r\n" * text.MAX_BLANK_RUN + b"b\n" + b"\n" * text.MAX_BLANK_RUN)
+    got = list(text.lines(padded))
+    assert got[0] == "a" and got[text.MAX_BLANK_RUN + 1] == "b" and len(got) == 2 * text.MAX_BLANK_RUN + 2

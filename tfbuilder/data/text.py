@@ -18,6 +18,9 @@ from pathlib import Path
 from tfbuilder.errors import DataError
 
 MAX_LINE_BYTES = 16 * 2**20  # a longer "line" is a binary file or a missing line end, not a sentence
+# Blank lines in a row: a corpus has a few (a missing sentence, paragraphs' separators); a million is
+# a file padded or damaged, or a small gzip that expands to gigabytes of nothing, read for minutes.
+MAX_BLANK_RUN = 100_000
 
 
 def find(directory: Path, stem: str, lang: str) -> Path:
@@ -60,9 +63,10 @@ def lines(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
     """The lines of ``path`` without line ends, one at a time. Lines end at ``\\n`` (``\\r\\n`` too) and
     nowhere else: not at U+2028, U+0085, form feed or a lone ``\\r``, as ``str.splitlines`` would,
     which would shift every pair after such a character. Errors (unreadable, not UTF-8, a damaged
-    gzip stream, a line over ``max_line_bytes``) name the file and the line."""
+    gzip stream, a line over ``max_line_bytes``, more than :data:`MAX_BLANK_RUN` blank lines in a
+    row) name the file and the line."""
     check_regular(path)
-    number = 0
+    number = blank = 0
     try:
         with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             while True:
@@ -70,6 +74,12 @@ def lines(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
                 if not raw:
                     return
                 number += 1
+                blank = blank + 1 if raw in (b"\n", b"\r\n") else 0
+                if blank > MAX_BLANK_RUN:
+                    raise DataError(
+                        f"cannot read {path}: lines {number - blank + 1:,} to {number:,} are all blank: "
+                        f"more than {MAX_BLANK_RUN:,} blank lines in a row is not text (a padded or damaged file)"
+                    )
                 if len(raw) > max_line_bytes:
                     raise DataError(f"cannot read {path}: line {number:,} is longer than {max_line_bytes // 2**20} MiB")
                 try:

@@ -168,3 +168,11 @@ def test_a_gzip_of_blank_lines_is_refused_where_the_run_passes_the_bound(tmp_pat
     padded.write_bytes(b"a\n" + b"\r\n" * text.MAX_BLANK_RUN + b"b\n" + b"\n" * text.MAX_BLANK_RUN)
     got = list(text.lines(padded))
     assert got[0] == "a" and got[text.MAX_BLANK_RUN + 1] == "b" and len(got) == 2 * text.MAX_BLANK_RUN + 2
+
+
+def test_a_data_file_that_is_not_a_file_is_named_for_what_it_is(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "train.de")
+    with pytest.raises(DataError, match=r"train.de: not a regular file \(a FIFO\)"):
+        list(text.lines(tmp_path / "train.de"))

@@ -4,6 +4,7 @@ built; damaged files (bytes flipped, truncated, zip entries dropped) end in exit
 from __future__ import annotations
 
 import io
+import os
 import random
 import zipfile
 from pathlib import Path
@@ -216,3 +217,13 @@ def test_non_finite_weights_are_refused(tmp_path, capsys, bad):
     name = next(k for k, v in data["state_dict"].items() if v.is_floating_point())
     data["state_dict"][name][..., 0] = bad
     assert_refused(run_cli(["test", str(_save(tmp_path, data))], capsys), "are not finite real numbers", name.removeprefix("model."))
+
+
+def test_a_checkpoint_that_is_not_a_file_is_named_for_what_it_is(tmp_path):
+    from tfbuilder.runs.archive import ArchiveError, check_archive
+
+    os.mkfifo(tmp_path / "pipe.ckpt")
+    with pytest.raises(ArchiveError, match=r"pipe.ckpt is not a regular file \(a FIFO\)"):
+        check_archive(tmp_path / "pipe.ckpt")
+    with pytest.raises(ArchiveError, match=r"/dev/null is not a regular file \(a character device\)"):
+        check_archive(Path("/dev/null"))

@@ -29,7 +29,7 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom"])
 def test_a_device_is_not_read(tmp_path, capsys, target):
-    assert_refused(run_cli(["validate", target], capsys), f"{target}:1:1: ", "not a regular file")
+    assert_refused(run_cli(["validate", target], capsys), f"{target}:1:1: ", "not a regular file (a character device)")
     child = write(tmp_path / "child.yaml", f"extends: {target}\n")
     assert_refused(run_cli(["validate", str(child)], capsys), "child.yaml:1:10: extends: ", "not a regular file")
 
@@ -37,7 +37,7 @@ def test_a_device_is_not_read(tmp_path, capsys, target):
 def test_a_fifo_is_not_waited_on(tmp_path, capsys):
     fifo = tmp_path / "pipe.yaml"
     os.mkfifo(fifo)
-    assert_refused(run_cli(["validate", str(fifo)], capsys), "pipe.yaml:1:1: ", "not a regular file")
+    assert_refused(run_cli(["validate", str(fifo)], capsys), "pipe.yaml:1:1: ", "not a regular file (a FIFO)")
     child = write(tmp_path / "child.yaml", "extends: pipe.yaml\n")
     assert_refused(run_cli(["validate", str(child)], capsys), "child.yaml:1:10: extends: ", "not a regular file")
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tfbuilder.errors import DataError
+from tfbuilder.streams import describe
 
 MAX_LINE_BYTES = 16 * 2**20  # a longer "line" is a binary file or a missing line end, not a sentence
 # Blank lines in a row: a corpus has a few (a missing sentence, paragraphs' separators); a million is
@@ -56,7 +57,7 @@ def check_regular(path: Path) -> None:
     if stat.S_ISDIR(mode):
         raise DataError(f"cannot read {path}: it is a directory, not a file")
     if not stat.S_ISREG(mode):
-        raise DataError(f"cannot read {path}: not a regular file (a FIFO, socket or device)")
+        raise DataError(f"cannot read {path}: not a regular file ({describe(path)})")
 
 
 def lines(path: Path, *, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:

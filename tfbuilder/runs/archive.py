@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.streams import describe
 
 CHUNK = 1 << 20
 # Entries every torch.save since PyTorch 1.10 writes (<folder>/data.pkl, ...); the newer metadata
@@ -34,7 +35,7 @@ def check_archive(path: Path) -> None:
     except OSError as exc:
         raise ArchiveError(f"cannot read checkpoint {path}: {exc.strerror or exc}") from None
     if not stat.S_ISREG(info.st_mode):
-        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else f"not a regular file ({describe(path)})"
         raise ArchiveError(f"checkpoint {path} is {kind}")
     if info.st_size == 0:
         raise ArchiveError(f"checkpoint {path} is empty (or a /proc file): not a checkpoint")

@@ -27,6 +27,7 @@ from tfbuilder.spec.yaml_source import (
     dotted_path,
     parse_yaml,
 )
+from tfbuilder.streams import describe
 
 MAX_RECIPE_BYTES = 1 << 18  # a recipe is a page of YAML; 256 KiB is far beyond any real one (~2 s to scan)
 MAX_EXTENDS = 32  # files in one extends chain (a recipe needs 2 or 3)
@@ -44,7 +45,7 @@ def read_recipe_text(path: Path, shown: str) -> str:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else f"not a regular file ({describe(path)})"
             raise OSError(errno.EINVAL, f"{shown} is {kind}")
         if info.st_size > MAX_RECIPE_BYTES:
             raise OSError(errno.EFBIG, f"{shown} is {info.st_size:,} bytes; a recipe is at most {MAX_RECIPE_BYTES:,}")

@@ -128,13 +128,14 @@ def test_metrics_rows_that_cannot_be_read_go_aside_byte_for_byte(run, capsys):
         b"39,0.1\n",
         b"3" + b",1" * (header.count(b",") + 3) + b"\n",
         b"5" + b",\xff\xfe" * header.count(b",") + b"\n",
+        b"7," + b"x" * 200_000 + b"\n",  # past the csv module's field limit (128 KiB)
     ]
     with (run / "metrics.csv").open("ab") as f:
         f.write(b"".join(odd))
     lines_before = (run / "metrics.csv").read_bytes().splitlines(keepends=True)
     outcome = from_step_8(run, capsys)
     assert outcome.rc == 0, outcome.err
-    assert "(3 unreadable, kept byte for byte)" in outcome.err and "Traceback" not in outcome.err
+    assert "(4 unreadable, kept byte for byte)" in outcome.err and "Traceback" not in outcome.err
     aside = (run / "abandoned" / "from-step-8" / "metrics.csv").read_bytes()
     kept = (run / "metrics.csv").read_bytes()
     assert all(line in aside for line in odd)  # verbatim

@@ -253,8 +253,28 @@ MUTATIONS: list[Mutation] = [
     Mutation("validate: a database URI accepted without SQLAlchemy", "tfbuilder/train/loggers.py", "        if not database:", "        if database:", LOGGERS),
     Mutation("fit: a run set up before a tracker failed is kept", "tfbuilder/train/fit.py", "            claim.discard()  #", "            pass  #", ("tests/test_loggers.py", "-k", "half_made")),
     Mutation("validate: a file store refused MLflow accepts", "tfbuilder/train/loggers.py", "    if not file_store:", "    if file_store:", LOGGERS),
+    # Hostile input outside stores and weights: bounds on recipes, command lines, lines and outputs.
+    Mutation("recipe: an integer of a component beyond 2^32 accepted", "tfbuilder/params.py", "    _bounded = field_validator(\"*\", mode=\"after\")(bounded)", "    pass", ("tests/test_hostile_recipes.py", "-k", "integer")),
+    Mutation("recipe: an integer of a section beyond 2^32 accepted", "tfbuilder/spec/base.py", "    _bounded = field_validator(\"*\", mode=\"after\")(bounded)", "    pass", ("tests/test_hostile_recipes.py", "-k", "integer")),
+    Mutation("recipe: the bound of integers one too low", "tfbuilder/params.py", "abs(item) > MAX_INT", "abs(item) >= MAX_INT", ("tests/test_hostile_recipes.py", "-k", "integer")),
+    Mutation("recipe: a line longer than the bound read", "tfbuilder/spec/yaml_source.py", "        if len(line) > MAX_LINE:", "        if len(line) > MAX_LINE + 1:", ("tests/test_hostile_recipes.py", "-k", "long_line")),
+    Mutation("recipe: values written not counted while composing", "tfbuilder/spec/yaml_source.py", "        self._nodes += 1", "        self._nodes += 0", ("tests/test_hostile_recipes.py", "-k", "composing")),
+    Mutation("sweep: --seeds unbounded", "tfbuilder/cli/arguments.py", "    return positive_int(text, MAX_SEEDS)", "    return positive_int(text)", ("tests/test_hostile_inputs.py", "-k", "counts_on_the_command_line")),
+    Mutation("synthetic: the token bound off by one", "tfbuilder/spec/sections.py", "            if biggest > MAX_SYNTHETIC_TOKENS:", "            if biggest > MAX_SYNTHETIC_TOKENS + 200_000:", ("tests/test_validation_rules.py", "-k", "synthetic")),
+    Mutation("translate: a long line read whole", "tfbuilder/inference/translate.py", "            ids[i] = x[:max_source]", "            ids[i] = x", ("tests/test_hostile_inputs.py", "-k", "cut_line")),
+    Mutation("translate: a learned table's end token not left room", "tfbuilder/inference/translate.py", "max(1, limit - TRANSLATION_ADDED)", "max(1, limit)", ("tests/test_hostile_inputs.py", "-k", "learned_position")),
+    Mutation("attention maps: one token more than the bound drawn", "tfbuilder/use/attention_maps.py", "    if tokens > MAX_MAP_TOKENS:", "    if tokens >= MAX_MAP_TOKENS:", ("tests/test_hostile_inputs.py", "-k", "attention_maps")),
+    Mutation("evaluation batches: a long example pads its batch", "tfbuilder/data/datamodule.py", "            budget = size * self.data.max_len", "            budget = None", ("tests/test_batching.py", "-k", "long_validation")),
+    Mutation("batching: batch_size ignored beside a token budget", "tfbuilder/data/batching.py", " | (count > most)", "", ("tests/test_batching.py", "-k", "long_validation")),
+    Mutation("atomic: the clean-up of a temporary raises", "tfbuilder/atomic.py", "    except OSError:\n        pass\n\n\ndef fsync_dir", "    except FileNotFoundError:\n        pass\n\n\ndef fsync_dir", ("tests/test_atomic.py", "-k", "read_only")),
+    Mutation("atomic: a new file's error names its temporary", "tfbuilder/atomic.py", "f\"cannot write {what} {path}: {exc.reason} (nothing was written)\"", "str(exc)", ("tests/test_atomic.py", "-k", "read_only")),
+    Mutation("outputs: a folder that cannot be written accepted", "tfbuilder/cli/arguments.py", "    if not os.access(parent, os.W_OK | os.X_OK):", "    if False:", ("tests/test_hostile_inputs.py", "-k", "cannot_be_written")),
+    Mutation("export: --out not checked before the work", "tfbuilder/cli/interop.py", "    directory_arg(args.out, \"--out\")  # before the checkpoint is read", "    pass", ("tests/test_hostile_inputs.py", "-k", "under_a_file")),
+    Mutation("inputs: a symlink loop called missing", "tfbuilder/streams.py", "        if exc.errno == errno.ELOOP:", "        if exc.errno == errno.ENOENT and False:", ("tests/test_hostile_inputs.py", "-k", "words")),
+    Mutation("translate: a failing read is a traceback", "tfbuilder/cli/decoding.py", "        except OSError as exc:\n            raise TfbuilderError(f\"cannot read {name}", "        except KeyError as exc:\n            raise TfbuilderError(f\"cannot read {name}", ("tests/test_hostile_inputs.py", "-k", "not_files")),
+    Mutation("text: blank lines in a row not counted", "tfbuilder/data/text.py", "                blank = blank + 1 if raw in (b\"\\n\", b\"\\r\\n\") else 0", "                blank = 0", ("tests/test_data.py", "-k", "blank")),
+    Mutation("text: a line with \\r\\n not counted as blank", "tfbuilder/data/text.py", "raw in (b\"\\n\", b\"\\r\\n\")", "raw in (b\"\\n\",)", ("tests/test_data.py", "-k", "blank")),
 ]
-
 
 def copy_tree(dest: Path) -> None:
     """This checkout's sources and tests, as they are now (uncommitted edits included)."""

@@ -308,14 +308,16 @@ def pytest(tree: Path, args: tuple[str, ...], timeout: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", default="", help="run the mutations whose name contains this")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run the mutations whose name contains this (repeatable: any)"
+    )
     parser.add_argument(
         "--changed-since", metavar="REV", help="run only the mutations of files that differ from git revision REV"
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTATIONS if args.only in m.name]
+    chosen = [m for m in MUTATIONS if not args.only or any(part in m.name for part in args.only)]
     if args.changed_since:
         diff = subprocess.run(["git", "diff", "--name-only", args.changed_since, "--", "tfbuilder"], cwd=ROOT,
                               capture_output=True, text=True, check=True)

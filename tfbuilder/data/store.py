@@ -29,20 +29,23 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tfbuilder.data import storefiles
 from tfbuilder.data.pretrained import read_bytes
 from tfbuilder.data.readers import SplitSource
 from tfbuilder.data.tokens import Split, StoredTokens
 from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
 
+Damaged = storefiles.Damaged
 STORE_VERSION = 1
 CACHE_ENV = "TFBUILDER_CACHE"
 # The data settings that decide what a store holds. Every other field of the data section decides only
@@ -156,45 +159,167 @@ class Opened:
     vocab_json: str
     splits: dict[str, Split]
     raw: dict[str, tuple[list[str], list[str] | None]]
+    largest: dict[str, int]  # the largest token id of each side ("train.src"), held against the vocabulary
 
 
 def is_complete(path: Path) -> bool:
-    return (path / "meta.json").is_file()
+    """Whether ``path`` holds a finished store (its ``meta.json``, written last, is there in any form:
+    :func:`open_store` says whether it can be used)."""
+    meta = path / "meta.json"
+    return meta.exists() or meta.is_symlink()
 
 
-def open_store(path: Path) -> Opened:
-    """Open a complete store; a :class:`DataError` if it is damaged (a file missing or of the wrong size)."""
+def check_folder(path: Path) -> None:
+    """A :class:`DataError` when ``path``, where the store of a key lives, is something tfbuilder did
+    not make there (a file, a link, a FIFO): it is neither read nor replaced."""
     try:
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        vocab_json = (path / "tokenizer.json").read_text(encoding="utf-8")
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DataError(f"cannot look at the prepared store {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        return
+    what = "a file" if stat.S_ISREG(info.st_mode) else storefiles.file_kind(path, info)
+    raise DataError(
+        f"{path} is {what}, not a prepared store: tfbuilder makes its stores there itself; "
+        "move it away (or set data.cache to another folder), then try again"
+    )
+
+
+SPLIT_NAMES = ("train", "val", "test")
+SIDES = ("src", "tgt")
+
+
+def check_meta(meta: object) -> dict:
+    """``meta`` (a parsed ``meta.json``) if it has the shape :func:`open_store` reads; a
+    :class:`ValueError` saying what is not."""
+
+    def count(value: object, where: str) -> int:
+        if type(value) is not int or value < 0:
+            raise ValueError(f"meta.json: {where} is {_shown(value)}, not a count")
+        return value
+
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta.json holds {_shown(meta)}, not an object")
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"meta.json: dtype is {_shown(meta.get('dtype'))}, not uint16 or uint32")
+    if "vocab_size" in meta:
+        count(meta["vocab_size"], "vocab_size")
+    splits = meta.get("splits")
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise ValueError(f"meta.json: splits is {_shown(splits)}, not an object with a train split")
+    for name, info in splits.items():
+        if name not in SPLIT_NAMES:
+            raise ValueError(f"meta.json: a split named {_shown(name)}")
+        if not isinstance(info, dict):
+            raise ValueError(f"meta.json: splits.{name} is {_shown(info)}, not an object")
+        for field in ("examples", "rows", "dropped", "dropped_tokens"):
+            count(info.get(field), f"splits.{name}.{field}")
+        sides, tokens = info.get("sides"), info.get("tokens")
+        if not (isinstance(sides, list) and sides in (["src"], ["src", "tgt"])):
+            raise ValueError(f"meta.json: splits.{name}.sides is {_shown(sides)}, not [src] or [src, tgt]")
+        if not isinstance(tokens, dict):
+            raise ValueError(f"meta.json: splits.{name}.tokens is {_shown(tokens)}, not an object")
+        for side in sides:
+            count(tokens.get(side), f"splits.{name}.tokens.{side}")
+        if type(info.get("text", False)) is not bool:
+            raise ValueError(f"meta.json: splits.{name}.text is {_shown(info.get('text'))}, not true or false")
+    if not isinstance(meta.get("key_material", {}), dict):
+        raise ValueError(f"meta.json: key_material is {_shown(meta.get('key_material'))}, not an object")
+    sums = meta.get(CHECKSUMS)
+    if sums is not None:
+        if not isinstance(sums, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], str)
+            for k, v in sums.items()
+        ):
+            raise ValueError(f"meta.json: {CHECKSUMS} is not an object of [size, checksum] pairs")
+    return meta
+
+
+def _shown(value: object) -> str:
+    kind = {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list", dict: "an object"}
+    return (
+        f"{kind.get(type(value), type(value).__name__)} ({json.dumps(value)[:40]})" if value is not None else "missing"
+    )
+
+
+CHECKSUMS = "checksums"  # meta.json: {file name: [bytes, blake2b digest]} of every other file of the store
+
+
+def _read_store_file(path: Path, limit: int, sums: dict[str, list] | None) -> bytes:
+    """A whole file of the store, bounded, and held against its recorded checksum (when there is one)."""
+    data = storefiles.read_bounded(path, limit)
+    if sums is not None and path.name in sums:
+        if [len(data), storefiles.digest_of(data)] != sums[path.name]:
+            raise ValueError(f"{path.name} is not what was written (its checksum differs)")
+    return data
+
+
+def open_store(path: Path, splits: Collection[str] | None = None) -> Opened:
+    """Open a complete store, checking every file it has (see :mod:`tfbuilder.data.storefiles`);
+    ``splits``: the split names it must hold. A :class:`~tfbuilder.data.storefiles.Damaged` error
+    naming the file when anything is wrong."""
+    check_folder(path)
+    try:
+        raw_meta = storefiles.read_bounded(path / "meta.json", storefiles.MAX_META_BYTES)
+        try:
+            meta = check_meta(json.loads(raw_meta.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"meta.json is not JSON ({exc})") from None
+        if splits is not None and set(meta["splits"]) != set(splits):
+            raise ValueError(f"meta.json holds the splits {sorted(meta['splits'])}, not {sorted(splits)}")
+        sums = meta.get(CHECKSUMS)
+        vocab_json = _text(
+            _read_store_file(path / "tokenizer.json", storefiles.MAX_TOKENIZER_BYTES, sums), "tokenizer.json"
+        )
         dtype = np.dtype(meta["dtype"])
-        splits: dict[str, Split] = {}
+        opened: dict[str, Split] = {}
         raw: dict[str, tuple[list[str], list[str] | None]] = {}
+        largest: dict[str, int] = {}
         for name, info in meta["splits"].items():
-            sides = [
-                _map_side(path, f"{name}.{side}", dtype, info["examples"], info["tokens"][side])
-                for side in info["sides"]
-            ]
-            splits[name] = Split(
+            for side in info["sides"]:
+                stem = path / f"{name}.{side}"
+                largest[f"{name}.{side}"] = storefiles.check_side(
+                    stem, dtype, info["examples"], info["tokens"][side], sums
+                )
+            sides = [StoredTokens(path / f"{name}.{side}", dtype, info["examples"]) for side in info["sides"]]
+            opened[name] = Split(
                 sides[0], sides[1] if len(sides) > 1 else None, info["dropped"], info["dropped_tokens"]
             )
             if info.get("text"):
-                texts = [
-                    (path / f"{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1] for side in info["sides"]
-                ]
+                texts = []
+                for side in info["sides"]:
+                    data = _read_store_file(path / f"{name}.{side}.txt", storefiles.MAX_TEXT_BYTES, sums)
+                    lines = _text(data, f"{name}.{side}.txt").split("\n")[:-1]
+                    if len(lines) != info["rows"]:
+                        raise ValueError(f"{name}.{side}.txt has {len(lines):,} lines, not {info['rows']:,}")
+                    texts.append(lines)
                 raw[name] = (texts[0], texts[1] if len(texts) > 1 else None)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise DataError(f"the prepared data in {path} is damaged ({type(exc).__name__}: {str(exc)[:120]})") from None
-    return Opened(path, meta, vocab_json, splits, raw)
+        for other in (sums or {}).keys() - _checked(meta):  # labels, and whatever else the store holds
+            _read_store_file(path / other, storefiles.MAX_TEXT_BYTES, sums)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        what = f"{Path(exc.filename).name} {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        raise Damaged(path, what[:200]) from None
+    return Opened(path, meta, vocab_json, opened, raw, largest)
 
 
-def _map_side(path: Path, stem: str, dtype: np.dtype, examples: int, tokens: int) -> StoredTokens:
-    expected = {".tok": tokens * dtype.itemsize, ".idx": (examples + 1) * 8, ".len": examples * 4}
-    for suffix, size in expected.items():
-        got = (path / f"{stem}{suffix}").stat().st_size
-        if got != size:
-            raise ValueError(f"{stem}{suffix} has {got:,} bytes, not {size:,}")
-    return StoredTokens(path / stem, dtype, examples)
+def _text(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not UTF-8 text") from None
+
+
+def _checked(meta: dict) -> set[str]:
+    """The files :func:`open_store` reads and checks as it opens them."""
+    names = {"tokenizer.json"}
+    for name, info in meta["splits"].items():
+        for side in info["sides"]:
+            names |= {f"{name}.{side}{suffix}" for suffix in (".tok", ".idx", ".len")}
+            if info.get("text"):
+                names.add(f"{name}.{side}.txt")
+    return names
 
 
 class SideWriter:
@@ -232,13 +357,25 @@ def temp_dir(root_dir: Path, key: str) -> Path:
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> None:
-    """Write ``meta.json`` last, then rename the finished folder into place (atomic)."""
+    """Record every file's size and checksum in ``meta.json``, write it last, then rename the
+    finished folder into place (atomic)."""
+    meta = {
+        **meta,
+        CHECKSUMS: {child.name: [child.stat().st_size, storefiles.digest(child)] for child in sorted(tmp.iterdir())},
+    }
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     for child in tmp.iterdir():  # durable before it becomes visible
         with open(child, "rb") as f:
             os.fsync(f.fileno())
-    if final.exists():  # damaged (checked by the caller, under the lock): replaced
-        shutil.rmtree(final)
+    if final.exists() or final.is_symlink():  # damaged (checked by the caller, under the lock): replaced
+        check_folder(final)
+        try:
+            shutil.rmtree(final)
+        except OSError as exc:
+            raise DataError(
+                f"cannot replace the damaged prepared data in {final}: {exc.strerror or exc}; remove that folder, "
+                "then try again"
+            ) from None
     os.rename(tmp, final)
 
 
@@ -248,22 +385,42 @@ def clear_temporaries(root_dir: Path, key: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+CLOSEST_STORES = 50  # the newest stores (by modification time) that closest() compares with
+
+
 def closest(root_dir: Path, material: dict) -> str | None:
     """Why no store matched: what differs from the newest store made from the same files' paths (a
-    file changed, a setting changed), or None when there is none to compare with."""
+    file changed, a setting changed), or None when there is none to compare with. Only the newest
+    :data:`CLOSEST_STORES` stores are looked at, and only their ``meta.json`` when it is a plain file of
+    at most :data:`~tfbuilder.data.storefiles.MAX_META_BYTES`."""
     ours = {p[0] for files in material["files"].values() for p in files}
     best: tuple[float, dict] | None = None
-    for meta_path in root_dir.glob("*/meta.json"):
+    folders: list[tuple[float, Path]] = []
+    try:
+        with os.scandir(root_dir) as entries:
+            for entry in entries:
+                if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                    folders.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
+    except OSError:
+        return None
+    for mtime, folder in sorted(folders, key=lambda f: f[0], reverse=True)[:CLOSEST_STORES]:
         try:
-            other = json.loads(meta_path.read_text(encoding="utf-8"))["key_material"]
+            meta = json.loads(storefiles.read_bounded(folder / "meta.json", storefiles.MAX_META_BYTES))
+            other = meta["key_material"]
             theirs = {p[0] for files in other["files"].values() for p in files}
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
             continue
-        if theirs == ours and (best is None or meta_path.stat().st_mtime > best[0]):
-            best = (meta_path.stat().st_mtime, other)
+        if theirs == ours and (best is None or mtime > best[0]):
+            best = (mtime, other)
     if best is None:
         return None
-    other = best[1]
+    try:
+        return _differences(material, best[1])
+    except (KeyError, TypeError, AttributeError, IndexError):  # a meta.json of another shape: nothing to say
+        return None
+
+
+def _differences(material: dict, other: dict) -> str | None:
     theirs_all = [q for f in other["files"].values() for q in f]
     names = [Path(p[0]).name for files in material["files"].values() for p in files]
 

@@ -7,9 +7,11 @@ file, without blocking, within bounded time and memory, and nothing the user had
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +46,7 @@ def deadline():
 def made(tmp_path, monkeypatch) -> tuple[Path, Path, list[str]]:
     """(data folder, its prepared store, what was said) of a tiny corpus."""
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    monkeypatch.delenv(store.LOCK_TIMEOUT_ENV, raising=False)
     folder = corpus(tmp_path / "data", train=120)
     said: list[str] = []
     first = prepare(section(folder), say=said.append)
@@ -163,6 +166,114 @@ def test_a_bounded_read_refuses_a_larger_file_without_reading_it(tmp_path):
         storefiles.read_bounded(sparse, 1000)
     (tmp_path / "small").write_bytes(b"0123456789")
     assert storefiles.read_bounded(tmp_path / "small", 10) == b"0123456789"
+
+
+# --- 2. the lock ---------------------------------------------------------------------------------------
+
+
+def hold(lock: Path, line: str = "pid 4242 on elsewhere since 2026-01-01 10:00:00\n") -> int:
+    """The lock held as a stopped preparer holds it (another open file description, its line written)."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, line.encode())
+    return fd
+
+
+def test_a_held_lock_says_who_holds_it_then_gives_up_after_the_timeout(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(store.CACHE_ENV, raising=False)
+    folder = corpus(tmp_path / "data", train=120)
+    data = section(folder)
+    from tfbuilder.data.readers import split_sources
+
+    key = store.key_of(store.key_material(data, split_sources(data), "train"))
+    root = folder / ".tfbuilder"
+    root.mkdir()
+    fd = hold(root / f"{key}.lock")
+    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "0.5")
+    said: list[str] = []
+    start = time.monotonic()
+    try:
+        with pytest.raises(DataError) as caught:
+            prepare(data, say=said.append)
+        assert time.monotonic() - start < 10
+        message = str(caught.value)
+        assert f"gave up waiting for the lock {root.resolve() / key}.lock" in message
+        assert "no sign of life for 0.5 s" in message
+        assert "held by pid 4242 on elsewhere since 2026-01-01 10:00:00" in message and "(fg)" in message
+        assert [line for line in said if line.startswith("data: waiting for pid 4242 on elsewhere")], said
+        sets = sum((["--set", o] for o in _recipe_sets(folder)), [])
+        assert_refused(run_cli(["prepare", QUICKSTART, *sets], capsys), "gave up waiting", "pid 4242")
+    finally:
+        os.close(fd)
+    assert not [p for p in root.iterdir() if store.TEMP_MARK in p.name]
+
+
+def test_a_lock_released_while_waiting_is_taken_and_its_holder_is_written_into_it(tmp_path, monkeypatch):
+    lock = tmp_path / "k.lock"
+    fd = hold(lock)
+    threading.Timer(0.3, lambda: os.close(fd)).start()
+    said: list[str] = []
+    with store.locked(lock, said.append):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on ") and len(said) == 1
+    assert lock.read_text() == ""
+    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "soon")
+    with pytest.raises(DataError, match=r"\$TFBUILDER_LOCK_TIMEOUT is 'soon'"):
+        store.lock_timeout()
+    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "90")
+    assert store.lock_timeout() == 90
+    monkeypatch.delenv(store.LOCK_TIMEOUT_ENV)
+    assert store.lock_timeout() == 30 * 60
+
+
+def test_a_holder_that_renews_its_lock_is_waited_for_beyond_the_timeout(tmp_path, monkeypatch):
+    """A preparer busy for longer than the timeout renews its lock: the waiter waits for it."""
+    lock = tmp_path / "k.lock"
+    monkeypatch.setattr(store, "LOCK_RENEW", 0.05)
+    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "0.4")
+    held, release = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        with store.locked(lock):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=busy)
+    holder.start()
+    held.wait(10)
+    threading.Timer(1.5, release.set).start()  # busy for almost four timeouts
+    start = time.monotonic()
+    said: list[str] = []
+    try:
+        with store.locked(lock, said.append):
+            assert time.monotonic() - start > 1.2
+    finally:
+        release.set()
+        holder.join()
+    assert len(said) == 1 and said[0].startswith(f"data: waiting for pid {os.getpid()} on ")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "symlink", "hardlink"])
+def test_a_lock_that_is_no_plain_file_of_its_own_is_refused_and_left_alone(tmp_path, kind):
+    lock = tmp_path / "k.lock"
+    mine = tmp_path / "mine.txt"
+    mine.write_text("my notes\n")
+    if kind == "folder":
+        lock.mkdir()
+        expect = "is a folder"
+    elif kind == "fifo":
+        os.mkfifo(lock)
+        expect = "is a named pipe (FIFO)"
+    elif kind == "symlink":
+        lock.symlink_to(mine)
+        expect = f"is a symbolic link (to {mine})"
+    else:
+        os.link(mine, lock)
+        expect = "is a file with 2 names (a hard link)"
+    with pytest.raises(DataError, match=r"k\.lock is .*not a lock file") as caught:
+        with store.locked(lock):
+            pass
+    assert expect in str(caught.value)
+    assert mine.read_text() == "my notes\n"
 
 
 # --- 3. same-size damage to the token, offset and length files ---------------------------------------
@@ -301,6 +412,13 @@ def test_a_store_folder_that_is_a_file_or_a_link_is_refused_and_left_alone(made,
     assert_refused(run_cli(["prepare", QUICKSTART, *sets], capsys), str(path), expect)
     assert (path.read_text() == "mine\n") if kind == "file" else (path.readlink() == moved)
     assert (moved / "meta.json").is_file()
+
+
+def test_a_cache_under_proc_is_refused_with_exit_2(made, capsys):
+    folder, path, said = made
+    sets = sum((["--set", o] for o in _recipe_sets(folder, "data.cache=/proc/self")), [])
+    outcome = run_cli(["prepare", QUICKSTART, *sets], capsys)
+    assert_refused(outcome, "/proc/")
 
 
 # --- 6. tokenizer.json ------------------------------------------------------------------------------------

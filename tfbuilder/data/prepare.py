@@ -166,7 +166,7 @@ def _stored(
     material = candidates[-1]
     key = store.key_of(material)
     path = root / key
-    with store.locked(root / f"{key}.lock"):
+    with store.locked(root / f"{key}.lock", say):
         damaged.pop(path, None)
         found = _reuse(path, given, names, damaged)  # prepared by another process while this one waited
         if found is not None:

@@ -65,6 +65,7 @@ OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_pattern
 MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbuilder/spec/stacks.py"
 PF, PREFLIGHT = "tfbuilder/train/preflight.py", ("tests/test_preflight.py",)
 LOGGERS = ("tests/test_loggers.py", "-k", "mlflow_store or cannot_be_made")
+SS, SF, FS = "tfbuilder/data/store.py", "tfbuilder/data/storefiles.py", "tests/test_faults_store.py"
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -274,7 +275,33 @@ MUTATIONS: list[Mutation] = [
     Mutation("translate: a failing read is a traceback", "tfbuilder/cli/decoding.py", "        except OSError as exc:\n            raise TfbuilderError(f\"cannot read {name}", "        except KeyError as exc:\n            raise TfbuilderError(f\"cannot read {name}", ("tests/test_hostile_inputs.py", "-k", "not_files")),
     Mutation("text: blank lines in a row not counted", "tfbuilder/data/text.py", "                blank = blank + 1 if raw in (b\"\\n\", b\"\\r\\n\") else 0", "                blank = 0", ("tests/test_data.py", "-k", "blank")),
     Mutation("text: a line with \\r\\n not counted as blank", "tfbuilder/data/text.py", "raw in (b\"\\n\", b\"\\r\\n\")", "raw in (b\"\\n\",)", ("tests/test_data.py", "-k", "blank")),
+    # --- the prepared store trusts none of its own files (tfbuilder/data/store.py, storefiles.py)
+    Mutation("store trust: a store file's link followed", SF, "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDONLY | os.O_NONBLOCK", (FS, "-k", "no_regular_file and _zero")),
+    Mutation("store trust: a file read before its size is checked", SF, "        if size > limit:\n", "        if size >= 2**63:\n", (FS, "-k", "bounded_read or sparse")),
+    Mutation("store trust: closest() reads every store's meta.json", SS, "reverse=True)[:CLOSEST_STORES]", "reverse=True)[:]", (FS, "-k", "closest")),
+    Mutation("store trust: a held lock waited on in minutes, not seconds", SS, "deadline = time.monotonic() + timeout\n", "deadline = time.monotonic() + timeout * 60\n", (FS, "-k", "gives_up")),
+    Mutation("store trust: a renewing holder given up on", SS, "            seen, deadline = renewed, time.monotonic() + timeout", "            seen = renewed", (FS, "-k", "renews_its_lock")),
+    Mutation("store trust: the lock's default wait of 30 minutes", SS, "LOCK_TIMEOUT = 30 * 60", "LOCK_TIMEOUT = 30 * 6", (FS, "-k", "released_while")),
+    Mutation("store trust: the lock's holder line left behind", SS, "            os.ftruncate(fd, 0)\n            fcntl.flock(fd, fcntl.LOCK_UN)", "            fcntl.flock(fd, fcntl.LOCK_UN)", (FS, "-k", "released_while")),
+    Mutation("store trust: the lock file's link followed", SS, "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK", (FS, "-k", "lock_that_is_no_plain")),
+    Mutation("store trust: a lock that cannot be created is a traceback", SS, "        fd = os.open(path, flags, 0o644)\n    except OSError as exc:", "        fd = os.open(path, flags, 0o644)\n    except ValueError as exc:", (FS, "-k", "under_proc")),
+    Mutation("store trust: offsets not checked to start at 0", SF, "if first == 0 and offsets[0] != 0:", "if first == 1 and offsets[0] != 0:", (FS, "-k", "idx_not_from_0")),
+    Mutation("store trust: decreasing offsets not seen", SF, "if (steps < 0).any():", "if (steps < -1).any():", (FS, "-k", "idx_decreasing")),
+    Mutation("store trust: offsets that end short of the tokens", SF, "if previous != tokens:", "if previous > tokens:", (FS, "-k", "idx_end")),
+    Mutation("store trust: lengths not held against the offsets", SF, "np.array_equal(lengths, steps[1:] if first == 0 else steps)", "np.array_equal(lengths, lengths)", (FS, "-k", "len_not_idx")),
+    Mutation("store trust: an id of the vocabulary's size kept", "tfbuilder/data/prepare.py", "        if largest >= size:", "        if largest > size:", (FS, "-k", "id_at_vocab_size")),
+    Mutation("store trust: a checksum recorded but not compared", SF, "if recorded[0] != size or recorded[1] != got:", "if recorded[0] != size:", (FS, "-k", "only_a_checksum")),
+    Mutation("store trust: a whole file's checksum not compared", SS, "if [len(data), storefiles.digest_of(data)] != sums[path.name]:", "if [len(data)] != sums[path.name][:1]:", (FS, "-k", "another_valid_one")),
+    Mutation("store trust: a count in meta.json that is text", SS, "if type(value) is not int or value < 0:", "if type(value) is not int and value < 0:", (FS, "-k", "wrong_shape and text")),
+    Mutation("store trust: a split named as a path", SS, "        if name not in SPLIT_NAMES:", "        if name in SPLIT_NAMES[:0]:", (FS, "-k", "wrong_shape and path")),
+    Mutation("store trust: a store folder that is a link is read", SS, "        info = os.lstat(path)\n", "        info = os.stat(path)\n", (FS, "-k", "file_or_a_link")),
+    Mutation("store trust: a damaged tokenizer.json is a plain error", "tfbuilder/data/prepare.py", "    except DataError as exc:\n        raise store.Damaged(opened.path", "    except ValueError as exc:\n        raise store.Damaged(opened.path", (FS, "-k", "damaged_tokenizer")),
+    Mutation("store trust: damage prepared again in silence", "tfbuilder/data/prepare.py", "        damaged[path] = exc.what", "        pass", (FS, "-k", "only_a_checksum")),
+    Mutation("store trust: a store that cannot be replaced is a traceback", SS, "        except OSError as exc:\n            raise DataError(\n                f\"cannot replace", "        except ValueError as exc:\n            raise DataError(\n                f\"cannot replace", (FS, "-k", "cannot_be_replaced")),
+    Mutation("store trust: a full disk not named", "tfbuilder/data/prepare.py", "if exc.errno in (errno.ENOSPC, errno.EDQUOT):", "if exc.errno in (errno.EDQUOT,):", (FS, "-k", "full_disk")),
+    Mutation("store trust: offsets changed under a reader read as negative sizes", "tfbuilder/data/tokens.py", "if not 0 <= start <= end:", "if not 0 <= start:", (FS, "-k", "changed_after")),
 ]
+
 
 def copy_tree(dest: Path) -> None:
     """This checkout's sources and tests, as they are now (uncommitted edits included)."""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tfbuilder.data import storefiles
 from tfbuilder.errors import DataError
 from tfbuilder.specials import LANGUAGE_MODEL_ADDED
 
@@ -50,7 +51,7 @@ def read(store: Path, split: str) -> tuple[str, list[int], list[str]]:
     """(source file, record numbers, labels) of a prepared split; a :class:`DataError` if damaged."""
     path = store / f"{split}{SUFFIX}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(storefiles.read_bounded(path, storefiles.MAX_TEXT_BYTES).decode("utf-8"))
         file, records, values = data["file"], data["records"], data["labels"]
         if not (
             isinstance(file, str)

@@ -7,6 +7,7 @@ Reading, tokenizer training and encoding stream in chunks, so preparing costs bo
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import shutil
@@ -155,51 +156,95 @@ def _stored(
     given = vocab.to_json() if vocab is not None else None
     trained = store.key_material(data, sources, "train")
     candidates = [trained] if given is None else [trained, store.key_material(data, sources, store.vocab_hash(given))]
+    names = list(sources)
+    damaged: dict[Path, str] = {}
     for material in candidates:
-        found = _reuse(root / store.key_of(material), given)
+        found = _reuse(root / store.key_of(material), given, names, damaged)
         if found is not None:
             say(f"data: using the prepared store {found.store} (files and settings unchanged)")
             return found
     material = candidates[-1]
     key = store.key_of(material)
     path = root / key
-    with store.locked(root / f"{key}.lock"):
-        found = _reuse(path, given)  # prepared by another process while this one waited
+    with store.locked(root / f"{key}.lock", say):
+        damaged.pop(path, None)
+        found = _reuse(path, given, names, damaged)  # prepared by another process while this one waited
         if found is not None:
             say(f"data: using the prepared store {found.store} (prepared by another process)")
             return found
-        why = store.closest(root, material) or "no store for these files yet"
-        store.clear_temporaries(root, key)
-        tmp = store.temp_dir(root, key)
-        tmp.mkdir()
+        if path in damaged:
+            say(f"data: the prepared store {path} is damaged ({damaged[path]}); preparing it again")
+            why = f"the store was damaged: {damaged[path]}"
+        else:
+            why = store.closest(root, material) or "no store for these files yet"
         start = time.perf_counter()
+        try:
+            store.clear_temporaries(root, key)
+            tmp = store.temp_dir(root, key)
+            tmp.mkdir()
+        except OSError as exc:
+            raise _write_failed(exc, root) from None
         try:
             meta = _write(tmp, data, sources, vocab, material)
             store.publish(tmp, path, meta)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _write_failed(exc, root) from None
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    prepared = _from_store(store.open_store(path))
+    prepared = _from_store(store.open_store(path, names))
     counts = " / ".join(f"{len(s):,} {n}" for n, s in prepared.splits.items())
     say(f"data: prepared {counts} examples into {path} in {store.elapsed(start)} ({why})")
     return prepared
 
 
-def _reuse(path: Path, given: str | None) -> Prepared | None:
-    """The store at ``path`` if it is complete, intact and (when a vocabulary is given) uses it."""
+def _write_failed(exc: OSError, root: Path) -> DataError:
+    """What a user reads when the prepared data cannot be written (the disk full, a folder not writable)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DataError(
+            f"the disk is full: no space left to write the prepared data into {root} ({exc.strerror or exc}); "
+            "free space there, or set data.cache (or $TFBUILDER_CACHE) to a folder on another disk"
+        )
+    where = f"{exc.filename}: " if exc.filename else ""
+    return DataError(
+        f"cannot write the prepared data into {root}: {where}{exc.strerror or exc} "
+        "(data.cache or $TFBUILDER_CACHE chooses another folder)"
+    )
+
+
+def _reuse(path: Path, given: str | None, names: list[str], damaged: dict[Path, str]) -> Prepared | None:
+    """The store at ``path`` if it is complete, intact and (when a vocabulary is given) uses it; what is
+    wrong with it goes into ``damaged`` (it is prepared again under the lock, replacing it)."""
+    store.check_folder(path)
     if not store.is_complete(path):
+        if path.is_dir():
+            damaged[path] = "meta.json is missing"
         return None
     try:
-        opened = store.open_store(path)
-    except DataError:
-        return None  # damaged: prepared again under the lock, replacing it
-    if given is not None and opened.vocab_json != given:
+        opened = store.open_store(path, names)
+        if given is not None and opened.vocab_json != given:
+            return None
+        return _from_store(opened)
+    except store.Damaged as exc:
+        damaged[path] = exc.what
         return None
-    return _from_store(opened)
 
 
 def _from_store(opened: store.Opened) -> Prepared:
-    return Prepared(Vocab.from_json(opened.vocab_json), opened.splits, opened.raw, opened.path)
+    """The prepared data of an opened store; a :class:`~tfbuilder.data.store.Damaged` error when its
+    vocabulary cannot be read or a side holds a token id beyond it."""
+    try:
+        vocab = Vocab.from_json(opened.vocab_json)
+    except DataError as exc:
+        raise store.Damaged(opened.path, f"tokenizer.json: {exc}") from None
+    for name, largest in opened.largest.items():
+        size = (vocab.tgt if name.endswith(".tgt") else vocab.src).vocab_size
+        if largest >= size:
+            raise store.Damaged(
+                opened.path, f"{name}.tok holds the token id {largest:,}, beyond the {size:,} of its vocabulary"
+            )
+    return Prepared(vocab, opened.splits, opened.raw, opened.path)
 
 
 def _write(tmp: Path, data: DataSection, sources: dict[str, SplitSource], vocab: Vocab | None, material: dict) -> dict:

@@ -29,20 +29,25 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import stat
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tfbuilder.data import storefiles
 from tfbuilder.data.pretrained import read_bytes
 from tfbuilder.data.readers import SplitSource
 from tfbuilder.data.tokens import Split, StoredTokens
-from tfbuilder.errors import DataError
+from tfbuilder.errors import DataError, printable
 from tfbuilder.spec.sections import DataSection
 
+Damaged = storefiles.Damaged
 STORE_VERSION = 1
 CACHE_ENV = "TFBUILDER_CACHE"
 # The data settings that decide what a store holds. Every other field of the data section decides only
@@ -136,15 +141,130 @@ def root(data: DataSection) -> Path:
     return Path(base) / "tfbuilder" / "data"
 
 
+LOCK_TIMEOUT_ENV = "TFBUILDER_LOCK_TIMEOUT"
+LOCK_TIMEOUT = 30 * 60  # seconds a preparer waits for a lock whose holder shows no sign of life
+LOCK_RENEW = 5.0  # seconds between a holder's signs of life (the lock file's modification time renewed)
+
+
 @contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if needed); others wait for it."""
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def locked(path: Path, say: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created if needed, a plain file of its own: never a link
+    followed, a FIFO opened or a folder taken). The holder's pid, host and start time are written into
+    the lock file, and its modification time is renewed every :data:`LOCK_RENEW` seconds while it is
+    held. When another process holds it, ``say`` hears once who and since when, and this one waits as
+    long as the holder renews it; after ``$TFBUILDER_LOCK_TIMEOUT`` seconds (30 minutes) without a
+    renewal (a holder stopped with Ctrl-Z) it gives up with a :class:`DataError` naming the lock and
+    its holder."""
+    timeout = lock_timeout()
+    fd = _open_lock(path)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            (say or print)(
+                f"data: waiting for {holder} to finish preparing this data (lock {path}); giving up if it "
+                f"shows no sign of life for {_duration(timeout)} (${LOCK_TIMEOUT_ENV}, in seconds)"
+            )
+            _wait(fd, path, timeout)
+        except OSError as exc:
+            raise DataError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
+        stop = threading.Event()
+        renewer = threading.Thread(target=_renew, args=(fd, stop), name="tfbuilder-store-lock", daemon=True)
+        renewer.start()
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            stop.set()
+            renewer.join()
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _renew(fd: int, stop: threading.Event) -> None:
+    """A holder's sign of life: the lock file's modification time, renewed until ``stop``."""
+    while not stop.wait(LOCK_RENEW):
+        try:
+            os.utime(fd)
+        except OSError:
+            return
+
+
+def lock_timeout() -> float:
+    """Seconds a preparer waits for a held lock: ``$TFBUILDER_LOCK_TIMEOUT``, else 30 minutes."""
+    value = os.environ.get(LOCK_TIMEOUT_ENV)
+    if not value:
+        return LOCK_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise DataError(f"${LOCK_TIMEOUT_ENV} is {value!r}: give the seconds to wait for a store's lock (e.g. 1800)")
+    return seconds
+
+
+def _open_lock(path: Path) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    advice = "tfbuilder writes nothing there; move it away (or set data.cache to another folder), then try again"
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        what = storefiles.file_kind(path)
+        if what is not None:
+            raise DataError(f"{path} is {what}, not a lock file: {advice}") from None
+        raise DataError(f"cannot create the lock file {path}: {exc.strerror or exc} (set data.cache)") from None
+    info = os.fstat(fd)
+    what = storefiles.file_kind(path, info)
+    if what is None and info.st_nlink > 1:
+        what = f"a file with {info.st_nlink} names (a hard link)"
+    if what is not None:
+        os.close(fd)
+        raise DataError(f"{path} is {what}, not a lock file: {advice}")
+    return fd
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, as the holder wrote it into the lock file ("another process" when unsaid)."""
+    try:
+        line = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        line = ""
+    return printable(line) if line.startswith("pid ") and "\n" not in line else "another process"
+
+
+def _wait(fd: int, path: Path, timeout: float) -> None:
+    """Wait for the lock as long as its holder renews it; give up after ``timeout`` seconds without."""
+    seen = os.fstat(fd).st_mtime_ns
+    deadline = time.monotonic() + timeout
+    pause = 0.05
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        renewed = os.fstat(fd).st_mtime_ns
+        if renewed != seen:  # a sign of life (compared, not read as a time: the holder's clock may differ)
+            seen, deadline = renewed, time.monotonic() + timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DataError(
+                f"gave up waiting for the lock {path}, held by {_holder(fd)}, which has shown no sign of life "
+                f"for {_duration(timeout)}: if that process is stopped (Ctrl-Z), resume it (fg) or end it; "
+                f"if it is busy, wait longer (${LOCK_TIMEOUT_ENV}, in seconds); then try again"
+            )
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 1.0)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} minutes" if seconds >= 120 else f"{seconds:g} s"
 
 
 @dataclass
@@ -156,45 +276,167 @@ class Opened:
     vocab_json: str
     splits: dict[str, Split]
     raw: dict[str, tuple[list[str], list[str] | None]]
+    largest: dict[str, int]  # the largest token id of each side ("train.src"), held against the vocabulary
 
 
 def is_complete(path: Path) -> bool:
-    return (path / "meta.json").is_file()
+    """Whether ``path`` holds a finished store (its ``meta.json``, written last, is there in any form:
+    :func:`open_store` says whether it can be used)."""
+    meta = path / "meta.json"
+    return meta.exists() or meta.is_symlink()
 
 
-def open_store(path: Path) -> Opened:
-    """Open a complete store; a :class:`DataError` if it is damaged (a file missing or of the wrong size)."""
+def check_folder(path: Path) -> None:
+    """A :class:`DataError` when ``path``, where the store of a key lives, is something tfbuilder did
+    not make there (a file, a link, a FIFO): it is neither read nor replaced."""
     try:
-        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
-        vocab_json = (path / "tokenizer.json").read_text(encoding="utf-8")
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DataError(f"cannot look at the prepared store {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        return
+    what = "a file" if stat.S_ISREG(info.st_mode) else storefiles.file_kind(path, info)
+    raise DataError(
+        f"{path} is {what}, not a prepared store: tfbuilder makes its stores there itself; "
+        "move it away (or set data.cache to another folder), then try again"
+    )
+
+
+SPLIT_NAMES = ("train", "val", "test")
+SIDES = ("src", "tgt")
+
+
+def check_meta(meta: object) -> dict:
+    """``meta`` (a parsed ``meta.json``) if it has the shape :func:`open_store` reads; a
+    :class:`ValueError` saying what is not."""
+
+    def count(value: object, where: str) -> int:
+        if type(value) is not int or value < 0:
+            raise ValueError(f"meta.json: {where} is {_shown(value)}, not a count")
+        return value
+
+    if not isinstance(meta, dict):
+        raise ValueError(f"meta.json holds {_shown(meta)}, not an object")
+    if meta.get("dtype") not in ("uint16", "uint32"):
+        raise ValueError(f"meta.json: dtype is {_shown(meta.get('dtype'))}, not uint16 or uint32")
+    if "vocab_size" in meta:
+        count(meta["vocab_size"], "vocab_size")
+    splits = meta.get("splits")
+    if not isinstance(splits, dict) or "train" not in splits:
+        raise ValueError(f"meta.json: splits is {_shown(splits)}, not an object with a train split")
+    for name, info in splits.items():
+        if name not in SPLIT_NAMES:
+            raise ValueError(f"meta.json: a split named {_shown(name)}")
+        if not isinstance(info, dict):
+            raise ValueError(f"meta.json: splits.{name} is {_shown(info)}, not an object")
+        for field in ("examples", "rows", "dropped", "dropped_tokens"):
+            count(info.get(field), f"splits.{name}.{field}")
+        sides, tokens = info.get("sides"), info.get("tokens")
+        if not (isinstance(sides, list) and sides in (["src"], ["src", "tgt"])):
+            raise ValueError(f"meta.json: splits.{name}.sides is {_shown(sides)}, not [src] or [src, tgt]")
+        if not isinstance(tokens, dict):
+            raise ValueError(f"meta.json: splits.{name}.tokens is {_shown(tokens)}, not an object")
+        for side in sides:
+            count(tokens.get(side), f"splits.{name}.tokens.{side}")
+        if type(info.get("text", False)) is not bool:
+            raise ValueError(f"meta.json: splits.{name}.text is {_shown(info.get('text'))}, not true or false")
+    if not isinstance(meta.get("key_material", {}), dict):
+        raise ValueError(f"meta.json: key_material is {_shown(meta.get('key_material'))}, not an object")
+    sums = meta.get(CHECKSUMS)
+    if sums is not None:
+        if not isinstance(sums, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], str)
+            for k, v in sums.items()
+        ):
+            raise ValueError(f"meta.json: {CHECKSUMS} is not an object of [size, checksum] pairs")
+    return meta
+
+
+def _shown(value: object) -> str:
+    kind = {bool: "a boolean", int: "a number", float: "a number", str: "text", list: "a list", dict: "an object"}
+    return (
+        f"{kind.get(type(value), type(value).__name__)} ({json.dumps(value)[:40]})" if value is not None else "missing"
+    )
+
+
+CHECKSUMS = "checksums"  # meta.json: {file name: [bytes, blake2b digest]} of every other file of the store
+
+
+def _read_store_file(path: Path, limit: int, sums: dict[str, list] | None) -> bytes:
+    """A whole file of the store, bounded, and held against its recorded checksum (when there is one)."""
+    data = storefiles.read_bounded(path, limit)
+    if sums is not None and path.name in sums:
+        if [len(data), storefiles.digest_of(data)] != sums[path.name]:
+            raise ValueError(f"{path.name} is not what was written (its checksum differs)")
+    return data
+
+
+def open_store(path: Path, splits: Collection[str] | None = None) -> Opened:
+    """Open a complete store, checking every file it has (see :mod:`tfbuilder.data.storefiles`);
+    ``splits``: the split names it must hold. A :class:`~tfbuilder.data.storefiles.Damaged` error
+    naming the file when anything is wrong."""
+    check_folder(path)
+    try:
+        raw_meta = storefiles.read_bounded(path / "meta.json", storefiles.MAX_META_BYTES)
+        try:
+            meta = check_meta(json.loads(raw_meta.decode("utf-8")))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"meta.json is not JSON ({exc})") from None
+        if splits is not None and set(meta["splits"]) != set(splits):
+            raise ValueError(f"meta.json holds the splits {sorted(meta['splits'])}, not {sorted(splits)}")
+        sums = meta.get(CHECKSUMS)
+        vocab_json = _text(
+            _read_store_file(path / "tokenizer.json", storefiles.MAX_TOKENIZER_BYTES, sums), "tokenizer.json"
+        )
         dtype = np.dtype(meta["dtype"])
-        splits: dict[str, Split] = {}
+        opened: dict[str, Split] = {}
         raw: dict[str, tuple[list[str], list[str] | None]] = {}
+        largest: dict[str, int] = {}
         for name, info in meta["splits"].items():
-            sides = [
-                _map_side(path, f"{name}.{side}", dtype, info["examples"], info["tokens"][side])
-                for side in info["sides"]
-            ]
-            splits[name] = Split(
+            for side in info["sides"]:
+                stem = path / f"{name}.{side}"
+                largest[f"{name}.{side}"] = storefiles.check_side(
+                    stem, dtype, info["examples"], info["tokens"][side], sums
+                )
+            sides = [StoredTokens(path / f"{name}.{side}", dtype, info["examples"]) for side in info["sides"]]
+            opened[name] = Split(
                 sides[0], sides[1] if len(sides) > 1 else None, info["dropped"], info["dropped_tokens"]
             )
             if info.get("text"):
-                texts = [
-                    (path / f"{name}.{side}.txt").read_text(encoding="utf-8").split("\n")[:-1] for side in info["sides"]
-                ]
+                texts = []
+                for side in info["sides"]:
+                    data = _read_store_file(path / f"{name}.{side}.txt", storefiles.MAX_TEXT_BYTES, sums)
+                    lines = _text(data, f"{name}.{side}.txt").split("\n")[:-1]
+                    if len(lines) != info["rows"]:
+                        raise ValueError(f"{name}.{side}.txt has {len(lines):,} lines, not {info['rows']:,}")
+                    texts.append(lines)
                 raw[name] = (texts[0], texts[1] if len(texts) > 1 else None)
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise DataError(f"the prepared data in {path} is damaged ({type(exc).__name__}: {str(exc)[:120]})") from None
-    return Opened(path, meta, vocab_json, splits, raw)
+        for other in (sums or {}).keys() - _checked(meta):  # labels, and whatever else the store holds
+            _read_store_file(path / other, storefiles.MAX_TEXT_BYTES, sums)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        what = f"{Path(exc.filename).name} {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        raise Damaged(path, what[:200]) from None
+    return Opened(path, meta, vocab_json, opened, raw, largest)
 
 
-def _map_side(path: Path, stem: str, dtype: np.dtype, examples: int, tokens: int) -> StoredTokens:
-    expected = {".tok": tokens * dtype.itemsize, ".idx": (examples + 1) * 8, ".len": examples * 4}
-    for suffix, size in expected.items():
-        got = (path / f"{stem}{suffix}").stat().st_size
-        if got != size:
-            raise ValueError(f"{stem}{suffix} has {got:,} bytes, not {size:,}")
-    return StoredTokens(path / stem, dtype, examples)
+def _text(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{name} is not UTF-8 text") from None
+
+
+def _checked(meta: dict) -> set[str]:
+    """The files :func:`open_store` reads and checks as it opens them."""
+    names = {"tokenizer.json"}
+    for name, info in meta["splits"].items():
+        for side in info["sides"]:
+            names |= {f"{name}.{side}{suffix}" for suffix in (".tok", ".idx", ".len")}
+            if info.get("text"):
+                names.add(f"{name}.{side}.txt")
+    return names
 
 
 class SideWriter:
@@ -232,13 +474,25 @@ def temp_dir(root_dir: Path, key: str) -> Path:
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> None:
-    """Write ``meta.json`` last, then rename the finished folder into place (atomic)."""
+    """Record every file's size and checksum in ``meta.json``, write it last, then rename the
+    finished folder into place (atomic)."""
+    meta = {
+        **meta,
+        CHECKSUMS: {child.name: [child.stat().st_size, storefiles.digest(child)] for child in sorted(tmp.iterdir())},
+    }
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
     for child in tmp.iterdir():  # durable before it becomes visible
         with open(child, "rb") as f:
             os.fsync(f.fileno())
-    if final.exists():  # damaged (checked by the caller, under the lock): replaced
-        shutil.rmtree(final)
+    if final.exists() or final.is_symlink():  # damaged (checked by the caller, under the lock): replaced
+        check_folder(final)
+        try:
+            shutil.rmtree(final)
+        except OSError as exc:
+            raise DataError(
+                f"cannot replace the damaged prepared data in {final}: {exc.strerror or exc}; remove that folder, "
+                "then try again"
+            ) from None
     os.rename(tmp, final)
 
 
@@ -248,22 +502,42 @@ def clear_temporaries(root_dir: Path, key: str) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+CLOSEST_STORES = 50  # the newest stores (by modification time) that closest() compares with
+
+
 def closest(root_dir: Path, material: dict) -> str | None:
     """Why no store matched: what differs from the newest store made from the same files' paths (a
-    file changed, a setting changed), or None when there is none to compare with."""
+    file changed, a setting changed), or None when there is none to compare with. Only the newest
+    :data:`CLOSEST_STORES` stores are looked at, and only their ``meta.json`` when it is a plain file of
+    at most :data:`~tfbuilder.data.storefiles.MAX_META_BYTES`."""
     ours = {p[0] for files in material["files"].values() for p in files}
     best: tuple[float, dict] | None = None
-    for meta_path in root_dir.glob("*/meta.json"):
+    folders: list[tuple[float, Path]] = []
+    try:
+        with os.scandir(root_dir) as entries:
+            for entry in entries:
+                if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                    folders.append((entry.stat(follow_symlinks=False).st_mtime, Path(entry.path)))
+    except OSError:
+        return None
+    for mtime, folder in sorted(folders, key=lambda f: f[0], reverse=True)[:CLOSEST_STORES]:
         try:
-            other = json.loads(meta_path.read_text(encoding="utf-8"))["key_material"]
+            meta = json.loads(storefiles.read_bounded(folder / "meta.json", storefiles.MAX_META_BYTES))
+            other = meta["key_material"]
             theirs = {p[0] for files in other["files"].values() for p in files}
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
             continue
-        if theirs == ours and (best is None or meta_path.stat().st_mtime > best[0]):
-            best = (meta_path.stat().st_mtime, other)
+        if theirs == ours and (best is None or mtime > best[0]):
+            best = (mtime, other)
     if best is None:
         return None
-    other = best[1]
+    try:
+        return _differences(material, best[1])
+    except (KeyError, TypeError, AttributeError, IndexError):  # a meta.json of another shape: nothing to say
+        return None
+
+
+def _differences(material: dict, other: dict) -> str | None:
     theirs_all = [q for f in other["files"].values() for q in f]
     names = [Path(p[0]).name for files in material["files"].values() for p in files]
 

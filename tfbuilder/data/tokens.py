@@ -122,6 +122,8 @@ class StoredTokens:
         if not 0 <= i < self.examples:
             raise IndexError(f"example {i} of {self.examples}")
         start, end = np.frombuffer(self.read("idx", 8 * int(i), 16), dtype=np.int64)
+        if not 0 <= start <= end:  # changed since the store was opened and checked
+            raise OSError(f"{self.stem}.idx is damaged at example {i} (offsets {start}, {end}): prepare the data again")
         size = self.dtype.itemsize
         return np.frombuffer(self.read("tok", int(start) * size, int(end - start) * size), dtype=self.dtype)
 

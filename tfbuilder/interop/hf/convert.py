@@ -167,14 +167,17 @@ def _read_weights(weights_file: Path) -> dict[str, torch.Tensor]:
 
 def _read_tokenizer(tok_file: Path, vocab_size: int, specials: SpecialIds) -> HFTokenizer:
     """The directory's ``tokenizer.json``, or plain ids when it has none."""
-    if not tok_file.is_file():
+    if not tok_file.exists():
         return HFTokenizer.ids(vocab_size)
+    if not tok_file.is_file():  # a FIFO would block, a device never end
+        raise TfbuilderError(f"{tok_file} is not a regular file (a folder, FIFO, socket or device): not reading it")
     if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
         raise TfbuilderError(f"{tok_file} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not reading it")
     try:
-        tok = HFTokenizer.from_str(tok_file.read_text(encoding="utf-8"))
-    except Exception as exc:  # the tokenizers library raises plain Exceptions on bad files
-        raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
+        text = tok_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TfbuilderError(f"{tok_file}: cannot read it ({str(exc).splitlines()[0][:200]})") from None
+    tok = HFTokenizer.from_str(text, where=str(tok_file))
     if tok.vocab_size > vocab_size:
         raise TfbuilderError(f"{tok_file} has {tok.vocab_size} tokens; the model has only {vocab_size}")
     # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's

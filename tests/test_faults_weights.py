@@ -1,0 +1,131 @@
+"""Weights and tokenizers from elsewhere are hostile input: a Hugging Face tokenizer.json (given as
+data.tokenizer or found in an import-hf folder), an import-hf folder's weights, and checkpoints whose
+weights are missing, misshapen, non-finite or expanded. Each ends in exit 2 naming the file and the key
+or parameter, no traceback, within 10 s of CPU time and 1 GiB of memory, nothing the user had lost."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT
+from hostile import assert_refused, run_cli, run_limited
+from test_faults_checkpoints import _data, _save
+from test_pretrained import EN, DE, ORDER, hf_tokenizer_file, lm_overrides
+
+DECODER_LM = ROOT / "recipes" / "architectures" / "gpt2-small.yaml"
+WORDS = len(set(" ".join(EN + DE).split()))
+
+
+# --- a tokenizer.json given as data.tokenizer ------------------------------------------------------
+
+
+def _tokenizer(tmp_path: Path, change=None) -> Path:
+    """A word-level tokenizer.json (specials at 0-4), its JSON changed by ``change``."""
+    path = hf_tokenizer_file(tmp_path / "tokenizer.json", ORDER)
+    data = json.loads(path.read_text())
+    if change is not None:
+        change(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _prepare_args(tmp_path: Path, tok_file: Path) -> list[str]:
+    overrides = lm_overrides(tmp_path, {"type": "pretrained", "path": str(tok_file)}, "model.pad_id=4", f"model.vocab_size={WORDS + 5}")
+    return ["prepare", str(DECODER_LM), *[arg for o in overrides for arg in ("--set", o)]]
+
+
+def _replace(content: str) -> dict:
+    return {"type": "Replace", "pattern": {"String": "a"}, "content": content}
+
+
+def _expanding(data: dict) -> None:
+    data["normalizer"] = _replace("a" * 50_000)
+
+
+def _nested(data: dict) -> None:
+    data["normalizer"] = {"type": "Sequence", "normalizers": [_replace("a" * 10)] * 8}  # 10**8 times longer
+
+
+def _deep(data: dict) -> None:
+    node: dict = _replace("b")
+    for _ in range(6):
+        node = {"type": "Sequence", "normalizers": [node]}
+    data["normalizer"] = node
+
+
+def _huge_added_id(data: dict) -> None:
+    data["added_tokens"][4]["id"] = 10**9
+
+
+def _huge_vocab_id(data: dict) -> None:
+    data["model"]["vocab"]["dog"] = 10**9
+
+
+def _id_past_the_count(data: dict) -> None:
+    """One past the last id the file's tokens may have (its vocabulary and added tokens, counted)."""
+    data["added_tokens"][4]["id"] = len(data["model"]["vocab"]) + len(data["added_tokens"])
+
+
+def test_a_plain_tokenizer_json_prepares(tmp_path, capsys):
+    """The control: the file the hostile cases change is accepted, and encodes within the bounds."""
+    assert run_cli(_prepare_args(tmp_path, _tokenizer(tmp_path)), capsys).rc == 0
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (_expanding, "normalizer.content: Replace writes 50,000 characters"),
+        (_nested, "normalizer: its Replace and Prepend steps make a text up to"),
+        (_deep, "normalizer.normalizers[0].normalizers[0].normalizers[0].normalizers[0]: Sequences nested more than 4 deep"),
+        (_huge_added_id, "added_tokens[4].id: id 1000000000 is out of range"),
+        (_huge_vocab_id, "model.vocab['dog']: id 1000000000 is out of range"),
+        (_id_past_the_count, f"added_tokens[4].id: id {WORDS + 10} is out of range: the file holds {WORDS + 10} tokens"),
+    ],
+    ids=["replace-50000", "nested-sequence", "deep-sequence", "added-token-id", "vocab-id", "id-past-the-count"],
+)
+def test_a_tokenizer_json_asking_for_unbounded_memory_is_refused_before_it_is_read(tmp_path, change, expected):
+    tok_file = _tokenizer(tmp_path, change)
+    assert_refused(run_limited(_prepare_args(tmp_path, tok_file), cwd=tmp_path), str(tok_file), expected, seconds=60)
+
+
+def test_a_split_regex_that_backtracks_without_end_is_a_data_error(tmp_path, capsys):
+    """The tokenizers library panics (a BaseException, not an Exception) at Oniguruma's retry limit."""
+
+    def catastrophic(data: dict) -> None:
+        data["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", "invert": False}
+
+    tok_file = _tokenizer(tmp_path, catastrophic)
+    args = _prepare_args(tmp_path, tok_file)  # writes text/*.en
+    for split in ("train", "val", "test"):
+        (tmp_path / "text" / f"{split}.en").write_text("a" * 40 + "!\n" + "the dog\n" * 8)
+    outcome = run_cli(args, capsys)
+    assert_refused(outcome, str(tok_file), "cannot encode the text", "retry-limit-in-match")
+
+
+def test_the_panic_is_caught_where_tokenizers_are_read():
+    """A panic inside Tokenizer.from_str (as encoding would raise it) becomes a DataError naming the file."""
+    from tfbuilder.data.pretrained import DataError, tokenizer_failures
+
+    class PanicException(BaseException):  # what pyo3_runtime names it
+        pass
+
+    with pytest.raises(DataError, match="x.json: not a Hugging Face tokenizer.json: the tokenizers library failed"):
+        with tokenizer_failures("x.json", "not a Hugging Face tokenizer.json", errors=True):
+            raise PanicException("called `Result::unwrap()`")
+    with pytest.raises(KeyboardInterrupt):  # anything else passes through
+        with tokenizer_failures("x.json", "reading"):
+            raise KeyboardInterrupt
+
+
+def test_real_tokenizers_stay_within_the_bounds():
+    """Llama's and BERT's normalizers (Prepend, Replace of one character; lower-casing) pass."""
+    from tfbuilder.data.pretrained import check_hf_json
+
+    llama = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+    for normalizer in (llama, {"type": "BertNormalizer", "lowercase": True}):
+        check_hf_json(json.dumps({"normalizer": normalizer, "model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 1}]}), "t.json")

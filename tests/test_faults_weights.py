@@ -129,3 +129,95 @@ def test_real_tokenizers_stay_within_the_bounds():
     llama = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
     for normalizer in (llama, {"type": "BertNormalizer", "lowercase": True}):
         check_hf_json(json.dumps({"normalizer": normalizer, "model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": [{"id": 1}]}), "t.json")
+
+
+# --- import-hf ---------------------------------------------------------------------------------------
+
+
+def _hf_dir(tmp_path: Path) -> Path:
+    """A tiny GPT-2 folder, as save_pretrained writes it (written by tfbuilder's export)."""
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf import export
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / "gpt2-small.yaml", ["model.decoder.layers=1", "model.d_model=16",
+        "model.attention.heads=2", "model.ffn.hidden=32", "model.vocab_size=40", "model.position.max_len=16"])
+    tok = HFTokenizer.ids(40)
+    ckpt = tmp_path / "x.ckpt"
+    torch.save(checkpoint_dict(build_model(recipe), recipe, Vocab(tok, tok), source="test"), ckpt)
+    export(ckpt, format="hf", out=tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def _change_weights(hf_dir: Path, change) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    change(tensors)
+    save_file(tensors, str(hf_dir / "model.safetensors"))
+    return hf_dir / "model.safetensors"
+
+
+def test_a_plain_hf_folder_imports(tmp_path, capsys):
+    assert run_cli(["import-hf", str(_hf_dir(tmp_path)), "--out", str(tmp_path / "run")], capsys).rc == 0
+
+
+def test_a_config_wider_than_its_weights_is_refused_before_the_model_is_built(tmp_path):
+    hf_dir = _hf_dir(tmp_path)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config.update(n_embd=4096, n_inner=4096)
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    outcome = run_limited(["import-hf", str(hf_dir), "--out", str(tmp_path / "run")], cwd=tmp_path)
+    assert_refused(outcome, "model.safetensors: transformer.wte.weight: expected shape (40, 4096)", "got (40, 16)", seconds=60)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_weight_of_another_shape_is_refused_naming_it(tmp_path, capsys):
+    hf_dir = _hf_dir(tmp_path)
+    _change_weights(hf_dir, lambda t: t.update({"transformer.h.0.mlp.c_fc.weight": torch.zeros(16, 31)}))
+    outcome = run_cli(["import-hf", str(hf_dir), "--out", str(tmp_path / "run")], capsys)
+    assert_refused(outcome, "transformer.h.0.mlp.c_fc.weight: expected shape (16, 32)", "decoder.layers.0.ffn.inner.ff_in.weight", "got (16, 31)")
+
+
+@pytest.mark.parametrize(
+    "bad, expected",
+    [(float("nan"), "holds NaN or infinite values"), (float("inf"), "holds NaN or infinite values"),
+     (torch.int64, "holds int64 values, not floating point weights"), (torch.bool, "holds bool values")],
+    ids=["nan", "inf", "int64", "bool"],
+)
+def test_non_finite_or_integer_weights_are_refused(tmp_path, capsys, bad, expected):
+    hf_dir = _hf_dir(tmp_path)
+    name = "transformer.h.0.attn.c_attn.weight"
+
+    def spoil(tensors: dict) -> None:
+        if isinstance(bad, float):
+            tensors[name][0, 0] = bad
+        else:
+            tensors[name] = tensors[name].to(bad)
+
+    weights = _change_weights(hf_dir, spoil)
+    outcome = run_cli(["import-hf", str(hf_dir), "--out", str(tmp_path / "run")], capsys)
+    assert_refused(outcome, f"{weights}: {name} {expected}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_that_is_a_fifo_is_refused(tmp_path, capsys):
+    hf_dir = _hf_dir(tmp_path)
+    (hf_dir / "tokenizer.json").unlink()
+    os.mkfifo(hf_dir / "tokenizer.json")
+    outcome = run_cli(["import-hf", str(hf_dir), "--out", str(tmp_path / "run")], capsys)
+    assert_refused(outcome, f"{hf_dir / 'tokenizer.json'} is not a regular file")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_hostile_tokenizer_in_an_hf_folder_is_refused(tmp_path):
+    hf_dir = _hf_dir(tmp_path)
+    tok_file = hf_dir / "tokenizer.json"
+    data = json.loads(tok_file.read_text())
+    _expanding(data)
+    tok_file.write_text(json.dumps(data))
+    outcome = run_limited(["import-hf", str(hf_dir), "--out", str(tmp_path / "run")], cwd=tmp_path)
+    assert_refused(outcome, f"{tok_file}: normalizer.content: Replace writes 50,000 characters", seconds=60)

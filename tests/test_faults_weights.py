@@ -221,3 +221,111 @@ def test_a_hostile_tokenizer_in_an_hf_folder_is_refused(tmp_path):
     tok_file.write_text(json.dumps(data))
     outcome = run_limited(["import-hf", str(hf_dir), "--out", str(tmp_path / "run")], cwd=tmp_path)
     assert_refused(outcome, f"{tok_file}: normalizer.content: Replace writes 50,000 characters", seconds=60)
+
+
+# --- checkpoints -------------------------------------------------------------------------------------
+
+
+def _first_matrix(data: dict) -> str:
+    return next(k for k, v in data["state_dict"].items() if v.dim() == 2)
+
+
+def test_a_checkpoint_missing_a_weight_names_it(tmp_path, capsys):
+    data = _data()
+    del data["state_dict"]["model.decoder.layers.0.ffn.norm.bias"]
+    path = _save(tmp_path, data)
+    outcome = run_cli(["test", str(path)], capsys)
+    assert_refused(outcome, str(path), "decoder.layers.0.ffn.norm.bias: missing from the checkpoint")
+
+
+def test_a_checkpoint_weight_of_another_shape_names_it_and_both_shapes(tmp_path, capsys):
+    data = _data()
+    name = _first_matrix(data)
+    rows, cols = data["state_dict"][name].shape
+    data["state_dict"][name] = torch.zeros(rows, cols + 1)
+    path = _save(tmp_path, data)
+    outcome = run_cli(["test", str(path)], capsys)
+    assert_refused(outcome, str(path), f"{name.removeprefix('model.')}: checkpoint ({rows}, {cols + 1}), recipe ({rows}, {cols})")
+
+
+def test_a_checkpoint_missing_many_weights_names_them(tmp_path, capsys):
+    """Fewer stored weights than the recipe asks for: refused before the model is built, naming them."""
+    data = _data()
+    for name in [k for k in data["state_dict"] if ".decoder.layers.0." in k]:
+        del data["state_dict"][name]
+    outcome = run_cli(["test", str(_save(tmp_path, data))], capsys)
+    assert_refused(outcome, "holds weights for", "decoder.layers.0.", "missing from the checkpoint")
+
+
+def _init_from_args(tmp_path: Path, source: Path) -> list[str]:
+    from test_faults_checkpoints import SMALL
+
+    from conftest import QUICKSTART
+
+    sets = [*SMALL, "data.test_size=4", "data.val_size=4", "trainer.max_steps=1", f"trainer.output={tmp_path / 'runs'}"]
+    return ["fit", str(QUICKSTART), "--init-from", str(source), *[a for s in sets for a in ("--set", s)]]
+
+
+def test_init_from_a_checkpoint_with_nan_weights_is_refused_naming_it(tmp_path, capsys):
+    data = _data()
+    name = _first_matrix(data)
+    data["state_dict"][name][0, 0] = float("nan")
+    path = _save(tmp_path, data)
+    outcome = run_cli(_init_from_args(tmp_path, path), capsys)
+    assert_refused(outcome, str(path), f"the weights of {name.removeprefix('model.')} are not finite real numbers")
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_init_from_a_checkpoint_of_another_shape_names_the_parameter(tmp_path, capsys):
+    data = _data()
+    name = _first_matrix(data)
+    rows, cols = data["state_dict"][name].shape
+    data["state_dict"][name] = torch.zeros(rows + 1, cols)
+    path = _save(tmp_path, data)
+    outcome = run_cli(_init_from_args(tmp_path, path), capsys)
+    assert_refused(outcome, str(path), f"{name.removeprefix('model.')}: checkpoint ({rows + 1}, {cols}), recipe ({rows}, {cols})")
+
+
+def _step_checkpoints(tmp_path: Path, change) -> Path:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for step in (1, 2):
+        data = _data()
+        data["global_step"] = step
+        change(data, step)
+        torch.save(data, run / "checkpoints" / f"step-{step}.ckpt")
+    return run
+
+
+def test_average_of_expanded_tensors(tmp_path, capsys):
+    """A tensor stored expanded (stride 0, float64: .double() is the tensor itself) averages like any other."""
+    name = "model.decoder.layers.0.ffn.norm.weight"
+
+    def expand(data: dict, step: int) -> None:
+        width = data["state_dict"][name].shape[0]
+        data["state_dict"][name] = torch.full((1,), float(step), dtype=torch.float64).expand(width)
+        matrix = _first_matrix(data)
+        rows, cols = data["state_dict"][matrix].shape
+        data["state_dict"][matrix] = torch.full((cols,), float(step), dtype=torch.float64).expand(rows, cols)
+
+    run = _step_checkpoints(tmp_path, expand)
+    assert run_cli(["average", str(run), "--last", "2"], capsys).rc == 0
+    averaged = torch.load(run / "checkpoints" / "averaged.ckpt", weights_only=True)["state_dict"]
+    assert torch.equal(averaged[name], torch.full_like(averaged[name], 1.5))
+    assert bool((averaged[_first_matrix({"state_dict": averaged})] == 1.5).all())
+    # the checkpoints averaged are as they were
+    assert torch.load(run / "checkpoints" / "step-1.ckpt", weights_only=True)["state_dict"][name][0] == 1.0
+
+
+def test_average_of_checkpoints_of_other_shapes_names_the_parameter(tmp_path, capsys):
+    def change(data: dict, step: int) -> None:
+        if step == 2:
+            name = _first_matrix(data)
+            rows, cols = data["state_dict"][name].shape
+            data["state_dict"][name] = torch.zeros(rows, cols + 1)
+
+    run = _step_checkpoints(tmp_path, change)
+    outcome = run_cli(["average", str(run), "--last", "2"], capsys)
+    name = _first_matrix(_data())
+    assert_refused(outcome, "hold different parameters", f"{name}: step-2.ckpt")
+    assert not (run / "checkpoints" / "averaged.ckpt").exists()

@@ -33,9 +33,9 @@ from tfbuilder.runs.checkpoints import (
     check_foreign,
     display_path,
     find_checkpoint,
+    finite_weights,
     fits,
     is_empty,
-    model_state,
     new_run_dir,
     read_checkpoint,
     run_dir_of,
@@ -282,7 +282,7 @@ def initial_model(recipe: Recipe, origin: Origin) -> Model:
     read = origin.read()
     if read is not None:
         source, source_path = read
-        weights = model_state(source)
+        weights = finite_weights(source, source_path)  # NaN weights would train to NaN: refused, naming the first
         theirs = source["tfbuilder"]["recipe"]
         if origin.invocation["kind"] == "init_from" and transfer.new_head(recipe.to_dict(), theirs):
             # Fine-tuning with another head (tfbuilder.train.heads.transfer): the body must fit, the head is new.

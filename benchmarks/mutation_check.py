@@ -65,6 +65,7 @@ OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_pattern
 MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbuilder/spec/stacks.py"
 PF, PREFLIGHT = "tfbuilder/train/preflight.py", ("tests/test_preflight.py",)
 LOGGERS = ("tests/test_loggers.py", "-k", "mlflow_store or cannot_be_made")
+TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -253,6 +254,21 @@ MUTATIONS: list[Mutation] = [
     Mutation("validate: a database URI accepted without SQLAlchemy", "tfbuilder/train/loggers.py", "        if not database:", "        if database:", LOGGERS),
     Mutation("fit: a run set up before a tracker failed is kept", "tfbuilder/train/fit.py", "            claim.discard()  #", "            pass  #", ("tests/test_loggers.py", "-k", "half_made")),
     Mutation("validate: a file store refused MLflow accepts", "tfbuilder/train/loggers.py", "    if not file_store:", "    if file_store:", LOGGERS),
+    # --- weights and tokenizers from elsewhere (tests/test_faults_weights.py)
+    Mutation("tokenizer.json: a Replace's length not bounded", TP, "    if factor > MAX_EXPANSION:\n        field", "    if factor < MAX_EXPANSION:\n        field", FW + ("-k", "replace-50000")),
+    Mutation("tokenizer.json: nested Replaces added, not multiplied", TP, "factor *= _expansion(", "factor += _expansion(", FW + ("-k", "nested-sequence")),
+    Mutation("tokenizer.json: Sequence depth not counted", TP, 'f"{key}.{inner}[{n}]", depth + 1,', 'f"{key}.{inner}[{n}]", depth - 1,', FW + ("-k", "deep-sequence")),
+    Mutation("tokenizer.json: an id equal to the token count accepted", TP, "not 0 <= i < bound:", "not 0 <= i <= bound:", FW + ("-k", "id-past-the-count")),
+    Mutation("tokenizer: a Rust panic not caught", TP, 'return type(exc).__name__ == "PanicException"', 'return type(exc).__name__ != "PanicException"', FW + ("-k", "backtracks or panic")),
+    Mutation("import-hf: shapes checked only after the model is built", "tfbuilder/interop/hf/convert.py", "    weights.check_shapes(rules, _read_shapes(weights_file), shapes", "    (rules, _read_shapes(weights_file), shapes", FW + ("-k", "wider_than")),
+    Mutation("import-hf: NaN weights accepted", "tfbuilder/interop/hf/weights.py", "torch.isfinite(tensor).all()", "torch.isfinite(tensor).any()", FW + ("-k", "non_finite_or_integer")),
+    Mutation("import-hf: integer weights accepted", "tfbuilder/interop/hf/weights.py", "if not tensor.is_floating_point():", "if not tensor.is_floating_point() and False:", FW + ("-k", "non_finite_or_integer")),
+    Mutation("import-hf: a FIFO tokenizer.json taken for none", "tfbuilder/interop/hf/convert.py", "    if not tok_file.exists():", "    if not tok_file.is_file():", FW + ("-k", "fifo")),
+    Mutation("checkpoint: a misshapen weight not named", "tfbuilder/runs/checkpoints.py", "if k in state and tuple(state[k].shape) != tuple(v)", "if k in state and tuple(state[k].shape) == tuple(v)", FW + ("-k", "another_shape")),
+    Mutation("checkpoint: missing weights not named before the build", "tfbuilder/runs/checkpoints.py", "        if not problems:  # a model this machine holds", "        if problems:  # a model this machine holds", FW + ("-k", "missing_many")),
+    Mutation("checkpoint: weights loaded without naming what does not fit", "tfbuilder/runs/checkpoints.py", "    fits(model, state, source=ckpt_path)", "    (model, state, ckpt_path)", FW + ("-k", "missing_a_weight")),
+    Mutation("--init-from: NaN weights not refused", "tfbuilder/train/lifecycle.py", "weights = finite_weights(source, source_path)", "weights = finite_weights({'state_dict': {}}, source_path) or {k[6:]: v for k, v in source['state_dict'].items()}", FW + ("-k", "init_from_a_checkpoint_with_nan")),
+    Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
 ]
 
 

@@ -329,3 +329,35 @@ def test_average_of_checkpoints_of_other_shapes_names_the_parameter(tmp_path, ca
     name = _first_matrix(_data())
     assert_refused(outcome, "hold different parameters", f"{name}: step-2.ckpt")
     assert not (run / "checkpoints" / "averaged.ckpt").exists()
+
+
+def _with_stored_tokenizer(change) -> dict:
+    """The tiny checkpoint, its vocabulary a word-level tokenizer.json (15 tokens, as its model's) changed by ``change``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokens = ["<pad>", "<s>", "</s>", "<unk>", "<mask>", *"abcdefghij"]
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw = json.loads(tok.to_str())
+    change(raw)
+    data = _data()
+    data["tfbuilder"]["vocab"] = json.dumps({"shared": json.dumps({"type": "hf", "tokenizer": json.dumps(raw)})})
+    return data
+
+
+def test_a_stored_tokenizer_beyond_the_bounds_is_a_damaged_checkpoint(tmp_path, capsys):
+    path = _save(tmp_path, _with_stored_tokenizer(_expanding))
+    outcome = run_cli(["test", str(path)], capsys)
+    assert_refused(outcome, f"{path}: damaged checkpoint: not a tfbuilder vocabulary: the stored tokenizer: normalizer.content: Replace writes 50,000 characters")
+
+
+def test_a_stored_tokenizer_that_panics_names_the_checkpoint(tmp_path, capsys):
+    def catastrophic(data: dict) -> None:
+        data["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", "invert": False}
+
+    path = _save(tmp_path, _with_stored_tokenizer(catastrophic))
+    source = tmp_path / "in.txt"
+    source.write_text("a" * 40 + "!\n")
+    outcome = run_cli(["translate", str(path), "--input", str(source), "--output", str(tmp_path / "out.txt")], capsys)
+    assert_refused(outcome, f"the tokenizer stored in {path}: cannot encode the text", "retry-limit-in-match")
+    assert (tmp_path / "out.txt").read_text() == ""  # --output streams: made new, nothing written

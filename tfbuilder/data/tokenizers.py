@@ -94,6 +94,7 @@ class BPETokenizer:
     def __init__(self, tokenizer):
         self._tok = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
+        self.where = "the tokenizer"  # named when it fails on a text (a checkpoint's names the checkpoint)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -122,11 +123,11 @@ class BPETokenizer:
         return cls(hf_tokenizer(text, "the stored tokenizer"))  # a checkpoint's: checked as a given file is
 
     def encode(self, text: str) -> list[int]:
-        with tokenizer_failures("the stored tokenizer", "cannot encode the text"):
+        with tokenizer_failures(self.where, "cannot encode the text"):
             return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        with tokenizer_failures("the stored tokenizer", "cannot encode the text"):
+        with tokenizer_failures(self.where, "cannot encode the text"):
             return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -37,6 +37,8 @@ from torch import nn
 
 from tfbuilder.atomic import write_text
 from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.pretrained import PretrainedTokenizer
+from tfbuilder.data.tokenizers import BPETokenizer, HFTokenizer
 from tfbuilder.devices import resolve
 from tfbuilder.errors import DataError, RecipeError, TfbuilderError
 from tfbuilder.model.builder import build_model
@@ -225,6 +227,9 @@ def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vo
         vocab = Vocab.from_json(meta["vocab"])
     except DataError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
+    for tok in (vocab.src, vocab.tgt):
+        if isinstance(tok, (BPETokenizer, HFTokenizer, PretrainedTokenizer)):
+            tok.where = f"the tokenizer stored in {ckpt_path}"  # named when it fails on a text
     for side, tok, size in (
         ("target", vocab.tgt, recipe.model.vocab_size),
         ("source", vocab.src, recipe.model.src_vocab_size),

@@ -269,6 +269,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("checkpoint: weights loaded without naming what does not fit", "tfbuilder/runs/checkpoints.py", "    fits(model, state, source=ckpt_path)", "    (model, state, ckpt_path)", FW + ("-k", "missing_a_weight")),
     Mutation("--init-from: NaN weights not refused", "tfbuilder/train/lifecycle.py", "weights = finite_weights(source, source_path)", "weights = finite_weights({'state_dict': {}}, source_path) or {k[6:]: v for k, v in source['state_dict'].items()}", FW + ("-k", "init_from_a_checkpoint_with_nan")),
     Mutation("checkpoint: a stored tokenizer's failure does not name the checkpoint", "tfbuilder/runs/checkpoints.py", "(BPETokenizer, HFTokenizer, PretrainedTokenizer)", "(BPETokenizer, PretrainedTokenizer)", FW + ("-k", "stored_tokenizer_that_panics")),
+    Mutation("--init-from: a damaged stored vocabulary not named", "tfbuilder/train/lifecycle.py", "            stored_vocab(source, init_from),", '            Vocab.from_json(source["tfbuilder"]["vocab"]),', FW + ("-k", "init_from_a_checkpoint_with_a_stored")),
     Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
 ]
 

@@ -361,3 +361,9 @@ def test_a_stored_tokenizer_that_panics_names_the_checkpoint(tmp_path, capsys):
     outcome = run_cli(["translate", str(path), "--input", str(source), "--output", str(tmp_path / "out.txt")], capsys)
     assert_refused(outcome, f"the tokenizer stored in {path}: cannot encode the text", "retry-limit-in-match")
     assert (tmp_path / "out.txt").read_text() == ""  # --output streams: made new, nothing written
+
+
+def test_init_from_a_checkpoint_with_a_stored_tokenizer_beyond_the_bounds_names_it(tmp_path, capsys):
+    path = _save(tmp_path, _with_stored_tokenizer(_expanding))
+    outcome = run_cli(_init_from_args(tmp_path, path), capsys)
+    assert_refused(outcome, f"{path}: damaged checkpoint: not a tfbuilder vocabulary: the stored tokenizer: normalizer.content")

@@ -223,13 +223,7 @@ def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vo
     except RecipeError as exc:
         shown = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the recipe inside it is not valid: {shown}") from None
-    try:
-        vocab = Vocab.from_json(meta["vocab"])
-    except DataError as exc:
-        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
-    for tok in (vocab.src, vocab.tgt):
-        if isinstance(tok, (BPETokenizer, HFTokenizer, PretrainedTokenizer)):
-            tok.where = f"the tokenizer stored in {ckpt_path}"  # named when it fails on a text
+    vocab = stored_vocab(data, ckpt_path)
     for side, tok, size in (
         ("target", vocab.tgt, recipe.model.vocab_size),
         ("source", vocab.src, recipe.model.src_vocab_size),
@@ -245,6 +239,19 @@ def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vo
     except ValueError as exc:
         raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
     return model, recipe, vocab
+
+
+def stored_vocab(data: dict, ckpt_path: str | Path) -> Vocab:
+    """The vocabulary a checkpoint stores (a damaged one is a CheckpointError); its tokenizers name the
+    checkpoint when they fail on a text."""
+    try:
+        vocab = Vocab.from_json(data["tfbuilder"]["vocab"])
+    except DataError as exc:
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
+    for tok in (vocab.src, vocab.tgt):
+        if isinstance(tok, (BPETokenizer, HFTokenizer, PretrainedTokenizer)):
+            tok.where = f"the tokenizer stored in {ckpt_path}"
+    return vocab
 
 
 def finite_weights(data: dict, ckpt_path: str | Path) -> dict[str, torch.Tensor]:

@@ -39,6 +39,7 @@ from tfbuilder.runs.checkpoints import (
     new_run_dir,
     read_checkpoint,
     run_dir_of,
+    stored_vocab,
     write_recipe,
 )
 from tfbuilder.runs.rewind import ABANDONED, checkpoint_step, set_aside
@@ -214,7 +215,7 @@ def read_origin(
         )
         if meta.get("run_dir") and Path(meta["run_dir"]) != run_dir.resolve():
             invocation["adopted_from"] = meta["run_dir"]
-        vocab = Vocab.from_json(meta["vocab"])
+        vocab = stored_vocab(source, ckpt_path)
         return Origin(
             invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab
         )
@@ -239,7 +240,7 @@ def read_origin(
         origin.source, origin.source_path, origin.vocab = (
             source,
             init_from,
-            Vocab.from_json(source["tfbuilder"]["vocab"]),
+            stored_vocab(source, init_from),
         )
     return origin
 

@@ -221,8 +221,8 @@ def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vo
         _check_stored_size(recipe, data, ckpt_path)
         model = build_model(recipe)
     except RecipeError as exc:
-        shown = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
-        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the recipe inside it is not valid: {shown}") from None
+        listed = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the recipe inside it is not valid: {listed}") from None
     vocab = stored_vocab(data, ckpt_path)
     for side, tok, size in (
         ("target", vocab.tgt, recipe.model.vocab_size),

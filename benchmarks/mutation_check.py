@@ -66,6 +66,7 @@ MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbu
 PF, PREFLIGHT = "tfbuilder/train/preflight.py", ("tests/test_preflight.py",)
 LOGGERS = ("tests/test_loggers.py", "-k", "mlflow_store or cannot_be_made")
 SS, SF, FS = "tfbuilder/data/store.py", "tfbuilder/data/storefiles.py", "tests/test_faults_store.py"
+TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -300,6 +301,23 @@ MUTATIONS: list[Mutation] = [
     Mutation("store trust: a store that cannot be replaced is a traceback", SS, "        except OSError as exc:\n            raise DataError(\n                f\"cannot replace", "        except ValueError as exc:\n            raise DataError(\n                f\"cannot replace", (FS, "-k", "cannot_be_replaced")),
     Mutation("store trust: a full disk not named", "tfbuilder/data/prepare.py", "if exc.errno in (errno.ENOSPC, errno.EDQUOT):", "if exc.errno in (errno.EDQUOT,):", (FS, "-k", "full_disk")),
     Mutation("store trust: offsets changed under a reader read as negative sizes", "tfbuilder/data/tokens.py", "if not 0 <= start <= end:", "if not 0 <= start:", (FS, "-k", "changed_after")),
+    # --- weights and tokenizers from elsewhere (tests/test_faults_weights.py)
+    Mutation("tokenizer.json: a Replace's length not bounded", TP, "    if factor > MAX_EXPANSION:\n        field", "    if factor < MAX_EXPANSION:\n        field", FW + ("-k", "replace-50000")),
+    Mutation("tokenizer.json: nested Replaces added, not multiplied", TP, "factor *= _expansion(", "factor += _expansion(", FW + ("-k", "nested-sequence")),
+    Mutation("tokenizer.json: Sequence depth not counted", TP, 'f"{key}.{inner}[{n}]", depth + 1,', 'f"{key}.{inner}[{n}]", depth - 1,', FW + ("-k", "deep-sequence")),
+    Mutation("tokenizer.json: an id equal to the token count accepted", TP, "not 0 <= i < bound:", "not 0 <= i <= bound:", FW + ("-k", "id-past-the-count")),
+    Mutation("tokenizer: a Rust panic not caught", TP, 'return type(exc).__name__ == "PanicException"', 'return type(exc).__name__ != "PanicException"', FW + ("-k", "backtracks or panic")),
+    Mutation("import-hf: shapes checked only after the model is built", "tfbuilder/interop/hf/convert.py", "    weights.check_shapes(rules, _read_shapes(weights_file), shapes", "    (rules, _read_shapes(weights_file), shapes", FW + ("-k", "wider_than")),
+    Mutation("import-hf: NaN weights accepted", "tfbuilder/interop/hf/weights.py", "torch.isfinite(tensor).all()", "torch.isfinite(tensor).any()", FW + ("-k", "non_finite_or_integer")),
+    Mutation("import-hf: integer weights accepted", "tfbuilder/interop/hf/weights.py", "if not tensor.is_floating_point():", "if not tensor.is_floating_point() and False:", FW + ("-k", "non_finite_or_integer")),
+    Mutation("import-hf: a FIFO tokenizer.json taken for none", "tfbuilder/interop/hf/convert.py", "    if not tok_file.exists():", "    if not tok_file.is_file():", FW + ("-k", "fifo")),
+    Mutation("checkpoint: a misshapen weight not named", "tfbuilder/runs/checkpoints.py", "if k in state and tuple(state[k].shape) != tuple(v)", "if k in state and tuple(state[k].shape) == tuple(v)", FW + ("-k", "another_shape")),
+    Mutation("checkpoint: missing weights not named before the build", "tfbuilder/runs/checkpoints.py", "        if not problems:  # a model this machine holds", "        if problems:  # a model this machine holds", FW + ("-k", "missing_many")),
+    Mutation("checkpoint: weights loaded without naming what does not fit", "tfbuilder/runs/checkpoints.py", "    fits(model, state, source=ckpt_path)", "    (model, state, ckpt_path)", FW + ("-k", "missing_a_weight")),
+    Mutation("--init-from: NaN weights not refused", "tfbuilder/train/lifecycle.py", "weights = finite_weights(source, source_path)", "weights = finite_weights({'state_dict': {}}, source_path) or {k[6:]: v for k, v in source['state_dict'].items()}", FW + ("-k", "init_from_a_checkpoint_with_nan")),
+    Mutation("checkpoint: a stored tokenizer's failure does not name the checkpoint", "tfbuilder/runs/checkpoints.py", "(BPETokenizer, HFTokenizer, PretrainedTokenizer)", "(BPETokenizer, PretrainedTokenizer)", FW + ("-k", "stored_tokenizer_that_panics")),
+    Mutation("--init-from: a damaged stored vocabulary not named", "tfbuilder/train/lifecycle.py", "            stored_vocab(source, init_from),", '            Vocab.from_json(source["tfbuilder"]["vocab"]),', FW + ("-k", "init_from_a_checkpoint_with_a_stored")),
+    Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
 ]
 
 

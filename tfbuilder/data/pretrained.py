@@ -13,14 +13,140 @@ import base64
 import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tfbuilder.errors import DataError
 from tfbuilder.spec.ports import Facts
 from tfbuilder.specials import CANDIDATES, COUNT, NEEDED, OWN, ROLES, SPECIAL_TOKENS, SpecialIds, lacking  # noqa: F401 (roles re-exported)
 
 MAX_TOKENIZER_BYTES = 256 << 20
+# What a tokenizer.json may ask for, checked on its JSON before the tokenizers library reads it: ids
+# below MAX_TOKEN_ID and below the number of tokens the file holds (an id of 10**9 makes the library
+# allocate gigabytes); normalizers (and decoders) at most MAX_NORMALIZERS steps, Sequences nested at
+# most MAX_NORMALIZER_DEPTH deep, whose Replace and Prepend steps together make a text at most
+# MAX_EXPANSION times longer (each multiplies by the length of what it writes, a regular expression's
+# Replace by one more: it may match between characters).
+MAX_TOKEN_ID = 1 << 24
+MAX_NORMALIZERS = 64
+MAX_NORMALIZER_DEPTH = 4
+MAX_EXPANSION = 256
+
+
+def check_hf_json(text: str, where: str) -> None:
+    """Refuse (naming ``where`` and the key) a ``tokenizer.json`` whose ids or normalizers would take
+    unbounded memory; JSON that is not a tokenizer is left for the tokenizers library to refuse."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise DataError(f"{where}: not a Hugging Face tokenizer.json (nested too deeply)") from None
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    _check_ids(data, where)
+    for key in ("normalizer", "decoder"):
+        steps = [0]
+        factor = _expansion(data.get(key), key, 0, steps, where)
+        if factor > MAX_EXPANSION:
+            raise DataError(
+                f"{where}: {key}: its Replace and Prepend steps make a text up to {factor:,} times longer "
+                f"(at most {MAX_EXPANSION} allowed)"
+            )
+
+
+def _check_ids(data: dict, where: str) -> None:
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    added = data.get("added_tokens")
+    added = added if isinstance(added, list) else []
+    held = (len(vocab) if isinstance(vocab, (dict, list)) else 0) + len(added)
+    bound = min(MAX_TOKEN_ID, held)
+    ids: list[tuple[str, Any]] = []
+    if isinstance(vocab, dict):  # WordLevel, WordPiece, BPE: token -> id (a Unigram's ids are its list's order)
+        ids += [(f"model.vocab[{token!r}]", i) for token, i in vocab.items()]
+    ids += [(f"added_tokens[{n}].id", t.get("id")) for n, t in enumerate(added) if isinstance(t, dict)]
+    for key, i in ids:
+        if isinstance(i, int) and not isinstance(i, bool) and not 0 <= i < bound:
+            raise DataError(
+                f"{where}: {key}: id {i} is out of range: the file holds {held:,} tokens, "
+                f"so ids must be below {bound:,}"
+            )
+
+
+def _expansion(node: Any, key: str, depth: int, steps: list[int], where: str) -> int:
+    """How many times longer the normalizer (or decoder) ``node`` may make a text, at most (a bound)."""
+    if not isinstance(node, dict):
+        return 1
+    if node.get("type") == "Sequence":
+        if depth >= MAX_NORMALIZER_DEPTH:
+            raise DataError(f"{where}: {key}: Sequences nested more than {MAX_NORMALIZER_DEPTH} deep")
+        inner = "normalizers" if "normalizers" in node else "decoders"
+        parts = node.get(inner)
+        factor = 1
+        for n, part in enumerate(parts if isinstance(parts, list) else []):
+            factor *= _expansion(part, f"{key}.{inner}[{n}]", depth + 1, steps, where)
+            if factor > MAX_EXPANSION:
+                raise DataError(
+                    f"{where}: {key}: its Replace and Prepend steps make a text up to {factor:,} times longer "
+                    f"(at most {MAX_EXPANSION} allowed)"
+                )
+        return factor
+    steps[0] += 1
+    if steps[0] > MAX_NORMALIZERS:
+        raise DataError(f"{where}: {key}: more than {MAX_NORMALIZERS} steps")
+    written = node.get("content") if node.get("type") == "Replace" else node.get("prepend")
+    if node.get("type") not in ("Replace", "Prepend") or not isinstance(written, str):
+        return 1
+    pattern = node.get("pattern")
+    factor = len(written) + (1 if isinstance(pattern, dict) and "Regex" in pattern else 0)
+    if factor > MAX_EXPANSION:
+        field = "content" if node.get("type") == "Replace" else "prepend"
+        raise DataError(
+            f"{where}: {key}.{field}: {node['type']} writes {len(written):,} characters "
+            f"(a text may grow at most {MAX_EXPANSION} times)"
+        )
+    return max(1, factor)
+
+
+def is_panic(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Rust panic inside the tokenizers library (``pyo3_runtime.PanicException``,
+    a BaseException, not an Exception)."""
+    return type(exc).__name__ == "PanicException"
+
+
+@contextmanager
+def tokenizer_failures(where: str, doing: str, *, errors: bool = False) -> Iterator[None]:
+    """A Rust panic inside the tokenizers library (a regular expression that backtracks without end
+    panics when it reaches Oniguruma's retry limit) becomes a DataError naming the file ``where``;
+    with ``errors``, so does any exception it raises (reading a file: it raises plain Exceptions)."""
+    try:
+        yield
+    except DataError:
+        raise
+    except Exception as exc:
+        if not errors:
+            raise
+        raise DataError(f"{where}: {doing} ({_first_line(exc)})") from None
+    except BaseException as exc:
+        if not is_panic(exc):
+            raise  # KeyboardInterrupt, SystemExit
+        raise DataError(f"{where}: {doing}: the tokenizers library failed ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or ["?"])[0][:200]
+
+
+def hf_tokenizer(text: str, where: str):
+    """A ``tokenizers.Tokenizer`` from the JSON ``text`` (of the file ``where``), checked first."""
+    from tokenizers import Tokenizer
+
+    check_hf_json(text, where)
+    with tokenizer_failures(where, "not a Hugging Face tokenizer.json", errors=True):
+        return Tokenizer.from_str(text)
 
 
 def find_specials(lookup, named: dict[str, str | None] | None = None) -> dict[str, int | None]:
@@ -47,10 +173,11 @@ class PretrainedTokenizer:
 
     kind = "pretrained"
 
-    def __init__(self, tokenizer, specials: SpecialIds):
+    def __init__(self, tokenizer, specials: SpecialIds, where: str = "the tokenizer"):
         self._tok = tokenizer
         self.specials = specials
         self.vocab_size = tokenizer.get_vocab_size()
+        self.where = where  # the file, named when the tokenizer fails on a text
 
     @classmethod
     def from_file(cls, path: str | Path, named: dict[str, str | None] | None = None) -> PretrainedTokenizer:
@@ -60,25 +187,21 @@ class PretrainedTokenizer:
     def from_str(
         cls, text: str, named: dict[str, str | None] | None = None, *, where: str = "the tokenizer"
     ) -> PretrainedTokenizer:
-        from tokenizers import Tokenizer
-
-        try:
-            tok = Tokenizer.from_str(text)
-        except Exception as exc:  # noqa: BLE001 (the tokenizers library raises plain Exceptions on bad files)
-            raise DataError(
-                f"{where}: not a Hugging Face tokenizer.json ({(str(exc).splitlines() or ['?'])[0][:200]})"
-            ) from None
-        return cls(tok, special_ids(find_specials(tok.token_to_id, named)))
+        tok = hf_tokenizer(text, where)
+        return cls(tok, special_ids(find_specials(tok.token_to_id, named)), where)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        with tokenizer_failures(self.where, "cannot encode the text"):
+            return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        with tokenizer_failures(self.where, "cannot encode the text"):
+            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         reserved = set(self.specials.reserved())
-        return self._tok.decode([i for i in ids if i not in reserved], skip_special_tokens=True).strip()
+        with tokenizer_failures(self.where, "cannot decode the ids"):
+            return self._tok.decode([i for i in ids if i not in reserved], skip_special_tokens=True).strip()
 
     def to_json(self) -> str:
         return json.dumps({"type": "pretrained", "tokenizer": self._tok.to_str(), "specials": self.specials.to_dict()})
@@ -89,10 +212,9 @@ class PretrainedTokenizer:
 
     @classmethod
     def from_saved(cls, data: dict) -> PretrainedTokenizer:
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_str(data["tokenizer"])
-        return cls(tok, SpecialIds.from_dict(data["specials"], vocab_size=tok.get_vocab_size()))
+        where = "the stored tokenizer"
+        tok = hf_tokenizer(data["tokenizer"], where)
+        return cls(tok, SpecialIds.from_dict(data["specials"], vocab_size=tok.get_vocab_size()), where)
 
 
 class SentencePieceTokenizer:

@@ -20,7 +20,9 @@ from tfbuilder.data.pretrained import (
     SentencePieceTokenizer,
     char_hf_json,
     find_specials,
+    hf_tokenizer,
     special_ids,
+    tokenizer_failures,
 )
 from tfbuilder.errors import DataError  # noqa: F401 (re-exported: the data layer's error)
 from tfbuilder.spec.sections import SPECIAL_TOKENS
@@ -92,6 +94,7 @@ class BPETokenizer:
     def __init__(self, tokenizer):
         self._tok = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
+        self.where = "the tokenizer"  # named when it fails on a text (a checkpoint's names the checkpoint)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -117,15 +120,15 @@ class BPETokenizer:
 
     @classmethod
     def from_json(cls, text: str) -> BPETokenizer:
-        from tokenizers import Tokenizer
-
-        return cls(Tokenizer.from_str(text))
+        return cls(hf_tokenizer(text, "the stored tokenizer"))  # a checkpoint's: checked as a given file is
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        with tokenizer_failures(self.where, "cannot encode the text"):
+            return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        with tokenizer_failures(self.where, "cannot encode the text"):
+            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([i for i in ids if i >= len(SPECIAL_TOKENS)]).strip()
@@ -141,16 +144,17 @@ class HFTokenizer:
     """A Hugging Face ``tokenizer.json`` used as it is (imported models): its own ids and special tokens,
     which decoding skips. tfbuilder's start and end ids (1, 2) are not remapped onto it."""
 
-    def __init__(self, tokenizer, specials: SpecialIds | None = None):
+    def __init__(self, tokenizer, specials: SpecialIds | None = None, where: str = "the tokenizer"):
         self._tok = tokenizer
         self.vocab_size = tokenizer.get_vocab_size()
         self.specials = specials  # the imported model's ids (batches are made with them); None: tfbuilder's
+        self.where = where  # the file, named when the tokenizer fails on a text
 
     @classmethod
-    def from_str(cls, text: str, specials: SpecialIds | None = None) -> HFTokenizer:
-        from tokenizers import Tokenizer
-
-        return cls(Tokenizer.from_str(text), specials)
+    def from_str(cls, text: str, specials: SpecialIds | None = None, *, where: str = "the tokenizer") -> HFTokenizer:
+        """The tokenizer in the JSON ``text`` (of the file ``where``): its ids and normalizers bounded
+        before the tokenizers library reads it (:func:`~tfbuilder.data.pretrained.check_hf_json`)."""
+        return cls(hf_tokenizer(text, where), specials, where)
 
     @classmethod
     def ids(cls, vocab_size: int, specials: SpecialIds | None = None) -> HFTokenizer:
@@ -168,13 +172,16 @@ class HFTokenizer:
         return special_ids(find_specials(self._tok.token_to_id))
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        with tokenizer_failures(self.where, "cannot encode the text"):
+            return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        with tokenizer_failures(self.where, "cannot encode the text"):
+            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True).strip()
+        with tokenizer_failures(self.where, "cannot decode the ids"):
+            return self._tok.decode(list(ids), skip_special_tokens=True).strip()
 
     def to_json(self) -> str:
         saved = {"type": "hf", "tokenizer": self._tok.to_str()}
@@ -198,7 +205,7 @@ def from_json(text: str) -> Tokenizer:
     if data.get("type") == "bpe" and isinstance(data.get("tokenizer"), str):
         return BPETokenizer.from_json(data["tokenizer"])
     if data.get("type") == "hf":
-        tok = HFTokenizer.from_str(data["tokenizer"])
+        tok = HFTokenizer.from_str(data["tokenizer"], where="the stored tokenizer")
         if data.get("specials") is not None:  # (runs imported before the ids travelled with it have none)
             try:
                 tok.specials = SpecialIds.from_dict(data["specials"], vocab_size=tok.vocab_size)

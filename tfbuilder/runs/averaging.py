@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from tfbuilder import atomic
-from tfbuilder.runs.checkpoints import CheckpointError, read_checkpoint, step_checkpoints
+from tfbuilder.runs.checkpoints import CheckpointError, mismatches, read_checkpoint, shown, step_checkpoints
 
 
 def kept(run_dir: Path) -> list[tuple[int, Path]]:
@@ -26,7 +28,9 @@ def average(paths: list[Path]) -> dict:
     first = read_checkpoint(paths[0])
     meta = first["tfbuilder"]
     state = {k: v for k, v in first["state_dict"].items() if k.startswith("model.")}
-    sums = {k: v.double() for k, v in state.items() if v.is_floating_point()}
+    # Copies: .double() of a float64 tensor is the tensor itself, which the sum must not write into (one
+    # stored expanded, one value repeated through a stride of 0, cannot be written into at all).
+    sums = {k: v.to(torch.float64, copy=True) for k, v in state.items() if v.is_floating_point()}
     for path in paths[1:]:
         other = read_checkpoint(path)
         if (
@@ -37,8 +41,12 @@ def average(paths: list[Path]) -> dict:
                 f"{path} and {paths[0]} come from different recipes (model or vocabulary): not averaging them"
             )
         weights = {k: v for k, v in other["state_dict"].items() if k.startswith("model.")}
-        if weights.keys() != state.keys() or any(weights[k].shape != state[k].shape for k in state):
-            raise CheckpointError(f"{path} and {paths[0]} hold different parameters: not averaging them")
+        shapes = {k: tuple(v.shape) for k, v in state.items()}
+        problems = mismatches(shapes, weights, theirs=path.name, ours=paths[0].name)
+        if problems:
+            raise CheckpointError(
+                f"{path} and {paths[0]} hold different parameters: not averaging them: {shown(problems)}"
+            )
         for k in sums:
             sums[k] += weights[k].double()
     averaged = {k: (sums[k] / len(paths)).to(v.dtype) if k in sums else v for k, v in state.items()}

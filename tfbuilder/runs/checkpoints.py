@@ -37,6 +37,8 @@ from torch import nn
 
 from tfbuilder.atomic import write_text
 from tfbuilder.data.prepare import Vocab
+from tfbuilder.data.pretrained import PretrainedTokenizer
+from tfbuilder.data.tokenizers import BPETokenizer, HFTokenizer
 from tfbuilder.devices import resolve
 from tfbuilder.errors import DataError, RecipeError, TfbuilderError
 from tfbuilder.model.builder import build_model
@@ -200,12 +202,9 @@ def load_checkpoint(
     ckpt_path = choose_checkpoint(path, checkpoint)
     data = read_checkpoint(ckpt_path)
     model, recipe, vocab = _rebuild(data["tfbuilder"], data, ckpt_path)
-    try:
-        model.load_state_dict(_finite_weights(data, ckpt_path))
-    except RuntimeError as exc:
-        raise CheckpointError(
-            f"{ckpt_path}: weights do not fit the recipe inside it: {str(exc).splitlines()[0]}"
-        ) from None
+    state = finite_weights(data, ckpt_path)
+    fits(model, state, source=ckpt_path)  # names each missing, unexpected or misshapen parameter
+    model.load_state_dict(state)
     step = data.get("global_step", 0)
     model.to(resolve(device))  # in place, as eval()
     model.eval()
@@ -222,12 +221,9 @@ def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vo
         _check_stored_size(recipe, data, ckpt_path)
         model = build_model(recipe)
     except RecipeError as exc:
-        shown = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
-        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the recipe inside it is not valid: {shown}") from None
-    try:
-        vocab = Vocab.from_json(meta["vocab"])
-    except DataError as exc:
-        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
+        listed = "; ".join(str(p) for p in exc.problems[:3]) + ("; ..." if len(exc.problems) > 3 else "")
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: the recipe inside it is not valid: {listed}") from None
+    vocab = stored_vocab(data, ckpt_path)
     for side, tok, size in (
         ("target", vocab.tgt, recipe.model.vocab_size),
         ("source", vocab.src, recipe.model.src_vocab_size),
@@ -245,7 +241,20 @@ def _rebuild(meta: dict, data: dict, ckpt_path: Path) -> tuple[Model, Recipe, Vo
     return model, recipe, vocab
 
 
-def _finite_weights(data: dict, ckpt_path: Path) -> dict[str, torch.Tensor]:
+def stored_vocab(data: dict, ckpt_path: str | Path) -> Vocab:
+    """The vocabulary a checkpoint stores (a damaged one is a CheckpointError); its tokenizers name the
+    checkpoint when they fail on a text."""
+    try:
+        vocab = Vocab.from_json(data["tfbuilder"]["vocab"])
+    except DataError as exc:
+        raise CheckpointError(f"{ckpt_path}: damaged checkpoint: {exc}") from None
+    for tok in (vocab.src, vocab.tgt):
+        if isinstance(tok, (BPETokenizer, HFTokenizer, PretrainedTokenizer)):
+            tok.where = f"the tokenizer stored in {ckpt_path}"
+    return vocab
+
+
+def finite_weights(data: dict, ckpt_path: str | Path) -> dict[str, torch.Tensor]:
     """The model's weights in ``data``, refused when one is not a finite real number (NaN, inf or complex)."""
     state = model_state(data)
     unfit = next(
@@ -269,12 +278,17 @@ def _check_stored_size(recipe: Recipe, data: dict, ckpt_path: Path) -> None:
 
     parameters = count_parameters(recipe)
     stored = sum(v.numel() for k, v in data["state_dict"].items() if k.startswith("model."))
+    problems = check_size(recipe, parameters, training=False)
     if parameters > stored:
+        which = ""
+        if not problems:  # a model this machine holds: built on the meta device (nothing allocated) to name them
+            with torch.device("meta"):
+                shapes = {k: tuple(v.shape) for k, v in build_model(recipe).state_dict().items()}
+            which = ": " + shown(mismatches(shapes, model_state(data)))
         raise CheckpointError(
             f"{ckpt_path}: damaged checkpoint: the recipe inside it asks for {parameters:,} parameters, "
-            f"but it holds weights for {stored:,}"
+            f"but it holds weights for {stored:,}{which}"
         )
-    problems = check_size(recipe, parameters, training=False)
     if problems:
         raise CheckpointError(f"{ckpt_path}: {problems[0].message}")
 
@@ -348,24 +362,37 @@ def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
     return chosen
 
 
+def mismatches(own: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor], *, theirs: str = "checkpoint",
+               ours: str = "recipe") -> list[str]:
+    """What keeps ``state`` from loading into a model whose tensors have the shapes ``own``: each
+    parameter of another shape (both shapes), missing, or unexpected."""
+    problems = [
+        f"{k}: {theirs} {tuple(state[k].shape)}, {ours} {tuple(v)}"
+        for k, v in own.items()
+        if k in state and tuple(state[k].shape) != tuple(v)
+    ]
+    problems += [f"{k}: missing from the {theirs}" for k in own if k not in state]
+    problems += [f"{k}: in the {theirs}, not in the {ours}'s model" for k in state if k not in own]
+    return problems
+
+
+def shown(problems: list[str], most: int = 6) -> str:
+    """The first ``most`` problems, and how many more."""
+    return "; ".join(problems[:most]) + (f"; ... ({len(problems) - most} more)" if len(problems) > most else "")
+
+
 def fits(model: nn.Module, state: dict[str, torch.Tensor], *, source: str | Path, new: str | None = None) -> None:
     """Refuse (exit 2, naming the parameters) weights that do not fit ``model``: missing, unexpected,
     or of another shape. Checked before anything is created or trained. Keys starting with ``new``
-    (a new head, ``"head."``) are left out on both sides."""
-    own = model.state_dict()
+    (a new head, ``"head."``) are left out on both sides. Every command that loads a checkpoint's
+    weights into a model (test, translate, export, --init-from, resume) goes through here."""
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if new is not None:
         own = {k: v for k, v in own.items() if not k.startswith(new)}
         state = {k: v for k, v in state.items() if not k.startswith(new)}
-    problems = [
-        f"{k}: checkpoint {tuple(state[k].shape)}, recipe {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in state and tuple(state[k].shape) != tuple(v.shape)
-    ]
-    problems += [f"{k}: missing from the checkpoint" for k in own if k not in state]
-    problems += [f"{k}: in the checkpoint, not in the recipe's model" for k in state if k not in own]
+    problems = mismatches(own, state)
     if problems:
-        shown = "; ".join(problems[:6]) + (f"; ... ({len(problems) - 6} more)" if len(problems) > 6 else "")
-        raise CheckpointError(f"the weights of {source} do not fit the recipe's model: {shown}")
+        raise CheckpointError(f"the weights of {source} do not fit the recipe's model: {shown(problems)}")
 
 
 def model_state(data: dict) -> dict[str, torch.Tensor]:

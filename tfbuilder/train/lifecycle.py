@@ -33,12 +33,13 @@ from tfbuilder.runs.checkpoints import (
     check_foreign,
     display_path,
     find_checkpoint,
+    finite_weights,
     fits,
     is_empty,
-    model_state,
     new_run_dir,
     read_checkpoint,
     run_dir_of,
+    stored_vocab,
     write_recipe,
 )
 from tfbuilder.runs.rewind import ABANDONED, checkpoint_step, set_aside
@@ -214,7 +215,7 @@ def read_origin(
         )
         if meta.get("run_dir") and Path(meta["run_dir"]) != run_dir.resolve():
             invocation["adopted_from"] = meta["run_dir"]
-        vocab = Vocab.from_json(meta["vocab"])
+        vocab = stored_vocab(source, ckpt_path)
         return Origin(
             invocation, run_dir=run_dir, checkpoint=ckpt_path, source=source, source_path=ckpt_path, vocab=vocab
         )
@@ -239,7 +240,7 @@ def read_origin(
         origin.source, origin.source_path, origin.vocab = (
             source,
             init_from,
-            Vocab.from_json(source["tfbuilder"]["vocab"]),
+            stored_vocab(source, init_from),
         )
     return origin
 
@@ -282,7 +283,7 @@ def initial_model(recipe: Recipe, origin: Origin) -> Model:
     read = origin.read()
     if read is not None:
         source, source_path = read
-        weights = model_state(source)
+        weights = finite_weights(source, source_path)  # NaN weights would train to NaN: refused, naming the first
         theirs = source["tfbuilder"]["recipe"]
         if origin.invocation["kind"] == "init_from" and transfer.new_head(recipe.to_dict(), theirs):
             # Fine-tuning with another head (tfbuilder.train.heads.transfer): the body must fit, the head is new.

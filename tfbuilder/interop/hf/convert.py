@@ -129,11 +129,17 @@ def load_hf(
     _check_size(recipe, config)  # before the weights are read or the model is built
     with _naming(config):
         specials = special_ids(cfg, family, recipe.model.vocab_size)
-    theirs = _read_weights(hf_dir / "model.safetensors")
+    weights_file = hf_dir / "model.safetensors"
+    rules = weights.rules(family, recipe.model)
+    with torch.device("meta"):  # the parameters' shapes, nothing allocated
+        shapes = {k: tuple(v.shape) for k, v in build_model(recipe).state_dict().items()}
+    # Before the weights are read or the model is built: a file that does not fit the config is refused.
+    weights.check_shapes(rules, _read_shapes(weights_file), shapes, file=str(weights_file))
+    theirs = _read_weights(weights_file)
     model = build_model(recipe)
     if not isinstance(model, AuxiliaryLosses):  # every kind is; the ids are set on it
         raise TypeError(f"{type(model).__name__} carries no special ids")
-    state = weights.from_hf(weights.rules(family, recipe.model), theirs, model.state_dict())
+    state = weights.from_hf(rules, theirs, model.state_dict(), file=str(weights_file))
     model.load_state_dict(state)
     model.specials = specials
     tok = _read_tokenizer(hf_dir / "tokenizer.json", recipe.model.vocab_size, specials)
@@ -149,16 +155,33 @@ def _naming(config: Path) -> Iterator[None]:
         raise UnsupportedConfig(str(exc).replace("config.json:", f"{config}:", 1)) from None
 
 
-def _read_weights(weights_file: Path) -> dict[str, torch.Tensor]:
-    """The tensors of ``model.safetensors`` by their Hugging Face names."""
-    load_file = _safetensors().load_file
-    from safetensors import SafetensorError
-
+def _weights_file(weights_file: Path) -> None:
     if not weights_file.is_file():
         sharded = (weights_file.parent / "model.safetensors.index.json").is_file()
         raise TfbuilderError(
             f"{weights_file} not found" + (" (sharded checkpoints are not supported)" if sharded else "")
         )
+
+
+def _read_shapes(weights_file: Path) -> dict[str, tuple[int, ...]]:
+    """The shapes of ``model.safetensors``' tensors by their Hugging Face names, from its header alone."""
+    _safetensors()
+    from safetensors import SafetensorError, safe_open
+
+    _weights_file(weights_file)
+    try:
+        with safe_open(str(weights_file), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise TfbuilderError(f"cannot read {weights_file}: {exc}") from None
+
+
+def _read_weights(weights_file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of ``model.safetensors`` by their Hugging Face names."""
+    load_file = _safetensors().load_file
+    from safetensors import SafetensorError
+
+    _weights_file(weights_file)
     try:
         return load_file(str(weights_file))
     except (SafetensorError, OSError) as exc:
@@ -167,14 +190,17 @@ def _read_weights(weights_file: Path) -> dict[str, torch.Tensor]:
 
 def _read_tokenizer(tok_file: Path, vocab_size: int, specials: SpecialIds) -> HFTokenizer:
     """The directory's ``tokenizer.json``, or plain ids when it has none."""
-    if not tok_file.is_file():
+    if not tok_file.exists():
         return HFTokenizer.ids(vocab_size)
+    if not tok_file.is_file():  # a FIFO would block, a device never end
+        raise TfbuilderError(f"{tok_file} is not a regular file (a folder, FIFO, socket or device): not reading it")
     if tok_file.stat().st_size > MAX_TOKENIZER_BYTES:
         raise TfbuilderError(f"{tok_file} is larger than {MAX_TOKENIZER_BYTES:,} bytes: not reading it")
     try:
-        tok = HFTokenizer.from_str(tok_file.read_text(encoding="utf-8"))
-    except Exception as exc:  # the tokenizers library raises plain Exceptions on bad files
-        raise TfbuilderError(f"{tok_file}: not a tokenizers file ({str(exc).splitlines()[0]})") from None
+        text = tok_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TfbuilderError(f"{tok_file}: cannot read it ({str(exc).splitlines()[0][:200]})") from None
+    tok = HFTokenizer.from_str(text, where=str(tok_file))
     if tok.vocab_size > vocab_size:
         raise TfbuilderError(f"{tok_file} has {tok.vocab_size} tokens; the model has only {vocab_size}")
     # Batches of a fine-tune are made with the model's ids: config.json's, and the tokenizer's

@@ -8,6 +8,7 @@ the first present, written under all). The same rules read both ways, so export 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from torch import Tensor, nn
@@ -135,26 +136,78 @@ def _llama(m: ModelSection) -> list[Rule]:
     return out
 
 
-def from_hf(rules: list[Rule], theirs: dict[str, Tensor], ours: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Fill ``ours`` (a freshly built model's state dict: names and shapes) from ``theirs``."""
+def _sources(rule: Rule, theirs: Mapping[str, object], file: str) -> tuple[str, ...]:
+    """The Hugging Face names a rule reads (an ``any`` rule: the first present), each present in ``theirs``."""
+    _, sources, op = rule
+    if op == "any":
+        sources = tuple(s for s in sources if s in theirs)[:1] or sources[:1]
+    missing = [s for s in sources if s not in theirs]
+    if missing:
+        raise UnsupportedConfig(f"{file}: missing tensor {missing[0]}")
+    return sources
+
+
+def _shape(op: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The shape a rule makes of its sources' shapes (None: they do not concatenate)."""
+    if op == "T":
+        return tuple(reversed(shapes[0])) if len(shapes[0]) == 2 else None
+    if op == "cat":
+        if any(len(s) == 0 or s[1:] != shapes[0][1:] for s in shapes):
+            return None
+        return (sum(s[0] for s in shapes), *shapes[0][1:])
+    return shapes[0]
+
+
+def check_shapes(
+    rules: list[Rule], theirs: Mapping[str, tuple[int, ...]], ours: Mapping[str, tuple[int, ...]], *, file: str
+) -> None:
+    """Refuse, before any weight is read or the model is built, a file whose tensors (``theirs``: name ->
+    shape, from its header) do not fit the model the config describes (``ours``: its parameters' shapes),
+    naming the tensor, the parameter, and the shape expected and found."""
+    for rule in rules:
+        key, _, op = rule
+        sources = _sources(rule, theirs, file)
+        if key not in ours:
+            raise UnsupportedConfig(f"{file}: {sources[0]} has no place in the recipe ({key})")
+        got = [tuple(theirs[s]) for s in sources]
+        if _shape(op, got) != tuple(ours[key]):
+            found = got[0] if len(got) == 1 else " + ".join(str(g) for g in got)
+            raise UnsupportedConfig(
+                f"{file}: {', '.join(sources)}: expected shape {_their_shape(op, tuple(ours[key]), len(sources))} "
+                f"for {key} (from config.json), got {found}"
+            )
+
+
+def _their_shape(op: str, ours: tuple[int, ...], parts: int) -> str:
+    """The shape a single Hugging Face tensor must have for ``ours`` (for a message)."""
+    if op == "T":
+        return str(tuple(reversed(ours)))
+    if op == "cat" and parts > 1:
+        return f"{parts} parts of {ours} along the first dimension"
+    return str(ours)
+
+
+def from_hf(
+    rules: list[Rule], theirs: dict[str, Tensor], ours: dict[str, Tensor], *, file: str = "model.safetensors"
+) -> dict[str, Tensor]:
+    """Fill ``ours`` (a freshly built model's state dict: names and shapes) from ``theirs``; refuses
+    (naming the tensor) one of another shape, one that is not floating point, and NaN or infinite values."""
     import torch
 
+    shapes = {k: tuple(v.shape) for k, v in theirs.items()}
+    check_shapes(rules, shapes, {k: tuple(v.shape) for k, v in ours.items()}, file=file)
     out = dict(ours)
-    for key, sources, op in rules:
-        if op == "any":
-            sources = tuple(s for s in sources if s in theirs)[:1] or sources[:1]
-        missing = [s for s in sources if s not in theirs]
-        if missing:
-            raise UnsupportedConfig(f"model.safetensors: missing tensor {missing[0]}")
+    for rule in rules:
+        key, _, op = rule
+        sources = _sources(rule, theirs, file)
         tensors = [theirs[s] for s in sources]
+        for name, tensor in zip(sources, tensors, strict=True):
+            if not tensor.is_floating_point():
+                dtype = str(tensor.dtype).removeprefix("torch.")
+                raise UnsupportedConfig(f"{file}: {name} holds {dtype} values, not floating point weights")
+            if not bool(torch.isfinite(tensor).all()):
+                raise UnsupportedConfig(f"{file}: {name} holds NaN or infinite values")
         value = tensors[0].t() if op == "T" else torch.cat(tensors, dim=0) if op == "cat" else tensors[0]
-        if key not in out:
-            raise UnsupportedConfig(f"model.safetensors: {sources[0]} has no place in the recipe ({key})")
-        if tuple(value.shape) != tuple(out[key].shape):
-            raise UnsupportedConfig(
-                f"model.safetensors: {sources[0]} has shape {tuple(tensors[0].shape)}; "
-                f"config.json implies {tuple(out[key].shape)} for {key}"
-            )
         out[key] = value.to(out[key].dtype).contiguous()
     return out
 

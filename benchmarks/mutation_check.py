@@ -274,6 +274,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("export: --out not checked before the work", "tfbuilder/cli/interop.py", "    directory_arg(args.out, \"--out\")  # before the checkpoint is read", "    pass", ("tests/test_hostile_inputs.py", "-k", "under_a_file")),
     Mutation("inputs: a symlink loop called missing", "tfbuilder/streams.py", "        if exc.errno == errno.ELOOP:", "        if exc.errno == errno.ENOENT and False:", ("tests/test_hostile_inputs.py", "-k", "words")),
     Mutation("translate: a failing read is a traceback", "tfbuilder/cli/decoding.py", "        except OSError as exc:\n            raise TfbuilderError(f\"cannot read {name}", "        except KeyError as exc:\n            raise TfbuilderError(f\"cannot read {name}", ("tests/test_hostile_inputs.py", "-k", "not_files")),
+    Mutation("translate: a failed run's empty --output left behind", "tfbuilder/cli/decoding.py", "        if sink.tell() == 0:", "        if sink.tell() < 0:", ("tests/test_hostile_inputs.py", "-k", "no_output_file")),
     Mutation("text: blank lines in a row not counted", "tfbuilder/data/text.py", "                blank = blank + 1 if raw in (b\"\\n\", b\"\\r\\n\") else 0", "                blank = 0", ("tests/test_data.py", "-k", "blank")),
     Mutation("text: a line with \\r\\n not counted as blank", "tfbuilder/data/text.py", "raw in (b\"\\n\", b\"\\r\\n\")", "raw in (b\"\\n\",)", ("tests/test_data.py", "-k", "blank")),
     # --- the prepared store trusts none of its own files (tfbuilder/data/store.py, storefiles.py)

@@ -162,3 +162,12 @@ def test_inputs_that_are_not_files_are_named(tiny_run, tmp_path, capsys):
             assert_refused(run_cli([verb, run, "--input", str(tmp_path / name)], capsys), f"--input {tmp_path / name} ", words)
     if Path("/proc/self/mem").exists():  # readable, yet every read fails
         assert_refused(run_cli(["translate", run, "--input", "/proc/self/mem"], capsys), "cannot read /proc/self/mem: ")
+
+
+def test_a_translation_that_fails_before_its_first_line_leaves_no_output_file(tiny_run, tmp_path, capsys):
+    bad = tmp_path / "in.txt"
+    bad.write_bytes(b"ab\n\xff\n")
+    out = tmp_path / "out.txt"
+    assert_refused(run_cli(["translate", str(tiny_run), "--input", str(bad), "--output", str(out)], capsys),
+                   "not UTF-8 text")
+    assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, BinaryIO
@@ -141,8 +142,22 @@ def cmd_translate(args: argparse.Namespace) -> int:
         try:
             _translate_stream(args, loaded, decoding_model(model, args.precision), search, source, sink, name)
         except NotText as exc:
+            _drop_if_empty(args.output, sink)
             raise TfbuilderError(f"{name} {exc}") from None
+        except BaseException:
+            _drop_if_empty(args.output, sink)
+            raise
     return 0
+
+
+def _drop_if_empty(output: str | None, sink: IO[str]) -> None:
+    """Remove the ``--output`` file this run made when nothing was written into it (a translation that
+    failed before its first line leaves no empty file behind; one that wrote lines keeps them)."""
+    if output is None or sink is sys.stdout:
+        return
+    with contextlib.suppress(OSError):
+        if sink.tell() == 0:
+            os.unlink(output)
 
 
 def _search(args: argparse.Namespace) -> Search:

@@ -66,6 +66,7 @@ MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbu
 PF, PREFLIGHT = "tfbuilder/train/preflight.py", ("tests/test_preflight.py",)
 LOGGERS = ("tests/test_loggers.py", "-k", "mlflow_store or cannot_be_made")
 SS, SF, FS = "tfbuilder/data/store.py", "tfbuilder/data/storefiles.py", "tests/test_faults_store.py"
+SK = "tfbuilder/data/storelock.py"
 TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
 
 MUTATIONS: list[Mutation] = [
@@ -281,12 +282,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("store trust: a store file's link followed", SF, "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDONLY | os.O_NONBLOCK", (FS, "-k", "no_regular_file and _zero")),
     Mutation("store trust: a file read before its size is checked", SF, "        if size > limit:\n", "        if size >= 2**63:\n", (FS, "-k", "bounded_read or sparse")),
     Mutation("store trust: closest() reads every store's meta.json", SS, "reverse=True)[:CLOSEST_STORES]", "reverse=True)[:]", (FS, "-k", "closest")),
-    Mutation("store trust: a held lock waited on in minutes, not seconds", SS, "deadline = time.monotonic() + timeout\n", "deadline = time.monotonic() + timeout * 60\n", (FS, "-k", "gives_up")),
-    Mutation("store trust: a renewing holder given up on", SS, "            seen, deadline = renewed, time.monotonic() + timeout", "            seen = renewed", (FS, "-k", "renews_its_lock")),
-    Mutation("store trust: the lock's default wait of 30 minutes", SS, "LOCK_TIMEOUT = 30 * 60", "LOCK_TIMEOUT = 30 * 6", (FS, "-k", "released_while")),
-    Mutation("store trust: the lock's holder line left behind", SS, "            os.ftruncate(fd, 0)\n            fcntl.flock(fd, fcntl.LOCK_UN)", "            fcntl.flock(fd, fcntl.LOCK_UN)", (FS, "-k", "released_while")),
-    Mutation("store trust: the lock file's link followed", SS, "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK", (FS, "-k", "lock_that_is_no_plain")),
-    Mutation("store trust: a lock that cannot be created is a traceback", SS, "        fd = os.open(path, flags, 0o644)\n    except OSError as exc:", "        fd = os.open(path, flags, 0o644)\n    except ValueError as exc:", (FS, "-k", "under_proc")),
+    Mutation("store trust: a held lock waited on in minutes, not seconds", SK, "deadline = time.monotonic() + timeout\n", "deadline = time.monotonic() + timeout * 60\n", (FS, "-k", "gives_up")),
+    Mutation("store trust: a renewing holder given up on", SK, "            seen, deadline = renewed, time.monotonic() + timeout", "            seen = renewed", (FS, "-k", "renews_its_lock")),
+    Mutation("store trust: the lock's default wait of 30 minutes", SK, "LOCK_TIMEOUT = 30 * 60", "LOCK_TIMEOUT = 30 * 6", (FS, "-k", "released_while")),
+    Mutation("store trust: the lock's holder line left behind", SK, "            os.ftruncate(fd, 0)\n            fcntl.flock(fd, fcntl.LOCK_UN)", "            fcntl.flock(fd, fcntl.LOCK_UN)", (FS, "-k", "released_while")),
+    Mutation("store trust: the lock file's link followed", SK, "os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK", "os.O_RDWR | os.O_CREAT | os.O_NONBLOCK", (FS, "-k", "lock_that_is_no_plain")),
+    Mutation("store trust: a lock that cannot be created is a traceback", SK, "        fd = os.open(path, flags, 0o644)\n    except OSError as exc:", "        fd = os.open(path, flags, 0o644)\n    except ValueError as exc:", (FS, "-k", "under_proc")),
     Mutation("store trust: offsets not checked to start at 0", SF, "if first == 0 and offsets[0] != 0:", "if first == 1 and offsets[0] != 0:", (FS, "-k", "idx_not_from_0")),
     Mutation("store trust: decreasing offsets not seen", SF, "if (steps < 0).any():", "if (steps < -1).any():", (FS, "-k", "idx_decreasing")),
     Mutation("store trust: offsets that end short of the tokens", SF, "if previous != tokens:", "if previous > tokens:", (FS, "-k", "idx_end")),

@@ -21,7 +21,7 @@ from conftest import ROOT
 from hostile import assert_refused, run_cli, run_limited
 from test_store import corpus, section
 
-from tfbuilder.data import store, storefiles
+from tfbuilder.data import store, storefiles, storelock
 from tfbuilder.data.prepare import prepare
 from tfbuilder.errors import DataError
 
@@ -46,7 +46,7 @@ def deadline():
 def made(tmp_path, monkeypatch) -> tuple[Path, Path, list[str]]:
     """(data folder, its prepared store, what was said) of a tiny corpus."""
     monkeypatch.delenv(store.CACHE_ENV, raising=False)
-    monkeypatch.delenv(store.LOCK_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv(storelock.LOCK_TIMEOUT_ENV, raising=False)
     folder = corpus(tmp_path / "data", train=120)
     said: list[str] = []
     first = prepare(section(folder), say=said.append)
@@ -189,7 +189,7 @@ def test_a_held_lock_says_who_holds_it_then_gives_up_after_the_timeout(tmp_path,
     root = folder / ".tfbuilder"
     root.mkdir()
     fd = hold(root / f"{key}.lock")
-    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "0.5")
+    monkeypatch.setenv(storelock.LOCK_TIMEOUT_ENV, "0.5")
     said: list[str] = []
     start = time.monotonic()
     try:
@@ -213,27 +213,27 @@ def test_a_lock_released_while_waiting_is_taken_and_its_holder_is_written_into_i
     fd = hold(lock)
     threading.Timer(0.3, lambda: os.close(fd)).start()
     said: list[str] = []
-    with store.locked(lock, said.append):
+    with storelock.locked(lock, said.append):
         assert lock.read_text().startswith(f"pid {os.getpid()} on ") and len(said) == 1
     assert lock.read_text() == ""
-    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "soon")
+    monkeypatch.setenv(storelock.LOCK_TIMEOUT_ENV, "soon")
     with pytest.raises(DataError, match=r"\$TFBUILDER_LOCK_TIMEOUT is 'soon'"):
-        store.lock_timeout()
-    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "90")
-    assert store.lock_timeout() == 90
-    monkeypatch.delenv(store.LOCK_TIMEOUT_ENV)
-    assert store.lock_timeout() == 30 * 60
+        storelock.lock_timeout()
+    monkeypatch.setenv(storelock.LOCK_TIMEOUT_ENV, "90")
+    assert storelock.lock_timeout() == 90
+    monkeypatch.delenv(storelock.LOCK_TIMEOUT_ENV)
+    assert storelock.lock_timeout() == 30 * 60
 
 
 def test_a_holder_that_renews_its_lock_is_waited_for_beyond_the_timeout(tmp_path, monkeypatch):
     """A preparer busy for longer than the timeout renews its lock: the waiter waits for it."""
     lock = tmp_path / "k.lock"
-    monkeypatch.setattr(store, "LOCK_RENEW", 0.05)
-    monkeypatch.setenv(store.LOCK_TIMEOUT_ENV, "0.4")
+    monkeypatch.setattr(storelock, "LOCK_RENEW", 0.05)
+    monkeypatch.setenv(storelock.LOCK_TIMEOUT_ENV, "0.4")
     held, release = threading.Event(), threading.Event()
 
     def busy() -> None:
-        with store.locked(lock):
+        with storelock.locked(lock):
             held.set()
             release.wait(10)
 
@@ -244,7 +244,7 @@ def test_a_holder_that_renews_its_lock_is_waited_for_beyond_the_timeout(tmp_path
     start = time.monotonic()
     said: list[str] = []
     try:
-        with store.locked(lock, said.append):
+        with storelock.locked(lock, said.append):
             assert time.monotonic() - start > 1.2
     finally:
         release.set()
@@ -270,7 +270,7 @@ def test_a_lock_that_is_no_plain_file_of_its_own_is_refused_and_left_alone(tmp_p
         os.link(mine, lock)
         expect = "is a file with 2 names (a hard link)"
     with pytest.raises(DataError, match=r"k\.lock is .*not a lock file") as caught:
-        with store.locked(lock):
+        with storelock.locked(lock):
             pass
     assert expect in str(caught.value)
     assert mine.read_text() == "my notes\n"

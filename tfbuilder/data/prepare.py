@@ -20,7 +20,7 @@ from typing import Protocol, TextIO
 import numpy as np
 
 from tfbuilder.data import labels as label_files
-from tfbuilder.data import pretrained, store, synthetic
+from tfbuilder.data import pretrained, store, storelock, synthetic
 from tfbuilder.data import tokenizers as toks
 from tfbuilder.data.location import locate
 from tfbuilder.data.readers import Row, SplitSource, chunks, label_of, split_sources
@@ -166,7 +166,7 @@ def _stored(
     material = candidates[-1]
     key = store.key_of(material)
     path = root / key
-    with store.locked(root / f"{key}.lock", say):
+    with storelock.locked(root / f"{key}.lock", say):
         damaged.pop(path, None)
         found = _reuse(path, given, names, damaged)  # prepared by another process while this one waited
         if found is not None:

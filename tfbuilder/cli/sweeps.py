@@ -72,7 +72,7 @@ def add_compare(sub: Subparsers) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tfbuilder.use import reports, sweeps  # deferred: start-up time
+    from tfbuilder.use import sweeps  # deferred: start-up time
 
     problems = []
     for path in dict.fromkeys(args.recipes):  # every recipe's problems, before anything runs
@@ -117,9 +117,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sweeps.write_plan(sweep)
     with quiet_lightning():
         diverged, elsewhere = _run_with_progress(todo, sweep)
-    failed = list(diverged.values())
     if global_rank() != 0:
         return 0  # another rank of a DDP sweep: rank 0 writes the report
+    return _report(args, sweep, diverged, elsewhere, command)
+
+
+def _report(
+    args: argparse.Namespace, sweep: Sweep, diverged: dict[Path, str], elsewhere: list[str], command: str
+) -> int:
+    """The sweep's report once its last run is finished (by this worker or another); 1 if a run diverged."""
+    from tfbuilder.use import reports, sweeps  # deferred: start-up time
+
+    failed = list(diverged.values())
     unfinished = [r for r in sweep.runs if r.dir not in diverged and sweeps.status(r, sweep.bleu_beam) != "finished"]
     if unfinished and not args.report_only:
         # Other workers (processes, nodes, job-array tasks) are training these: the one that finishes the

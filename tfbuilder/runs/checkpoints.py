@@ -362,8 +362,9 @@ def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
     return chosen
 
 
-def mismatches(own: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor], *, theirs: str = "checkpoint",
-               ours: str = "recipe") -> list[str]:
+def mismatches(
+    own: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor], *, theirs: str = "checkpoint", ours: str = "recipe"
+) -> list[str]:
     """What keeps ``state`` from loading into a model whose tensors have the shapes ``own``: each
     parameter of another shape (both shapes), missing, or unexpected."""
     problems = [

@@ -109,15 +109,10 @@ def evaluate_outputs(
     if references is None:
         raise ValueError(f"the '{split}' split has no references to score translations against")
     start = time.perf_counter()
+    limit = source_limit(loaded)
     found = list(
         translate_scored(
-            model,
-            loaded.vocab,
-            sources,
-            search=search,
-            max_tokens=max_tokens,
-            precision=precision,
-            max_source=source_limit(loaded),
+            model, loaded.vocab, sources, search=search, max_tokens=max_tokens, precision=precision, max_source=limit
         )
     )
     scores.seconds_decoding = time.perf_counter() - start

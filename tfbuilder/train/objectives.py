@@ -82,14 +82,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         for piece in range(pieces):
             start = piece * chunk
             rows, t = x[start : start + chunk].to(compute), target[start : start + chunk]
-            logits = rows @ weight.t().to(compute)
-            if bias is not None:
-                logits = logits + bias.to(logits.dtype)
-            logits = logits.float()
-            tanh: Tensor | None = None
-            if softcap is not None:
-                tanh = torch.tanh(logits / softcap)
-                logits = softcap * tanh
+            logits, tanh = LinearCrossEntropy._logits(rows, weight.to(compute), bias, softcap)
             valid = t != ignore
             safe = t.masked_fill(~valid, 0)
             log_z = logits.logsumexp(dim=-1)
@@ -117,6 +110,22 @@ class LinearCrossEntropy(torch.autograd.Function):
         ctx.mark_non_differentiable(nll, correct)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return loss, nll, correct
+
+    @staticmethod
+    def _logits(
+        rows: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """One chunk's float32 logits (soft-capped: ``softcap * tanh(z / softcap)``, Gemma 2) and the
+        tanh they were capped with (None without a cap), from ``rows`` and ``weight`` in one dtype."""
+        logits = rows @ weight.t()
+        if bias is not None:
+            logits = logits + bias.to(logits.dtype)
+        logits = logits.float()
+        tanh: Tensor | None = None
+        if softcap is not None:
+            tanh = torch.tanh(logits / softcap)
+            logits = softcap * tanh
+        return logits, tanh
 
     @staticmethod
     def _grad_logits(

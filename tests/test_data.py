@@ -164,6 +164,10 @@ def test_a_gzip_of_blank_lines_is_refused_where_the_run_passes_the_bound(tmp_pat
     with pytest.raises(DataError, match=rf"lines 2 to {text.MAX_BLANK_RUN + 2:,} are all blank"):
         for _ in text.lines(bomb):
             pass
+    windows = tmp_path / "crlf.de"  # blank lines with Windows line ends count the same
+    windows.write_bytes(b"a\r\n" + b"\r\n" * (text.MAX_BLANK_RUN + 1))
+    with pytest.raises(DataError, match="are all blank"):
+        list(text.lines(windows))
     padded = tmp_path / "ok.de"
     padded.write_bytes(b"a\n" + b"\r\n" * text.MAX_BLANK_RUN + b"b\n" + b"\n" * text.MAX_BLANK_RUN)
     got = list(text.lines(padded))

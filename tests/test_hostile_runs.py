@@ -173,7 +173,7 @@ def test_translate_arguments(tmp_path, capsys, checkpoint):
         (["--input", str(latin1)], str(latin1), "is not UTF-8 text"),
         (["--output", str(tmp_path / "no" / "such" / "dir.txt")], "--output", "does not exist"),
         (["--output", str(tmp_path)], "--output", "a directory"),
-        (["--beam", "0"], "--beam", "at least 1"),
+        (["--beam", "0"], "--beam", "must be between 1 and 1,000, got 0"),
         (["--alpha", "nan"], "--alpha", "finite"),
     ]
     for args, named, message in cases:

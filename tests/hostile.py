@@ -4,6 +4,7 @@ overwritten. CPU time, not wall time: other work on a shared machine does not co
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
@@ -61,6 +62,49 @@ def run_limited(args: list[str], *, cwd: Path, timeout: float = 120.0) -> Outcom
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     return Outcome(proc.returncode, proc.stdout, proc.stderr, _children_cpu() - start)
+
+
+# Runs each command of argv[1] (JSON) in turn in one process, each one's exit status and output in argv[2].
+_MANY = r"""
+import contextlib, io, json, sys, time
+from tfbuilder.cli.commands import main
+results = []
+for args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    start = time.process_time()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(args)
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+    results.append([rc, out.getvalue(), err.getvalue(), time.process_time() - start])
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
+"""
+
+
+def run_limited_many(commands: list[list[str]], *, cwd: Path, timeout: float = 120.0) -> list[Outcome]:
+    """Each of ``commands`` (``tfbuilder ARGS``) in turn, in one subprocess limited as
+    :func:`run_limited` is (torch imported once, not once a case): a case that took gigabytes would
+    end the process, and the cases after it with it (the process's output says which)."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+    results = cwd / ".limited-results.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _MANY, json.dumps(commands), str(results)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert results.exists(), f"the process ended before its last case (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
+    outcomes = [Outcome(rc, out, err, seconds) for rc, out, err, seconds in json.loads(results.read_text())]
+    results.unlink()
+    return outcomes
 
 
 def _children_cpu() -> float:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from hostile import assert_refused, run_cli, run_limited
+from hostile import assert_refused, run_cli, run_limited, run_limited_many
 from test_faults_checkpoints import _data, _save
 from test_pretrained import EN, DE, ORDER, hf_tokenizer_file, lm_overrides
 
@@ -76,21 +76,26 @@ def test_a_plain_tokenizer_json_prepares(tmp_path, capsys):
     assert run_cli(_prepare_args(tmp_path, _tokenizer(tmp_path)), capsys).rc == 0
 
 
-@pytest.mark.parametrize(
-    "change, expected",
-    [
-        (_expanding, "normalizer.content: Replace writes 50,000 characters"),
-        (_nested, "normalizer: its Replace and Prepend steps make a text up to"),
-        (_deep, "normalizer.normalizers[0].normalizers[0].normalizers[0].normalizers[0]: Sequences nested more than 4 deep"),
-        (_huge_added_id, "added_tokens[4].id: id 1000000000 is out of range"),
-        (_huge_vocab_id, "model.vocab['dog']: id 1000000000 is out of range"),
-        (_id_past_the_count, f"added_tokens[4].id: id {WORDS + 10} is out of range: the file holds {WORDS + 10} tokens"),
-    ],
-    ids=["replace-50000", "nested-sequence", "deep-sequence", "added-token-id", "vocab-id", "id-past-the-count"],
-)
-def test_a_tokenizer_json_asking_for_unbounded_memory_is_refused_before_it_is_read(tmp_path, change, expected):
-    tok_file = _tokenizer(tmp_path, change)
-    assert_refused(run_limited(_prepare_args(tmp_path, tok_file), cwd=tmp_path), str(tok_file), expected, seconds=60)
+UNBOUNDED = {
+    "replace-50000": (_expanding, "normalizer.content: Replace writes 50,000 characters"),
+    "nested-sequence": (_nested, "normalizer: its Replace and Prepend steps make a text up to"),
+    "deep-sequence": (_deep, "normalizer.normalizers[0].normalizers[0].normalizers[0].normalizers[0]: Sequences nested more than 4 deep"),
+    "added-token-id": (_huge_added_id, "added_tokens[4].id: id 1000000000 is out of range"),
+    "vocab-id": (_huge_vocab_id, "model.vocab['dog']: id 1000000000 is out of range"),
+    "id-past-the-count": (_id_past_the_count, f"added_tokens[4].id: id {WORDS + 10} is out of range: the file holds {WORDS + 10} tokens"),
+}
+
+
+def test_a_tokenizer_json_asking_for_unbounded_memory_is_refused_before_it_is_read(tmp_path):
+    """Each case in turn, in one process limited to 1 GiB (torch imported once)."""
+    files, commands = {}, []
+    for name, (change, _) in UNBOUNDED.items():
+        (tmp_path / name).mkdir()
+        files[name] = _tokenizer(tmp_path / name, change)
+        commands.append(_prepare_args(tmp_path / name, files[name]))
+    outcomes = run_limited_many(commands, cwd=tmp_path)
+    for (name, (_, expected)), outcome in zip(UNBOUNDED.items(), outcomes, strict=True):
+        assert_refused(outcome, str(files[name]), expected)
 
 
 def test_a_split_regex_that_backtracks_without_end_is_a_data_error(tmp_path, capsys):

@@ -51,6 +51,50 @@ def describe(path: str | os.PathLike[str]) -> str:
     return "not a regular file"
 
 
+def file_kind(path: str | os.PathLike[str], info: os.stat_result | None = None) -> str | None:
+    """What ``path`` itself is when it is not a regular file (links not followed): "a symbolic link (to
+    T)", "a loop of symbolic links", "a folder", "a named pipe (FIFO)", "a socket", "a device"; None for
+    a regular file, or when it cannot be told. ``info``: its ``lstat`` (or ``fstat``), when known."""
+    try:
+        info = info if info is not None else os.lstat(path)
+    except OSError:
+        return None
+    mode = info.st_mode
+    if stat.S_ISLNK(mode):
+        target = os.readlink(path)
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "a loop of symbolic links"
+            return f"a symbolic link (to {target}, which does not exist)"
+        return f"a symbolic link (to {target})"
+    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISSOCK: "a socket",
+             stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}  # fmt: skip
+    return next((name for test, name in kinds.items() if test(mode)), None if stat.S_ISREG(mode) else "not a file")
+
+
+def open_own(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> tuple[int | None, str | None]:
+    """Open ``path`` as a file of its own (a lock file): never through a link, never waiting on a FIFO,
+    and with no other name (a hard link). ``(descriptor, None)``, or ``(None, what it is)`` when it is
+    something else (:func:`file_kind`); an ``OSError`` when it cannot be opened for another reason."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError:
+        what = file_kind(path)
+        if what is None:
+            raise
+        return None, what
+    info = os.fstat(fd)
+    what = file_kind(path, info)
+    if what is None and info.st_nlink > 1:
+        what = f"a file with {info.st_nlink} names (a hard link)"
+    if what is not None:
+        os.close(fd)
+        return None, what
+    return fd, None
+
+
 def _line(raw: bytes) -> str:
     text = raw.decode("utf-8")
     return text[:-1] if text.endswith("\r") else text

@@ -42,6 +42,7 @@ from tfbuilder.data.readers import SplitSource
 from tfbuilder.data.tokens import Split, StoredTokens
 from tfbuilder.errors import DataError
 from tfbuilder.spec.sections import DataSection
+from tfbuilder.streams import file_kind
 
 Damaged = storefiles.Damaged
 STORE_VERSION = 1
@@ -167,7 +168,7 @@ def check_folder(path: Path) -> None:
         raise DataError(f"cannot look at the prepared store {path}: {exc.strerror or exc}") from None
     if stat.S_ISDIR(info.st_mode):
         return
-    what = "a file" if stat.S_ISREG(info.st_mode) else storefiles.file_kind(path, info)
+    what = "a file" if stat.S_ISREG(info.st_mode) else file_kind(path, info)
     raise DataError(
         f"{path} is {what}, not a prepared store: tfbuilder makes its stores there itself; "
         "move it away (or set data.cache to another folder), then try again"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
 
 from tfbuilder.errors import DataError
+from tfbuilder.streams import file_kind
 
 MAX_META_BYTES = 16 << 20  # a store's meta.json: a few KB of counts and key material
 MAX_TOKENIZER_BYTES = 256 << 20  # a store's tokenizer.json: as a given tokenizer file (data.tokenizer.path)
@@ -31,26 +31,6 @@ class Damaged(DataError):
     def __init__(self, store: Path, what: str):
         super().__init__(f"the prepared data in {store} is damaged ({what})")
         self.store, self.what = store, what
-
-
-def file_kind(path: Path, info: os.stat_result | None = None) -> str | None:
-    """What ``path`` is when it is not a regular file (None for one, or when it cannot be told)."""
-    try:
-        info = info if info is not None else os.lstat(path)
-    except OSError:
-        return None
-    mode = info.st_mode
-    if stat.S_ISLNK(mode):
-        try:
-            os.stat(path)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return "a loop of symbolic links"
-            return "a symbolic link to nothing"
-        return f"a symbolic link (to {os.readlink(path)})"
-    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISSOCK: "a socket",
-             stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}  # fmt: skip
-    return next((name for test, name in kinds.items() if test(mode)), None if stat.S_ISREG(mode) else "not a file")
 
 
 def open_regular(path: Path) -> int:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tfbuilder.data import storefiles
 from tfbuilder.errors import DataError, printable
+from tfbuilder.streams import open_own
 
 LOCK_TIMEOUT_ENV = "TFBUILDER_LOCK_TIMEOUT"
 LOCK_TIMEOUT = 30 * 60  # seconds a preparer waits for a lock whose holder shows no sign of life
@@ -87,21 +87,12 @@ def lock_timeout() -> float:
 
 
 def _open_lock(path: Path) -> int:
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     advice = "tfbuilder writes nothing there; move it away (or set data.cache to another folder), then try again"
     try:
-        fd = os.open(path, flags, 0o644)
+        fd, what = open_own(path, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
-        what = storefiles.file_kind(path)
-        if what is not None:
-            raise DataError(f"{path} is {what}, not a lock file: {advice}") from None
         raise DataError(f"cannot create the lock file {path}: {exc.strerror or exc} (set data.cache)") from None
-    info = os.fstat(fd)
-    what = storefiles.file_kind(path, info)
-    if what is None and info.st_nlink > 1:
-        what = f"a file with {info.st_nlink} names (a hard link)"
-    if what is not None:
-        os.close(fd)
+    if fd is None:
         raise DataError(f"{path} is {what}, not a lock file: {advice}")
     return fd
 

@@ -26,7 +26,6 @@ import os
 import pickle
 import re
 import socket
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from tfbuilder.registry import missing
 from tfbuilder.runs.archive import ArchiveError, check_archive
 from tfbuilder.spec.recipe import Recipe, recipe_from_dict
 from tfbuilder.specials import OWN, SpecialIds
+from tfbuilder.streams import open_own
 
 RUN_DIR_ENV = "TFBUILDER_RUN_DIR"  # set by rank 0 so that the other ranks of a job share its run directory
 
@@ -438,20 +438,11 @@ class RunLock:
     def _open(self) -> int:
         """The lock file, opened without following a link, never blocking on a FIFO, and refused unless
         it is a plain file of its own (no other name shares it): nothing outside the run is written."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd, what = open_own(self.path, os.O_RDWR | os.O_CREAT)
         except OSError as exc:
-            what = _file_kind(self.path)
-            if what is not None:
-                raise RunDirError(f"{self.path} is {what}, not a lock file: {_LOCK_ADVICE}") from None
             raise RunDirError(f"cannot lock {self.path.parent}: {exc.strerror or exc}") from None
-        info = os.fstat(fd)
-        what = _file_kind(self.path, info)
-        if what is None and info.st_nlink > 1:
-            what = f"a file with {info.st_nlink} names (a hard link)"
-        if what is not None:
-            os.close(fd)
+        if fd is None:
             raise RunDirError(f"{self.path} is {what}, not a lock file: {_LOCK_ADVICE}")
         return fd
 
@@ -464,17 +455,3 @@ class RunLock:
 
 _HOLDER = re.compile(rb"pid \d+ on [^\n]* since [^\n]*\n?")
 _LOCK_ADVICE = "tfbuilder writes nothing there; move it out of the run directory, then try again"
-
-
-def _file_kind(path: Path, info: os.stat_result | None = None) -> str | None:
-    """What ``path`` is when it is not a plain file (None for a plain file, or when it cannot be told)."""
-    try:
-        info = info if info is not None else os.lstat(path)
-    except OSError:
-        return None
-    mode = info.st_mode
-    if stat.S_ISLNK(mode):
-        return f"a symbolic link (to {os.readlink(path)})"
-    kinds = {stat.S_ISDIR: "a folder", stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISSOCK: "a socket",
-             stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}  # fmt: skip
-    return next((name for test, name in kinds.items() if test(mode)), None if stat.S_ISREG(mode) else "not a file")

@@ -45,22 +45,23 @@ def run_cli(args: list[str], capsys, *, cwd: Path | None = None) -> Outcome:
     return Outcome(rc, captured.out, captured.err, seconds)
 
 
+def _limit() -> None:
+    """In the child, before it runs: at most MEMORY bytes of address space."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def _python(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` under the memory limit, importing this checkout's tfbuilder."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, preexec_fn=_limit, env=env
+    )
+
+
 def run_limited(args: list[str], *, cwd: Path, timeout: float = 120.0) -> Outcome:
     """``python -m tfbuilder ARGS`` in a subprocess limited to MEMORY bytes of address space."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
-
     start = _children_cpu()
-    proc = subprocess.run(
-        [sys.executable, "-m", "tfbuilder", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=limit,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-    )
+    proc = _python(["-m", "tfbuilder", *args], cwd, timeout)
     return Outcome(proc.returncode, proc.stdout, proc.stderr, _children_cpu() - start)
 
 
@@ -87,20 +88,8 @@ def run_limited_many(commands: list[list[str]], *, cwd: Path, timeout: float = 1
     """Each of ``commands`` (``tfbuilder ARGS``) in turn, in one subprocess limited as
     :func:`run_limited` is (torch imported once, not once a case): a case that took gigabytes would
     end the process, and the cases after it with it (the process's output says which)."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
-
     results = cwd / ".limited-results.json"
-    proc = subprocess.run(
-        [sys.executable, "-c", _MANY, json.dumps(commands), str(results)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=limit,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-    )
+    proc = _python(["-c", _MANY, json.dumps(commands), str(results)], cwd, timeout)
     assert results.exists(), f"the process ended before its last case (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
     outcomes = [Outcome(rc, out, err, seconds) for rc, out, err, seconds in json.loads(results.read_text())]
     results.unlink()

@@ -287,6 +287,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("store trust: the lock's default wait of 30 minutes", SK, "LOCK_TIMEOUT = 30 * 60", "LOCK_TIMEOUT = 30 * 6", (FS, "-k", "released_while")),
     Mutation("store trust: the lock's holder line left behind", SK, "            os.ftruncate(fd, 0)\n            fcntl.flock(fd, fcntl.LOCK_UN)", "            fcntl.flock(fd, fcntl.LOCK_UN)", (FS, "-k", "released_while")),
     Mutation("store trust: the lock file's link followed", "tfbuilder/streams.py", "flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode", "flags | os.O_NONBLOCK | os.O_CLOEXEC, mode", (FS, "-k", "lock_that_is_no_plain")),
+    Mutation("fit.lock: opened through a link", "tfbuilder/streams.py", "flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode", "flags | os.O_NONBLOCK | os.O_CLOEXEC, mode", ("tests/test_faults_runs.py", "-k", "lock")),
+    Mutation("fit.lock: a hard link taken for a file of its own", "tfbuilder/streams.py", "info.st_nlink > 1:", "info.st_nlink > 2:", ("tests/test_faults_runs.py", "-k", "lock")),
     Mutation("store trust: a lock that cannot be created is a traceback", SK, "        fd, what = open_own(path, os.O_RDWR | os.O_CREAT)\n    except OSError as exc:", "        fd, what = open_own(path, os.O_RDWR | os.O_CREAT)\n    except ValueError as exc:", (FS, "-k", "under_proc")),
     Mutation("store trust: offsets not checked to start at 0", SF, "if first == 0 and offsets[0] != 0:", "if first == 1 and offsets[0] != 0:", (FS, "-k", "idx_not_from_0")),
     Mutation("store trust: decreasing offsets not seen", SF, "if (steps < 0).any():", "if (steps < -1).any():", (FS, "-k", "idx_decreasing")),

@@ -80,7 +80,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("rotary: frequency over k-1", P, "dtype=torch.float32) / k)", "dtype=torch.float32) / (k - 1))", POS),
     Mutation("rotary: interleaved rotation sign", P, "even * cos - odd * sin", "even * cos + odd * sin", POS),
     Mutation("rotary: half rotation sign", P, "first * sin + second * cos", "first * sin - second * cos", POS),
-    Mutation("rotary: offset dropped past the table", P, "rotary_angles(n, k, base=self.base, offset=offset, device=x.device)", "rotary_angles(n, k, base=self.base, offset=0, device=x.device)", POS),
+    Mutation("rotary: offset dropped past the table", P, "rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)", "rotary_angles(n, r, base=self.base, offset=0, device=x.device, scaling=self.scaling)", POS),
     Mutation("rotary: table edge off by one", P, "if offset + n <= self.cos.shape[0] and", "if offset + n <= self.cos.shape[0] + 1 and", POS),
     Mutation("alibi: slope exponent off by one", P, "return [start ** (i + 1) for i in range(n)]", "return [start ** i for i in range(n)]", POS),
     Mutation("alibi: odd slopes of the higher power", P, "power_of_two(2 * lower)[0::2]", "power_of_two(2 * lower)[1::2]", REFS + ("-k", "alibi")),

@@ -320,6 +320,11 @@ MUTATIONS: list[Mutation] = [
     Mutation("checkpoint: a stored tokenizer's failure does not name the checkpoint", "tfbuilder/runs/checkpoints.py", "(BPETokenizer, HFTokenizer, PretrainedTokenizer)", "(BPETokenizer, PretrainedTokenizer)", FW + ("-k", "stored_tokenizer_that_panics")),
     Mutation("--init-from: a damaged stored vocabulary not named", "tfbuilder/train/lifecycle.py", "            stored_vocab(source, init_from),", '            Vocab.from_json(source["tfbuilder"]["vocab"]),', FW + ("-k", "init_from_a_checkpoint_with_a_stored")),
     Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
+    # --- rotary's knobs: partial rotary (GPT-NeoX's rotary_pct), position interpolation, Llama 3.1's scaling
+    Mutation("rotary: partial half pairs over the head, not the rotated features", P, "first, second = x[..., : r // 2], x[..., r // 2 :]", "first, second = x[..., : k // 2], x[..., r // 2 :]", POS),
+    Mutation("rotary: linear scaling multiplies the frequencies", P, "return inv_freq / self.factor", "return inv_freq * self.factor", POS),
+    Mutation("rotary: llama3 smoothing sign", P, "between = (1 - smooth)", "between = (1 + smooth)", POS),
+    Mutation("rotary: llama3 short wavelengths not kept", P, "torch.where(wavelength < context / self.high_freq_factor", "torch.where(wavelength > context / self.high_freq_factor", POS),
 ]
 
 

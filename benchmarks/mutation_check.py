@@ -80,7 +80,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("rotary: frequency over k-1", P, "dtype=torch.float32) / k)", "dtype=torch.float32) / (k - 1))", POS),
     Mutation("rotary: interleaved rotation sign", P, "even * cos - odd * sin", "even * cos + odd * sin", POS),
     Mutation("rotary: half rotation sign", P, "first * sin + second * cos", "first * sin - second * cos", POS),
-    Mutation("rotary: offset dropped past the table", P, "rotary_angles(n, k, base=self.base, offset=offset, device=x.device)", "rotary_angles(n, k, base=self.base, offset=0, device=x.device)", POS),
+    Mutation("rotary: offset dropped past the table", P, "rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)", "rotary_angles(n, r, base=self.base, offset=0, device=x.device, scaling=self.scaling)", POS),
     Mutation("rotary: table edge off by one", P, "if offset + n <= self.cos.shape[0] and", "if offset + n <= self.cos.shape[0] + 1 and", POS),
     Mutation("alibi: slope exponent off by one", P, "return [start ** (i + 1) for i in range(n)]", "return [start ** i for i in range(n)]", POS),
     Mutation("alibi: odd slopes of the higher power", P, "power_of_two(2 * lower)[0::2]", "power_of_two(2 * lower)[1::2]", REFS + ("-k", "alibi")),
@@ -322,6 +322,11 @@ MUTATIONS: list[Mutation] = [
     Mutation("checkpoint: a stored tokenizer's failure does not name the checkpoint", "tfbuilder/runs/checkpoints.py", "(BPETokenizer, HFTokenizer, PretrainedTokenizer)", "(BPETokenizer, PretrainedTokenizer)", FW + ("-k", "stored_tokenizer_that_panics")),
     Mutation("--init-from: a damaged stored vocabulary not named", "tfbuilder/train/lifecycle.py", "            stored_vocab(source, init_from),", '            Vocab.from_json(source["tfbuilder"]["vocab"]),', FW + ("-k", "init_from_a_checkpoint_with_a_stored")),
     Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
+    # --- rotary's knobs: partial rotary (GPT-NeoX's rotary_pct), position interpolation, Llama 3.1's scaling
+    Mutation("rotary: partial half pairs over the head, not the rotated features", P, "first, second = x[..., : r // 2], x[..., r // 2 :]", "first, second = x[..., : k // 2], x[..., r // 2 :]", POS),
+    Mutation("rotary: linear scaling multiplies the frequencies", P, "return inv_freq / self.factor", "return inv_freq * self.factor", POS),
+    Mutation("rotary: llama3 smoothing sign", P, "between = (1 - smooth)", "between = (1 + smooth)", POS),
+    Mutation("rotary: llama3 short wavelengths not kept", P, "torch.where(wavelength < context / self.high_freq_factor", "torch.where(wavelength > context / self.high_freq_factor", POS),
 ]
 
 

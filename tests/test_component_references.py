@@ -280,3 +280,51 @@ def test_moe_static_dispatch_equals_routing_each_token_to_its_experts():
     expected = torch.stack([sum(kept[t, e] * moe.experts[e](flat[t]) for e in range(4)) for t in range(len(flat))])
     torch.testing.assert_close(capped, expected, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(capped, moe._dispatch_gather(flat, gates), atol=1e-4)
+
+
+# --- rotary's knobs against Hugging Face transformers (partial_rotary_factor, rope_type linear and llama3)
+
+
+ROPE_CASES = {
+    "linear": ({"scaling": {"type": "linear", "factor": 4.0}}, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    "llama3": (
+        {"scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    ),
+    "partial": ({"fraction": 0.4}, {"partial_rotary_factor": 0.4}),
+    "partial llama3": (
+        {"fraction": 0.5, "scaling": {"type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0, "original_max_position_embeddings": 100}},
+        {"partial_rotary_factor": 0.5, "rope_scaling": {"rope_type": "llama3", "factor": 2.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0, "original_max_position_embeddings": 100}},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ROPE_CASES)
+def test_rotary_knobs_match_transformers(case):
+    """Inverse frequencies equal transformers' ROPE_INIT_FUNCTIONS (or Phi's rotary, for a partial one
+    unscaled) for a head of 40 features at base 500000, to 1e-6; queries rotated with pairing half equal
+    transformers' apply_rotary_pos_emb on the first int(partial_rotary_factor * 40) features,
+    the rest concatenated unchanged (as PhiAttention does), at positions 0..99."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    from transformers.models.phi.modeling_phi import PhiRotaryEmbedding
+
+    from tfbuilder.model.components.position import rotary_frequencies, rotary_width
+
+    ours_params, theirs = ROPE_CASES[case]
+    heads, k, base = 2, 40, 500000.0
+    unscaled = "rope_scaling" not in theirs
+    Config, Embedding = (transformers.PhiConfig, PhiRotaryEmbedding) if unscaled else (transformers.LlamaConfig, LlamaRotaryEmbedding)
+    config = Config(hidden_size=heads * k, num_attention_heads=heads, rope_theta=base, max_position_embeddings=128, **theirs)
+    want = Embedding(config).inv_freq if unscaled else ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, "cpu")[0]
+    params = RotaryPosition.Params(base=base, pairing="half", max_len=32, **ours_params)
+    width = rotary_width(k, params.fraction)
+    assert width == int(k * theirs.get("partial_rotary_factor", 1.0))
+    torch.testing.assert_close(rotary_frequencies(width, base=base, scaling=params.scaling), want, rtol=1e-6, atol=0)
+
+    module = RotaryPosition(params, BuildContext(d_model=heads * k, heads=heads))
+    q = torch.randn(1, heads, 100, k)
+    cos, sin = Embedding(config)(q, torch.arange(100)[None])
+    rotated, _ = apply_rotary_pos_emb(q[..., :width], q[..., :width], cos, sin)
+    torch.testing.assert_close(module.rotate(q, 0), torch.cat([rotated, q[..., width:]], dim=-1), atol=1e-5, rtol=1e-5)

@@ -222,3 +222,129 @@ def test_relative_bias_needs_room_for_exact_and_log_spaced_buckets():
         with pytest.raises(RecipeError, match=rf"position\.{field}"):
             tfbuilder.spec.recipe.recipe_from_dict({"name": "x", "model": tiny_model(position={"type": "relative_bias", **position_params})})
     ModelSection.model_validate(tiny_model(position={"type": "relative_bias", "buckets": 4, "max_distance": 3}))
+
+
+# --- rotary's knobs: partial rotary (fraction) and frequency scaling -----------------------------------
+
+
+def llama3_frequency(f: float, *, factor: float, low: float, high: float, context: int) -> float:
+    """Llama 3.1's scaling of one frequency f (Meta's llama-models ``apply_scaling``): wavelengths 2 pi / f
+    shorter than context / high keep f; longer than context / low get f / factor; in between, with
+    s = (context / wavelength - low) / (high - low), (1 - s) f / factor + s f."""
+    wavelength = 2 * math.pi / f
+    if wavelength < context / high:
+        return f
+    if wavelength > context / low:
+        return f / factor
+    s = (context / wavelength - low) / (high - low)
+    return (1 - s) * f / factor + s * f
+
+
+def rotated_by(x: list[float], pos: int, frequencies: list[float], *, pairing: str, width: int) -> list[float]:
+    """The first ``width`` features of ``x`` rotated pair i by pos * frequencies[i] (pairs of ``rotated``,
+    within those features); the others unchanged (GPT-NeoX's partial rotary)."""
+    out = list(x)
+    for i, f in enumerate(frequencies):
+        a, b = (2 * i, 2 * i + 1) if pairing == "interleaved" else (i, i + width // 2)
+        out[a] = x[a] * math.cos(pos * f) - x[b] * math.sin(pos * f)
+        out[b] = x[a] * math.sin(pos * f) + x[b] * math.cos(pos * f)
+    return out
+
+
+ROTARY_KNOBS = {
+    "fraction": ({"fraction": 0.5}, lambda f: f),
+    "linear": ({"scaling": {"type": "linear", "factor": 4.0}}, lambda f: f / 4.0),
+    "llama3": (
+        {"scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 40}},
+        lambda f: llama3_frequency(f, factor=8.0, low=1.0, high=4.0, context=40),
+    ),
+    "fraction and llama3": (
+        {"fraction": 0.75, "scaling": {"type": "llama3", "factor": 3.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 40}},
+        lambda f: llama3_frequency(f, factor=3.0, low=2.0, high=8.0, context=40),
+    ),
+}
+
+
+@pytest.mark.parametrize("knob", ROTARY_KNOBS)
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+@pytest.mark.parametrize("offset, n", [(0, 3), (0, 15), (10, 5)], ids=["in-table", "across", "past"])
+def test_rotary_knobs_are_their_published_formulas_in_and_past_the_table(knob, pairing, offset, n):
+    """Of a head of 16 features, the first int(fraction * 16) rotate with frequencies base^(-2i/width),
+    scaled (positions over factor; Llama 3.1's per-wavelength rule, its three regimes all present at
+    base 10000 and a trained context of 40); the rest pass unchanged. Same in the table and past it."""
+    params, scale = ROTARY_KNOBS[knob]
+    k, base = 16, 10000.0
+    width = int(params.get("fraction", 1.0) * k)
+    module = registry.build("position", registry.get("position", "rotary").params(max_len=TABLE, pairing=pairing, **params),
+                            BuildContext(d_model=2 * k, causal=True, heads=2))
+    frequencies = [scale(base ** (-2 * i / width)) for i in range(width // 2)]
+    x = torch.randn(1, 2, n, k)
+    want = [[rotated_by(x[0, h, t].tolist(), offset + t, frequencies, pairing=pairing, width=width) for t in range(n)] for h in range(2)]
+    torch.testing.assert_close(module.rotate(x, offset), torch.tensor([want]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_half_the_features_rotating_is_full_rotary_of_half_the_width(pairing):
+    """fraction 0.5: the last half of each head is untouched, the first half is rotary of width k/2."""
+    partial = position("rotary", max_len=TABLE, pairing=pairing, fraction=0.5)
+    full = position("rotary", max_len=TABLE, pairing=pairing)
+    x = torch.randn(2, HEADS, 9, 8)  # past the table of 4, too
+    got = partial.rotate(x, 3)
+    assert torch.equal(got[..., 4:], x[..., 4:])
+    torch.testing.assert_close(got[..., :4], full.rotate(x[..., :4].contiguous(), 3))
+
+
+def rotate_as_before(x: torch.Tensor, offset: int, *, base: float, pairing: str) -> torch.Tensor:
+    """RotaryPosition.rotate as it was before fraction and scaling (on the fly), to compare bit for bit."""
+    n, k = x.shape[-2], x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, k, 2, dtype=torch.float32) / k)
+    angles = torch.arange(offset, offset + n, dtype=torch.float32)[:, None] * inv_freq
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    if pairing == "half":
+        first, second = x[..., : k // 2], x[..., k // 2 :]
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("params", [{}, {"fraction": 1.0, "scaling": None}, {"scaling": {"type": "linear", "factor": 1.0}}], ids=["defaults", "explicit", "linear-1"])
+@pytest.mark.parametrize("pairing", ["interleaved", "half"])
+def test_rotary_knobs_at_their_defaults_change_nothing(params, pairing):
+    """fraction 1 and no scaling (or a linear factor of 1) rotate exactly as before the knobs existed,
+    in the table and past it."""
+    module = position("rotary", max_len=TABLE, pairing=pairing, **params)
+    x = torch.randn(1, HEADS, 12, 4)
+    for offset in (0, 2, 9):
+        assert torch.equal(module.rotate(x[..., : 12 - offset, :], offset), rotate_as_before(x[..., : 12 - offset, :], offset, base=10000.0, pairing=pairing))
+
+
+def test_rotary_knobs_bounds_are_validation_errors():
+    from pydantic import ValidationError
+
+    params = registry.get("position", "rotary").params
+    for bad in ({"fraction": 0.0}, {"fraction": 1.5}, {"scaling": {"type": "linear", "factor": 0.5}},
+                {"scaling": {"type": "yarn", "factor": 2.0}}, {"scaling": {"factor": 2.0}},
+                {"scaling": {"type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 4.0}},
+                {"scaling": {"type": "llama3", "original_max_position_embeddings": 2**32}},
+                {"scaling": {"type": "linear", "factor": 2.0, "extra": 1}}):
+        with pytest.raises(ValidationError):
+            params.model_validate({"type": "rotary"} | bad)
+
+
+def test_an_odd_rotated_width_is_refused_when_rotating():
+    module = position("rotary", fraction=0.5)
+    with pytest.raises(ValueError, match="rotates 3 features, which must be even"):
+        module.rotate(torch.randn(1, 1, 2, 6), 0)
+
+
+@pytest.mark.parametrize("params", [{"fraction": 0.5, "pairing": "half"}, {"scaling": {"type": "llama3", "original_max_position_embeddings": 4}}], ids=["fraction", "llama3"])
+def test_cached_decoding_with_rotary_knobs_past_the_table_gives_the_full_forwards_logits(params):
+    """As above for rotary with its knobs: a table of 4, 12 tokens decoded one at a time."""
+    spec = tiny_model(kind="decoder", encoder=None, position={"type": "rotary", "max_len": TABLE} | params)
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    tokens = torch.randint(1, 53, (2, 12))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_cache()
+        steps = [model(tokens[:, t : t + 1], cache=cache, offset=t) for t in range(12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)

@@ -56,13 +56,34 @@ class _Dispatch:
         return registry.get(self.family, name).params.model_validate(value)
 
     def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
-        members = [e.params.model_json_schema() for e in registry.entries(self.family)]
+        members = [inline_definitions(e.params.model_json_schema()) for e in registry.entries(self.family)]
         shorthand = {"type": "string", "enum": registry.types(self.family), "description": "shorthand for {type: NAME}"}
         return {
             # anyOf, not oneOf: a mapping with only `type` matches more than one member's schema.
             "anyOf": [*members, shorthand],
             "description": f"a registered {self.family} component: " + ", ".join(registry.types(self.family)),
         }
+
+
+def inline_definitions(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$defs`` (the models a component's params nest, e.g. rotary's ``scaling``)
+    written in place of their ``$ref``s: a member of a slot's schema sits inside the recipe's schema,
+    where its own ``#/$defs/...`` would point at the recipe's. Its discriminators' mappings, which
+    name those refs, are dropped (the members' ``type`` constants still tell them apart)."""
+    definitions = schema.get("$defs", {})
+
+    def inlined(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[len("#/$defs/") :] in definitions:
+                return inlined(definitions[ref[len("#/$defs/") :]])
+            return {k: inlined(v) for k, v in node.items() if k not in ("$defs", "discriminator")}
+        if isinstance(node, list):
+            return [inlined(item) for item in node]
+        return node
+
+    result: dict[str, Any] = inlined(schema)
+    return result
 
 
 def slot(family: str) -> Any:

@@ -6,10 +6,11 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from torch import Tensor, nn
 
 from tfbuilder.contracts import AttentionPosition, PositionParams, default_head_dim  # noqa: F401 (AttentionPosition re-exported)
+from tfbuilder.params import MAX_INT, bounded
 from tfbuilder.registry import BuildContext, ModelDims, register
 
 
@@ -97,10 +98,90 @@ class NoPosition(nn.Module):
         return x
 
 
-def rotary_angles(n: int, k: int, *, base: float, offset: int = 0, device=None) -> Tensor:
-    """Angles pos * base^(-2i/k) of positions offset..offset+n-1 and pairs i < k/2: (n, k/2), float32."""
+class _RotaryScaling(BaseModel):
+    """Base of the ``scaling`` of rotary positions: strict and immutable like component params, no integer
+    beyond :data:`~tfbuilder.params.MAX_INT`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    _bounded = field_validator("*", mode="after")(bounded)
+
+    def frequencies(self, inv_freq: Tensor) -> Tensor:
+        """The inverse frequencies base^(-2i/k) of the pairs i, scaled."""
+        raise NotImplementedError
+
+
+class LinearRotaryScaling(_RotaryScaling):
+    """Position interpolation (Chen et al. 2023, arXiv:2306.15595; Hugging Face transformers'
+    ``rope_type: linear``): positions are divided by ``factor``, so that ``factor`` times the trained
+    context maps onto the trained angles. Dividing the frequencies instead is the same angle
+    (transformers' ``_compute_linear_scaling_rope_parameters``)."""
+
+    type: Literal["linear"]
+    factor: float = Field(1.0, ge=1.0, le=1e6, description="positions are divided by this")
+
+    def frequencies(self, inv_freq: Tensor) -> Tensor:
+        return inv_freq / self.factor
+
+
+class Llama3RotaryScaling(_RotaryScaling):
+    """Llama 3.1's frequency-dependent scaling (Meta's llama-models ``apply_scaling``; Hugging Face
+    transformers' ``rope_type: llama3``, ``_compute_llama3_parameters``). With L =
+    ``original_max_position_embeddings``, a pair whose wavelength 2 pi / f is shorter than
+    L / ``high_freq_factor`` keeps its frequency f; one longer than L / ``low_freq_factor`` gets
+    f / ``factor``; in between, s = (L / wavelength - low_freq_factor) / (high_freq_factor -
+    low_freq_factor) and the frequency is (1 - s) f / factor + s f."""
+
+    type: Literal["llama3"]
+    factor: float = Field(8.0, ge=1.0, le=1e6, description="long wavelengths' frequencies are divided by this")
+    low_freq_factor: float = Field(
+        1.0, gt=0.0, le=1e6, description="wavelengths beyond original_max_position_embeddings / this are scaled fully"
+    )
+    high_freq_factor: float = Field(
+        4.0, gt=0.0, le=1e6, description="wavelengths below original_max_position_embeddings / this are kept"
+    )
+    original_max_position_embeddings: int = Field(
+        8192, ge=1, le=MAX_INT, description="the context length the model was trained for"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Llama3RotaryScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})"
+            )
+        return self
+
+    def frequencies(self, inv_freq: Tensor) -> Tensor:
+        context = self.original_max_position_embeddings
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (context / wavelength - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        between = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+        out = torch.where(wavelength > context / self.low_freq_factor, inv_freq / self.factor, between)
+        return torch.where(wavelength < context / self.high_freq_factor, inv_freq, out)
+
+
+RotaryScaling = LinearRotaryScaling | Llama3RotaryScaling
+
+
+def rotary_frequencies(k: int, *, base: float, scaling: RotaryScaling | None = None, device=None) -> Tensor:
+    """Inverse frequencies base^(-2i/k) of the pairs i < k/2, then ``scaling``'s: (k/2,), float32."""
     inv_freq = base ** (-torch.arange(0, k, 2, device=device, dtype=torch.float32) / k)
+    return inv_freq if scaling is None else scaling.frequencies(inv_freq)
+
+
+def rotary_angles(
+    n: int, k: int, *, base: float, offset: int = 0, device=None, scaling: RotaryScaling | None = None
+) -> Tensor:
+    """Angles pos * f_i of positions offset..offset+n-1 and pairs i < k/2, f_i those of
+    :func:`rotary_frequencies`: (n, k/2), float32."""
+    inv_freq = rotary_frequencies(k, base=base, scaling=scaling, device=device)
     return torch.arange(offset, offset + n, device=device, dtype=torch.float32)[:, None] * inv_freq
+
+
+def rotary_width(k: int, fraction: float) -> int:
+    """The features of a head of width ``k`` that rotate: int(fraction * k), as GPT-NeoX's ``rotary_ndims``
+    and transformers' ``int(head_dim * partial_rotary_factor)``."""
+    return int(fraction * k)
 
 
 @register("position", "rotary")
@@ -108,7 +189,9 @@ class RotaryPosition(AttentionPosition):
     """Rotary position embedding (Su et al. 2021, RoFormer, arXiv:2104.09864).
 
     Queries and keys are rotated by their positions, so that scores depend on relative offsets only.
-    The cos/sin tables of the first ``max_len`` positions are buffers on the model's device."""
+    The cos/sin tables of the first ``max_len`` positions are buffers on the model's device. ``fraction``
+    rotates only the first features of each head (GPT-NeoX's partial rotary); ``scaling`` stretches the
+    positions for contexts longer than the trained one (linear position interpolation, Llama 3.1's)."""
 
     rotates = True
 
@@ -126,38 +209,69 @@ class RotaryPosition(AttentionPosition):
             description="which features rotate together: interleaved (x_2i, x_2i+1), the paper's; half (x_i, x_i+k/2), "
             "GPT-NeoX's and Llama's",
         )
+        fraction: float = Field(
+            1.0,
+            gt=0.0,
+            le=1.0,
+            description="share of each head's features that rotate: the first int(fraction * head width) (an even "
+            "count), with frequencies base^(-2i/that width); the rest pass unchanged (GPT-NeoX's rotary_pct, "
+            "Black et al. 2022; Phi's partial_rotary_factor). With pairing half, the halves are those of the "
+            "rotated features",
+        )
+        scaling: RotaryScaling | None = Field(
+            None,
+            discriminator="type",
+            description="frequency scaling for longer contexts: null (none); {type: linear, factor} divides "
+            "positions by factor (1 to 1e6, default 1; position interpolation, Chen et al. 2023; transformers' "
+            "rope_type linear); {type: llama3, factor, low_freq_factor, high_freq_factor, "
+            "original_max_position_embeddings} is Llama 3.1's (transformers' rope_type llama3; defaults 8, 1, 4, "
+            "8192, Llama 3.1's; high_freq_factor above low_freq_factor): frequencies of wavelengths longer than "
+            "original_max_position_embeddings / low_freq_factor divided by factor, of those shorter than "
+            "original_max_position_embeddings / high_freq_factor kept, interpolated in between",
+        )
 
-    cos: Tensor  # (max_len, k/2), buffers
+    cos: Tensor  # (max_len, r/2), buffers, r the rotated width
     sin: Tensor
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
-        self.base = params.base
-        k = ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads)
-        angles = rotary_angles(params.max_len, k - k % 2, base=params.base)
+        self.base, self.fraction, self.scaling = params.base, params.fraction, params.scaling
+        r = rotary_width(ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads), params.fraction)
+        angles = rotary_angles(params.max_len, r - r % 2, base=params.base, scaling=params.scaling)
         # Not persistent: functions of the params, so they stay out of checkpoints.
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
         self.pairing = params.pairing
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``x`` (b, h, n, k), positions offset..offset+n-1: pairs (x_2i, x_2i+1), or (x_i, x_i+k/2) with
-        ``pairing: half``, rotated by pos * base^(-2i/k)."""
+        """``x`` (b, h, n, k), positions offset..offset+n-1: of the first r = int(fraction * k) features,
+        pairs (x_2i, x_2i+1), or (x_i, x_i+r/2) with ``pairing: half``, rotated by pos * f_i, f_i =
+        base^(-2i/r) after ``scaling``; the other k - r features unchanged."""
         n, k = x.shape[-2], x.shape[-1]
-        if k % 2:
-            raise ValueError(f"rotary positions need an even key width per head, got {k}")
-        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == k:
+        r = rotary_width(k, self.fraction)
+        if r % 2 or r == 0:
+            if self.fraction == 1.0:
+                raise ValueError(f"rotary positions need an even key width per head, got {k}")
+            raise ValueError(
+                f"rotary positions turn pairs: fraction {self.fraction} of the key width per head ({k}) rotates "
+                f"{r} features, which must be even and at least 2"
+            )
+        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == r:
             cos, sin = self.cos[offset : offset + n], self.sin[offset : offset + n]
         else:
-            angles = rotary_angles(n, k, base=self.base, offset=offset, device=x.device)
+            angles = rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)
             cos, sin = angles.cos(), angles.sin()
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        rest = None
+        if r < k:
+            x, rest = x[..., :r], x[..., r:]
         if self.pairing == "half":
-            first, second = x[..., : k // 2], x[..., k // 2 :]
-            return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
-        even, odd = x[..., 0::2], x[..., 1::2]
-        out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
-        return out.flatten(-2)
+            first, second = x[..., : r // 2], x[..., r // 2 :]
+            out = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+        else:
+            even, odd = x[..., 0::2], x[..., 1::2]
+            out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+        return out if rest is None else torch.cat([out, rest], dim=-1)
 
 
 def alibi_slopes(heads: int) -> Tensor:

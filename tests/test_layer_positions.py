@@ -135,3 +135,17 @@ def test_an_encoder_decoders_stacks_each_take_the_change_over_their_sides_positi
     encoder = [layer.self_attn.inner.position for layer in model.encoder.layers]
     assert encoder[0] is model.src_embed.position and encoder[1].base == 100.0
     assert all(layer.self_attn.inner.position is model.tgt_embed.position for layer in model.decoder.layers)
+
+
+def test_show_prints_each_kinds_position_change(tmp_path, capsys):
+    import yaml
+
+    from tfbuilder.cli.commands import main
+
+    path = tmp_path / "gemma3.yaml"
+    spec = tiny_model(kind="decoder", encoder=None, placement="pre", position=GEMMA3_POSITION)
+    spec["decoder"] = {"layers": 4, "kinds": {"local": LOCAL, "global": {}}, "pattern": ["local", "global"]}
+    path.write_text(yaml.safe_dump({"name": "g", "model": spec}))
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out.split("# layers (pattern and overrides)\n")[1]
+    assert "  kind local: attention.window=3, position.base=10000.0, position.scaling=None\n" in out

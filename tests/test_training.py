@@ -248,7 +248,7 @@ def test_a_training_step_adds_the_moe_balancing_losses_to_the_objective():
     Switch loss of the router logits that layer saw (recomputed here by hand)."""
     from test_component_references import switch_loss
 
-    from tfbuilder.model.components.ffn import MixtureOfExperts
+    from tfbuilder.model.components.moe import MixtureOfExperts
     from tfbuilder.train.objectives import objective
     from tfbuilder.train.task import Task
 

@@ -37,6 +37,7 @@ _BUILTIN_MODULES = (
     "tfbuilder.model.components.position",
     "tfbuilder.model.components.norm",
     "tfbuilder.model.components.ffn",
+    "tfbuilder.model.components.moe",
 )
 
 

@@ -21,6 +21,7 @@ from tfbuilder.contracts import (  # noqa: F401 (re-exported: what a component i
     BuildContext,
     ComponentParams,
     ModelDims,
+    RoutingBalance,
     StackShared,
 )
 from tfbuilder.contracts import missing as lacking

@@ -104,6 +104,20 @@ class AuxiliaryLoss:
         raise NotImplementedError
 
 
+class RoutingBalance:
+    """Interface of a component whose routing is balanced by state that training updates once per
+    optimizer step, outside the gradient (DeepSeek-V3's auxiliary-loss-free balancing, arXiv:2412.19437):
+    the training forward counts what it routed, :meth:`routing_load` returns the count (None when the
+    component does not balance), and :meth:`balance` takes it summed over the ranks, updates and
+    restarts the count. A model calls them in ``model.balance_routing()``."""
+
+    def routing_load(self) -> Tensor | None:
+        raise NotImplementedError
+
+    def balance(self, load: Tensor) -> None:
+        raise NotImplementedError
+
+
 class AttentionPosition(nn.Module):
     """The interface of a position that acts inside self-attention (rotary, ALiBi, T5's relative bias).
 
@@ -302,6 +316,7 @@ __all__ = [
     "Norm",
     "Position",
     "PositionParams",
+    "RoutingBalance",
     "StackShared",
     "default_ffn_hidden",
     "default_head_dim",

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from tfbuilder.contracts import AttentionParams, ComponentParams
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.model.components.attention import MultiHeadParams
-from tfbuilder.model.components.ffn import GEGLU, MLP, MixtureOfExperts, ReGLU, SwiGLU
+from tfbuilder.model.components.ffn import GEGLU, MLP, ReGLU, SwiGLU
 from tfbuilder.model.components.latent_attention import LatentAttention
+from tfbuilder.model.components.moe import MixtureOfExperts
 from tfbuilder.model.components.norm import LayerNorm, RMSNorm, ScaleNorm
 from tfbuilder.model.components.position import (
     LearnedPosition,

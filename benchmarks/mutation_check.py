@@ -351,7 +351,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("layer positions: equal params not shared", B, "module = next((m for p, m in built if p == params), None)", "module = None", LP),
     Mutation("layer positions: a none layer keeps the model's", B, "out.append(module if isinstance(module, AttentionPosition) else None)", "out.append(module if isinstance(module, AttentionPosition) else shared)", LP),
     Mutation("layer positions: additive model position accepted", ST, "if not acts_in_attention(base.type):", "if False:", LP),
-    Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions)", "self.positions = nn.ModuleList()", LP),
+    Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions) if positions else None", "self.positions = None", LP),
 ]
 
 

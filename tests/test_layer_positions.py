@@ -149,3 +149,16 @@ def test_show_prints_each_kinds_position_change(tmp_path, capsys):
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out.split("# layers (pattern and overrides)\n")[1]
     assert "  kind local: attention.window=3, position.base=10000.0, position.scaling=None\n" in out
+
+
+def test_a_layers_position_is_checked_with_its_kinds_and_overrides_changes_together():
+    """LongRoPE's four factors fit the kind's full rotation of 8 features; an override rotating half of
+    them leaves two pairs, refused at the override."""
+    longrope = {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 8, "factor": 2.0}
+    spec = tiny_model(kind="decoder", encoder=None, position={"type": "rotary"})
+    spec["decoder"] = {"layers": 2, "kinds": {"long": {"position": {"scaling": longrope}}}, "pattern": ["long"]}
+    ModelSection.model_validate(spec)
+    spec["decoder"]["overrides"] = {-1: {"position": {"fraction": 0.5}}}
+    with pytest.raises(RecipeError, match=r"decoder\.overrides\[-1\]\.position\.scaling: short_factor and long_factor have 4 entries; "
+                                          r"the 4 rotated features per head make 2 pairs"):
+        recipe_from_dict({"name": "x", "model": spec})

@@ -129,7 +129,7 @@ class Stack(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
-        self.positions = nn.ModuleList(positions)
+        self.positions = nn.ModuleList(positions) if positions else None  # none: no row in `tfbuilder show`
 
     def forward(self, x: Tensor, *, cache: list[dict] | None = None, **kwargs) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` (masks, memory) go to every layer, and

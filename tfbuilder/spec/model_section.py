@@ -204,19 +204,27 @@ class ModelSection(Section):
             for loc, params in self.components()
             for field, message in params.check(dims)
         ]
-        for part in self.stacks():
+        for part, stack in self.stacks().items():
             shape = self.attention_shape(part)
-            positions = [(("position",), self.position)] + [
-                (loc + ("position",), merged_params(self.position, changes.position))
-                for loc, changes in self._changes(part)
-                if changes.position is not None
-            ]
-            for loc, params in positions:
+            changed = any(changes.position is not None for _, changes in self._changes(part))
+            for index in range(stack.layers if changed else 1):  # each layer's position, changes merged
+                params = self.layer_components(part, index)["position"]
                 checks = params.check_shape(shape) if isinstance(params, PositionParams) else []
                 for field, message in checks:
-                    issue = (loc + (field,), message, getattr(params, field, None))
+                    issue = (self._position_source(part, index) + (field,), message, getattr(params, field, None))
                     problems += [] if issue in problems else [issue]
         return problems
+
+    def _position_source(self, part: Part, index: int) -> tuple:
+        """Where layer ``index``'s position was last changed: its override's, its kind's, or ``model.position``."""
+        stack = self.present_stack(part)
+        for key in (index - stack.layers, index):
+            if key in stack.overrides and stack.overrides[key].position is not None:
+                return (part, "overrides", key, "position")
+        kind = stack.pattern[index % len(stack.pattern)] if stack.pattern else None
+        if kind is not None and stack.kinds[kind].position is not None:
+            return (part, "kinds", kind, "position")
+        return ("position",)
 
     def _vocabulary_problems(self) -> list[Issue]:
         """A source vocabulary where there is none, or one that a shared embedding cannot hold."""
@@ -295,8 +303,8 @@ class ModelSection(Section):
 
     def layer_components(self, part: Part, index: int) -> dict[str, ComponentParams]:
         """Layer ``index``'s attention, ffn, norm and position params in the ``part`` stack: the stack's
-        (the position: the model's), changed
-        by its kind in the pattern, then by an override of that layer (validated recipes only)."""
+        (the position: the model's), changed by its kind in the pattern, then by an override of that
+        layer (validated recipes only)."""
         stack = self.present_stack(part)
         components = self._stack_components(part)
         steps: list[LayerChanges] = []

@@ -55,6 +55,8 @@ P, M, A = "tfbuilder/model/components/position.py", "tfbuilder/masks.py", "tfbui
 POS = ("tests/test_position.py",)
 MASKS = ("tests/test_masks.py",)
 REFS = ("tests/test_component_references.py",)
+MOE = "tfbuilder/model/components/moe.py"
+MOE_TESTS = ("tests/test_moe.py",)
 OBJ = ("tests/test_objectives.py",)
 HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
@@ -123,9 +125,25 @@ MUTATIONS: list[Mutation] = [
     Mutation("mlp: activation dropped", "tfbuilder/model/components/ffn.py", "self.ff_out(self.drop(self.act(self.ff_in(x))))", "self.ff_out(self.drop(self.ff_in(x)))", HFC + ("-k", "random_config and gpt2")),
     Mutation("glu: gate and value swapped", "tfbuilder/model/components/ffn.py", "self.act(gate) * value", "self.act(value) * gate", HFC + ("-k", "random_config and llama")),
     Mutation("glu: width rounded down", "tfbuilder/model/components/ffn.py", "return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8", "return (2 * default_ffn_hidden(d_model)) // 3 // 8 * 8", ("tests/test_ffn.py",)),
-    Mutation("moe: router weights not renormalised", "tfbuilder/model/components/moe.py", "            weights = weights / weights.sum(dim=-1, keepdim=True)\n", "            weights = weights\n", ("tests/test_ffn.py",)),
+    Mutation("moe: router weights not renormalised", "tfbuilder/model/components/moe.py", "            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)\n", "            weights = weights\n", ("tests/test_ffn.py",)),
     Mutation("moe: balancing counts the last choice", "tfbuilder/model/components/moe.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
     Mutation("moe: capacity rounded down", "tfbuilder/model/components/moe.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
+    # --- mixture-of-experts routings: DeepSeek-V3 (sigmoid, correction bias, groups, routed scale, shared experts), Qwen2-MoE
+    Mutation("moe: sigmoid router scores by softmax", MOE, "logits.sigmoid() if self.sigmoid else", "logits.softmax(dim=-1) if self.sigmoid else", MOE_TESTS + ("-k", "deepseek or sigmoid")),
+    Mutation("moe: correction bias in the weights", MOE, "weights = scores.gather(1, chosen)", "weights = choice.gather(1, chosen)", MOE_TESTS + ("-k", "deepseek or correction")),
+    Mutation("moe: group score is the best expert's, not the top-2 sum", MOE, "grouped.topk(2, dim=-1).values.sum(", "grouped.topk(1, dim=-1).values.sum(", MOE_TESTS + ("-k", "deepseek or written_out")),
+    Mutation("moe: top_groups mask keeps the other groups", MOE, "grouped.masked_fill(~kept[..., None]", "grouped.masked_fill(kept[..., None]", MOE_TESTS + ("-k", "deepseek or written_out")),
+    Mutation("moe: group limit never applied", MOE, "        if self.groups > 1:\n", "        if self.groups > 64:\n", MOE_TESTS + ("-k", "deepseek or written_out")),
+    Mutation("moe: routed scale dropped", MOE, "return chosen, weights * self.routed_scale, probs", "return chosen, weights, probs", MOE_TESTS + ("-k", "deepseek or written_out")),
+    Mutation("moe: shared gate without its sigmoid", MOE, "shared * self.shared_gate(flat).sigmoid()", "shared * self.shared_gate(flat)", MOE_TESTS + ("-k", "qwen2 or shared")),
+    Mutation("moe: shared width not times shared_experts", MOE, "self.expert_width() * params.shared_experts", "self.expert_width()", MOE_TESTS + ("-k", "deepseek or shared")),
+    Mutation("moe: sigmoid routing not renormalised by default", MOE, "return self.router == \"sigmoid\" or self.top_k > 1", "return self.top_k > 1", MOE_TESTS + ("-k", "normalize")),
+    Mutation("moe: normalize: false ignored", MOE, "            return self.normalize\n", "            return True\n", MOE_TESTS + ("-k", "normalize or qwen")),
+    Mutation("moe: sigmoid balancing loss over raw scores", MOE, "probs = scores / scores.sum(dim=-1, keepdim=True) if self.sigmoid else scores", "probs = scores", MOE_TESTS + ("-k", "balancing")),
+    Mutation("moe: bias update sign", MOE, "torch.sign(load.mean() - load)", "torch.sign(load - load.mean())", MOE_TESTS + ("-k", "bias_update or balances")),
+    Mutation("moe: load counted in evaluation", MOE, "if self.training and self.expert_load is not None:", "if self.expert_load is not None:", MOE_TESTS + ("-k", "bias_update")),
+    Mutation("moe: load count not restarted", MOE, "        self.expert_load.zero_()\n", "\n", MOE_TESTS + ("-k", "bias_update or balances")),
+    Mutation("moe: bias never updated by training", "tfbuilder/train/task.py", "        self.model.balance_routing(", "        (lambda *a: None)(", ("tests/test_training.py", "-k", "correction_bias")),
     # --- residual placement and embeddings (Vaswani et al. 2017; Xiong et al. 2020)
     Mutation("post-norm: norm outside the residual", "tfbuilder/model/blocks.py", "return self.norm(x + self.drop(self.inner(x, **kwargs)))", "return x + self.norm(self.drop(self.inner(x, **kwargs)))", REFS + ("-k", "placement")),
     Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),
@@ -211,7 +229,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("z-loss: ignored by the masked LM", "tfbuilder/train/objectives.py", "        documents=documents,\n        z_loss=z_loss,\n    )", "        documents=documents,\n    )", OBJ + ("-k", "z_loss")),
     Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/train/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
     Mutation("pattern: the kind applied over the override", MS, "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
-    Mutation("moe: top-1 weight renormalised to 1", "tfbuilder/model/components/moe.py", "        if self.top_k > 1:\n            weights = weights / weights.sum(", "        if self.top_k > 0:\n            weights = weights / weights.sum(", ("tests/test_ffn.py", "-k", "moe or switch")),
+    Mutation("moe: top-1 weight renormalised to 1", "tfbuilder/model/components/moe.py", "return self.router == \"sigmoid\" or self.top_k > 1", "return self.router == \"sigmoid\" or self.top_k > 0", ("tests/test_ffn.py", "-k", "moe or switch")),
     Mutation("decoding: the minimum length ignored", "tfbuilder/inference/decoding.py", "if step < self.min_len and end is not None:", "if step < 0 and end is not None:", ("tests/test_decoding_search.py", "-k", "exhaustive")),
     Mutation("memory: replicas summed over nodes", "tfbuilder/model/sizing.py", "        return ram, \"this machine's memory\"", "        return ram * nodes, \"this machine's memory\"", ("tests/test_sizing.py",)),
     Mutation("memory: a machine's processes not counted", "tfbuilder/model/sizing.py", "    return ram // processes,", "    return ram,", ("tests/test_sizing.py",)),

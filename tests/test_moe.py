@@ -234,6 +234,7 @@ def test_bias_update_moves_each_bias_towards_the_mean_load():
     m(x)
     torch.testing.assert_close(m.routing_load(), torch.tensor([6.0, 2.0, 0.0, 0.0]))
     m.eval()(x)  # evaluation counts nothing
+    torch.testing.assert_close(m.routing_load(), torch.tensor([6.0, 2.0, 0.0, 0.0]))
     m.balance(m.routing_load())
     torch.testing.assert_close(m.correction_bias, torch.tensor([-0.25, 0.0, 0.25, 0.25]))
     torch.testing.assert_close(m.routing_load(), torch.zeros(4))

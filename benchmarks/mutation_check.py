@@ -144,6 +144,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("moe: load counted in evaluation", MOE, "if self.training and self.expert_load is not None:", "if self.expert_load is not None:", MOE_TESTS + ("-k", "bias_update")),
     Mutation("moe: load count not restarted", MOE, "        self.expert_load.zero_()\n", "\n", MOE_TESTS + ("-k", "bias_update or balances")),
     Mutation("moe: bias never updated by training", "tfbuilder/train/task.py", "        self.model.balance_routing(", "        (lambda *a: None)(", ("tests/test_training.py", "-k", "correction_bias")),
+    Mutation("moe: bias updated from this rank's load alone", "tfbuilder/train/task.py", "self._sum_over_ranks if self.trainer.world_size > 1 else None", "None", MOE_TESTS + ("-k", "summed_over_ranks")),
     # --- residual placement and embeddings (Vaswani et al. 2017; Xiong et al. 2020)
     Mutation("post-norm: norm outside the residual", "tfbuilder/model/blocks.py", "return self.norm(x + self.drop(self.inner(x, **kwargs)))", "return x + self.norm(self.drop(self.inner(x, **kwargs)))", REFS + ("-k", "placement")),
     Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),

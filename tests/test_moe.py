@@ -261,3 +261,36 @@ def test_the_model_balances_every_layer_from_its_load_summed_over_ranks():
         total = load + other_rank
         torch.testing.assert_close(m.correction_bias, 0.125 * torch.sign(total.mean() - total))
         assert m.routing_load().sum() == 0
+
+
+def test_the_training_step_balances_from_the_load_summed_over_ranks(monkeypatch):
+    """Task.on_before_optimizer_step gives balance_routing the strategy's sum over ranks (with DDP,
+    every rank then moves its biases alike)."""
+    from conftest import QUICKSTART
+
+    import tfbuilder
+    from tfbuilder.train.task import Task
+
+    other_rank = torch.tensor([0.0, 0.0, 40.0, 0.0])  # another rank sent everything to expert 2
+
+    class Strategy:
+        def reduce(self, tensor, reduce_op):
+            assert reduce_op == "sum"
+            return tensor + other_rank
+
+    class Trainer:
+        world_size = 2
+        strategy = Strategy()
+
+    ffn = "model.ffn={type: moe, experts: 4, top_k: 1, hidden: 8, router: sigmoid, correction_bias: true, " \
+          "bias_update: 0.5}"
+    recipe = tfbuilder.load_recipe(QUICKSTART, [ffn, "model.encoder.layers=1", "model.decoder.layers=1"])
+    task = Task(recipe, tfbuilder.build_model(recipe), "{}")
+    monkeypatch.setattr(Task, "trainer", property(lambda self: Trainer()))
+    layers = [m for m in task.model.modules() if isinstance(m, MixtureOfExperts)]
+    with torch.no_grad():
+        for m in layers:
+            m.expert_load.copy_(torch.tensor([3.0, 2.0, 1.0, 2.0]))  # this rank's load
+    task.on_before_optimizer_step(None)
+    for m in layers:  # total [3, 2, 41, 2], mean 12: only expert 2 is above it
+        torch.testing.assert_close(m.correction_bias, torch.tensor([0.5, 0.5, -0.5, 0.5]))

@@ -25,6 +25,16 @@ def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=
     return pe.to(torch.get_default_dtype())
 
 
+def sinusoids_at(positions: Tensor, d: int, *, base: float = 10000.0) -> Tensor:
+    """:func:`sinusoids` at the positions ``positions`` (b, n) of each row: (b, n, d), the same numbers."""
+    pos = positions.to(torch.float64).unsqueeze(-1)
+    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) * (-math.log(base) / d))
+    pe = torch.zeros(*positions.shape, d, dtype=torch.float64, device=positions.device)
+    pe[..., 0::2] = torch.sin(pos * inv_freq)
+    pe[..., 1::2] = torch.cos(pos * inv_freq[: d // 2])
+    return pe.to(torch.get_default_dtype())
+
+
 @register("position", "sinusoidal")
 class SinusoidalPosition(nn.Module):
     """Fixed sinusoidal positions added to the embeddings (Vaswani et al. 2017, sec. 3.5)."""
@@ -45,9 +55,11 @@ class SinusoidalPosition(nn.Module):
         # Not persistent: a function of the params, so it stays out of checkpoints.
         self.register_buffer("table", sinusoids(params.max_len, ctx.d_model, base=params.base), persistent=False)
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        """``x`` (b, n, d) -> x + PE[offset : offset + n]."""
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` (b, n, d) -> x + PE[offset : offset + n], or x + PE[positions] for per-row ``positions`` (b, n)."""
         n = x.shape[1]
+        if positions is not None:
+            return x + sinusoids_at(positions, self.d_model, base=self.base).to(x.dtype)
         if offset + n <= self.table.shape[0]:
             pe = self.table[offset : offset + n]
         else:
@@ -75,11 +87,14 @@ class LearnedPosition(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, std=0.02)
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        """``x`` (b, n, d) -> x + P[offset : offset + n]."""
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` (b, n, d) -> x + P[offset : offset + n], or x + P[positions] for per-row ``positions`` (b, n)
+        (each at most its column, so the bound on columns holds them)."""
         n, max_len = x.shape[1], self.table.num_embeddings
         if offset + n > max_len:
             raise ValueError(f"sequence of {offset + n} positions exceeds learned max_len ({max_len})")
+        if positions is not None:
+            return x + self.table(positions)
         return x + self.table.weight[offset : offset + n]
 
 
@@ -93,7 +108,7 @@ class NoPosition(nn.Module):
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (b, n, d) unchanged."""
         return x
 
@@ -243,7 +258,7 @@ class RotaryPosition(AttentionPosition):
         self.register_buffer("sin", angles.sin(), persistent=False)
         self.pairing = params.pairing
 
-    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: of the first r = int(fraction * k) features,
         pairs (x_2i, x_2i+1), or (x_i, x_i+r/2) with ``pairing: half``, rotated by pos * f_i, f_i =
         base^(-2i/r) after ``scaling``; the other k - r features unchanged."""
@@ -256,7 +271,12 @@ class RotaryPosition(AttentionPosition):
                 f"rotary positions turn pairs: fraction {self.fraction} of the key width per head ({k}) rotates "
                 f"{r} features, which must be even and at least 2"
             )
-        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == r:
+        if positions is not None:  # each row's own positions (b, n), left-padded prompts: (b, 1, n, r/2)
+            angles = positions.float()[:, None, :, None] * rotary_frequencies(
+                r, base=self.base, scaling=self.scaling, device=x.device
+            )
+            cos, sin = angles.cos(), angles.sin()
+        elif offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == r:
             cos, sin = self.cos[offset : offset + n], self.sin[offset : offset + n]
         else:
             angles = rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)

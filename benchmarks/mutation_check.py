@@ -60,6 +60,7 @@ HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
+BEAMS = "tfbuilder/inference/beams.py"
 VARIANTS, BLOCKS = ("tests/test_attention_variants.py",), ("tests/test_blocks.py",)
 OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_patterns.py",)
 MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbuilder/spec/stacks.py"
@@ -188,12 +189,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("pattern: value residual switched off in some layers", ST, "if residual[0] != residual[1]:", 'if residual[0] == residual[1] == "x":', PATTERNS),
     Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/model/sizing.py", "    if any(stack.pattern or stack.overrides for stack in stacks.values()):", "    if False:", PATTERNS),
     # --- decoding (tfbuilder/inference/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
-    Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
-    Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),
-    Mutation("beam: length penalty base 6 + |y|", D, "    return ((5.0 + length) / 6.0) ** alpha", "    return ((6.0 + length) / 6.0) ** alpha", SEARCH),
-    Mutation("beam: the greedy path may leave the beam", D, "index[:, -1] = torch.where(missing, wanted, index[:, -1])", "index[:, -1] = index[:, -1]", SEARCH),
-    Mutation("beam: one ended hypothesis too many kept", D, "del kept[self.nbest :]", "del kept[self.nbest + 1 :]", SEARCH),
-    Mutation("beam: the limit does not force </s>", D, "forced[..., end] = logp.view(n, beam, vocab)[..., end]", "forced[..., end] = float(\"-inf\")", SEARCH + ("tests/test_decoding.py", "-k", "length_limit or reference")),
+    Mutation("beam: stop on the live score, not its bound", BEAMS, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
+    Mutation("beam: ended scores normalised by the wrong length", BEAMS, "normalised = ended / length_penalty(step + 1, self.alpha)", "normalised = ended / length_penalty(step, self.alpha)", SEARCH),
+    Mutation("beam: length penalty base 6 + |y|", BEAMS, "    return ((5.0 + length) / 6.0) ** alpha", "    return ((6.0 + length) / 6.0) ** alpha", SEARCH),
+    Mutation("beam: the greedy path may leave the beam", BEAMS, "index[:, -1] = torch.where(missing, wanted, index[:, -1])", "index[:, -1] = index[:, -1]", SEARCH),
+    Mutation("beam: one ended hypothesis too many kept", BEAMS, "del kept[self.nbest :]", "del kept[self.nbest + 1 :]", SEARCH),
+    Mutation("beam: the limit does not force </s>", BEAMS, "forced[..., end] = logp.view(n, beam, vocab)[..., end]", "forced[..., end] = float(\"-inf\")", SEARCH + ("tests/test_decoding.py", "-k", "length_limit or reference")),
     Mutation("rules: specials not banned", D, "logp.index_fill_(1, never, float(\"-inf\"))", "logp", SEARCH),
     Mutation("rules: <unk> favoured, not penalised", D, "logp[:, unk] -= self.unk_penalty", "logp[:, unk] += self.unk_penalty", SEARCH),
     Mutation("rules: n-gram history one token late", D, "history[:, None, history.shape[1] - n + 1 :]", "history[:, None, history.shape[1] - n : -1]", SEARCH),
@@ -203,7 +204,7 @@ MUTATIONS: list[Mutation] = [
     # --- gaps found by planting bugs (issue #36): each with the test written for it
     Mutation("store: ids above 65,535 kept in uint16", "tfbuilder/data/tokens.py", "np.uint16 if vocab_size <= 2**16 else", "np.uint16 if vocab_size <= 2**17 else", ("tests/test_store.py", "-k", "narrowest or largest_ids")),
     Mutation("packing: a stored split's last document dropped (its end offset)", "tfbuilder/data/tokens.py", "        return self.owner.examples + 1\n", "        return self.owner.examples\n", ("tests/test_packing.py", "-k", "stored_documents")),
-    Mutation("beam: the bound ignores the length still to grow", D, "now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha)", "now / _length_penalty(step + 2, self.alpha), now / _length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
+    Mutation("beam: the bound ignores the length still to grow", BEAMS, "now / length_penalty(self.limits[alive], self.alpha), now / length_penalty(step + 2, self.alpha)", "now / length_penalty(step + 2, self.alpha), now / length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
     Mutation("latent: a beam reads another input's source", "tfbuilder/model/components/latent_attention.py", "k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))", "k, v = (t.repeat(group, 1, 1, 1) for t in (k, v))", ("tests/test_decoding.py", "-k", "groups_beams")),
     Mutation("muon: AdamW's half never stepped", "tfbuilder/train/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
     Mutation("z-loss: ignored by the masked LM", "tfbuilder/train/objectives.py", "        documents=documents,\n        z_loss=z_loss,\n    )", "        documents=documents,\n    )", OBJ + ("-k", "z_loss")),

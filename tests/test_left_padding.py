@@ -9,6 +9,7 @@ from conftest import tiny_model
 
 import tfbuilder
 from tfbuilder import masks, registry
+from tfbuilder.inference import decoding
 from tfbuilder.spec.recipe import ModelSection
 
 PAD = 0
@@ -82,3 +83,76 @@ def test_a_mask_of_the_wrong_width_is_refused():
     model = decoder_with("position", "rotary")
     with pytest.raises(ValueError, match="must cover"):
         model(torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.bool))
+
+
+def continuation_log_prob(model, prompt: list[int], new: list[int], end: int, *, ended: bool) -> float:
+    """log P(new (+ </s>) | prompt), computed in one pass without a cache."""
+    tail = new + ([end] if ended else [])
+    ids = torch.tensor([prompt + tail])
+    with torch.no_grad():
+        logp = model(ids)[0, len(prompt) - 1 : -1].log_softmax(-1)
+    return float(logp.gather(1, torch.tensor(tail)[:, None]).sum())
+
+
+@pytest.mark.parametrize("name", ["rotary", "learned", "alibi"])
+def test_padded_prompts_continue_as_alone(name):
+    """Greedy and both beam searches: a left-padded batch gives each row what it gives alone; seeded
+    sampling of the batch is reproducible."""
+    model = decoder_with("position", name)
+    rows = [row.tolist() for row in prompts()[0]]
+    ids, real = decoding.prompt_batch(model, rows)
+    assert real is not None and (ids[:, 0] == model.pad_id).any()
+    searches = {
+        "greedy": lambda x, m: decoding.sample(model, x, max_new=6, temperature=0, attention_mask=m),
+        "beam": lambda x, m: decoding.continue_beam_search(model, x, beam=3, nbest=2, max_new=6, attention_mask=m),
+        "transformers": lambda x, m: decoding.transformers_beam_search(model, x, beam=3, max_new=6, attention_mask=m),
+    }
+    for search in searches.values():
+        together = search(ids, real)
+        for i, row in enumerate(rows):
+            assert_same(together[i], search(torch.tensor([row]), None)[0])
+    seeded = [decoding.sample(model, ids, max_new=6, attention_mask=real, generator=torch.Generator().manual_seed(0))]
+    seeded.append(
+        decoding.sample(model, ids, max_new=6, attention_mask=real, generator=torch.Generator().manual_seed(0))
+    )
+    assert seeded[0] == seeded[1] and all(len(new) <= 6 for new in seeded[0])
+
+
+def assert_same(got, want) -> None:
+    """The same ids; the same scores to 1e-5 (a batch sums in another order)."""
+    if isinstance(got, tuple):
+        assert got[1] == want[1] and got[0] == pytest.approx(want[0], abs=1e-5)
+    elif got and isinstance(got[0], tuple):
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+    else:
+        assert got == want
+
+
+def test_beam_continuations_carry_their_log_probabilities():
+    """Each hypothesis's score is its log-probability, recomputed without a cache, over the GNMT penalty:
+    the cache follows the beams as they are reordered."""
+    model = decoder_with("position", "rotary")
+    rows = [row.tolist() for row in prompts()[0]]
+    ids, real = decoding.prompt_batch(model, rows)
+    end = model.specials.end
+    found = decoding.continue_beam_search(model, ids, beam=4, nbest=3, alpha=0.6, max_new=5, attention_mask=real)
+    for row, candidates in zip(rows, found, strict=True):
+        for score, hyp in candidates:
+            ended = len(hyp) < 5
+            length = len(hyp) + int(ended)
+            want = continuation_log_prob(model, row, hyp, end, ended=ended) / ((5 + length) / 6) ** 0.6
+            assert score == pytest.approx(want, abs=1e-4)
+
+
+def test_decoder_only_beam_search_and_greedy_continue_prompts():
+    """beam_search and greedy, the translation searches, continue a decoder-only model's prompts."""
+    model = decoder_with("position", "rotary")
+    rows = [row.tolist() for row in prompts()[0]]
+    ids, real = decoding.prompt_batch(model, rows)
+    assert decoding.greedy(model, ids, max_len_b=6) == decoding.sample(
+        model, ids, max_new=6, temperature=0, attention_mask=real
+    )
+    best = decoding.beam_search(model, ids, beam=3, max_len_b=6)
+    assert best == [c[0][1] for c in decoding.continue_beam_search(model, ids, beam=3, max_new=6, attention_mask=real)]
+    assert all(best)

@@ -22,8 +22,10 @@ transformers = pytest.importorskip("transformers")  # in the test extra
 
 from test_hf import small_reference  # noqa: E402
 
+from tfbuilder.cli.commands import main  # noqa: E402
 from tfbuilder.inference import decoding  # noqa: E402
 from tfbuilder.inference.rules import Rules, distribution  # noqa: E402
+from tfbuilder.interop.hf import import_hf  # noqa: E402
 from tfbuilder.interop.hf.convert import load_hf  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("hf")
@@ -46,6 +48,7 @@ def pairs(tmp_path_factory) -> dict:
             path = tmp_path_factory.mktemp(f"{family}-{end}")
             ref.save_pretrained(path)
             out[family, end] = ref, load_hf(path)[2]
+            out[family, end, "path"] = path
     return out
 
 
@@ -134,3 +137,20 @@ def test_minimum_length_bans_the_end_at_the_first_step(pairs):
     assert decoding.sample(model, ids, max_new=5, temperature=0, rules=loose) == [[], []]
     theirs = ref.generate(input_ids=ids, max_new_tokens=5, do_sample=False, pad_token_id=0)
     assert new_ids(theirs, ids.shape[1], model.specials.end) == [[], []]
+
+
+def test_cli_generates_several_prompts_as_one_padded_batch(pairs, tmp_path, capsys):
+    """``tfbuilder generate`` with --prompt repeated: one line per prompt, each what it gives alone;
+    --beam 3 searches."""
+    run = tmp_path / "run"
+    import_hf(pairs["llama", "likely", "path"], run)
+    greedy = ["--max-new", "6", "--temperature", "0", "--no-echo"]
+    assert main(["generate", str(run), "--prompt", "5 17 33 8", "--prompt", "9", *greedy]) == 0
+    together = capsys.readouterr().out.splitlines()
+    alone = []
+    for prompt in ("5 17 33 8", "9"):
+        assert main(["generate", str(run), "--prompt", prompt, *greedy]) == 0
+        alone += capsys.readouterr().out.splitlines()
+    assert together == alone and len(together) == 2
+    assert main(["generate", str(run), "--prompt", "5 17 33 8", "--prompt", "9", "--beam", "3", "--no-echo"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2

@@ -168,7 +168,7 @@ def continue_beam_search(
             search.record_cut(step)
             break
         select = kept[1]
-        reorder(cache, select, parts=("self",))
+        reorder(cache, select, parts=("self",))  # the cache follows the beams
         real = _grown(real, select)
         logits = _feed(model, search.tokens[:, -1:], cache, offset + step, real)
     return search.results()
@@ -211,7 +211,7 @@ def transformers_beam_search(
         select = search.step(logp, step)
         if select is None:
             break
-        reorder(cache, select, parts=("self",))
+        reorder(cache, select, parts=("self",))  # transformers' reorder_cache
         real = _grown(real, select)
         logits = _feed(model, search.tokens[:, -1:], cache, offset + step, real)
     return search.results()

@@ -17,16 +17,11 @@ from tfbuilder.registry import BuildContext, ModelDims, register
 def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
     """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)); shape (n, d),
     computed in float64 on ``device``."""
-    pos = torch.arange(offset, offset + n, dtype=torch.float64, device=device).unsqueeze(1)
-    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=device) * (-math.log(base) / d))
-    pe = torch.zeros(n, d, dtype=torch.float64, device=device)
-    pe[:, 0::2] = torch.sin(pos * inv_freq)
-    pe[:, 1::2] = torch.cos(pos * inv_freq[: d // 2])
-    return pe.to(torch.get_default_dtype())
+    return sinusoids_at(torch.arange(offset, offset + n, dtype=torch.float64, device=device), d, base=base)
 
 
 def sinusoids_at(positions: Tensor, d: int, *, base: float = 10000.0) -> Tensor:
-    """:func:`sinusoids` at the positions ``positions`` (b, n) of each row: (b, n, d), the same numbers."""
+    """:func:`sinusoids` at the positions ``positions`` (any shape, (b, n) for each row's own): (..., d)."""
     pos = positions.to(torch.float64).unsqueeze(-1)
     inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) * (-math.log(base) / d))
     pe = torch.zeros(*positions.shape, d, dtype=torch.float64, device=positions.device)

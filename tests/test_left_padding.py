@@ -156,3 +156,21 @@ def test_decoder_only_beam_search_and_greedy_continue_prompts():
     best = decoding.beam_search(model, ids, beam=3, max_len_b=6)
     assert best == [c[0][1] for c in decoding.continue_beam_search(model, ids, beam=3, max_new=6, attention_mask=real)]
     assert all(best)
+
+
+@pytest.mark.parametrize("name", ["rotary"])
+def test_rotary_keys_are_cached_at_each_rows_positions(name):
+    """The cache holds a padded row's keys rotated by its own positions, as alone (scores depend on
+    distances only, so the logits alone would not tell rotation by columns apart)."""
+    model = decoder_with("position", name)
+    rows, batch = prompts()
+    real = masks.left_padding(batch, PAD)
+    with torch.no_grad():
+        cache = model.new_cache()
+        model(batch, cache=cache, attention_mask=real)
+        for i, row in enumerate(rows):
+            alone = model.new_cache()
+            model(row[None], cache=alone)
+            for layer, own in zip(cache, alone, strict=True):
+                keys = layer["self"]["k"][i, :, batch.shape[1] - len(row) :]
+                torch.testing.assert_close(keys, own["self"]["k"][0], atol=1e-5, rtol=1e-5)

@@ -191,6 +191,8 @@ def transformers_beam_search(
     length_penalty=length_penalty, early_stopping=early_stopping, max_new_tokens=max_new)``, whose
     defaults these are but the beam (transformers' ``num_beams`` has none). Returns the best
     continuation per row (score, new ids without </s>)."""
+    if beam < 1:
+        raise ValueError(f"beam ({beam}) must be at least 1")
     model.eval()
     _, end = start_end(model)
     never = never_ids(model, prompt.device)

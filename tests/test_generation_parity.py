@@ -25,6 +25,7 @@ from test_hf import small_reference  # noqa: E402
 from tfbuilder.cli.commands import main  # noqa: E402
 from tfbuilder.inference import decoding  # noqa: E402
 from tfbuilder.inference.rules import Rules, distribution  # noqa: E402
+from tfbuilder.inference.transformers_beams import TransformersBeams  # noqa: E402
 from tfbuilder.interop.hf import import_hf  # noqa: E402
 from tfbuilder.interop.hf.convert import load_hf  # noqa: E402
 
@@ -154,3 +155,16 @@ def test_cli_generates_several_prompts_as_one_padded_batch(pairs, tmp_path, caps
     assert together == alone and len(together) == 2
     assert main(["generate", str(run), "--prompt", "5 17 33 8", "--prompt", "9", "--beam", "3", "--no-echo"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+@pytest.mark.parametrize("early_stopping, closed", [(False, True), ("never", False)])
+def test_transformers_beams_stopping_bound(early_stopping, closed):
+    """transformers' ``_check_early_stop_heuristic``: the best running score over the current length
+    (False), or over max_new when length_penalty > 0 ("never"), against the worst finished one."""
+    state = TransformersBeams.start(
+        1, beam=2, length_penalty=2.0, early_stopping=early_stopping, max_new=10, end=0, device="cpu"
+    )
+    state.finished = [[(-0.5, [1]), (-0.6, [2])]]
+    state.scores = torch.tensor([[-30.0, -40.0]])
+    state._close(5)  # -30 / 5**2 = -1.2 cannot beat -0.6; -30 / 10**2 = -0.3 can
+    assert bool(state.closed[0]) is closed

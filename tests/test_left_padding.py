@@ -143,6 +143,13 @@ def test_beam_continuations_carry_their_log_probabilities():
             length = len(hyp) + int(ended)
             want = continuation_log_prob(model, row, hyp, end, ended=ended) / ((5 + length) / 6) ** 0.6
             assert score == pytest.approx(want, abs=1e-4)
+    # one new token: </s> is ruled out (minimum length), so every hypothesis is cut at the limit
+    cut = decoding.continue_beam_search(model, ids, beam=4, nbest=3, alpha=0.6, max_new=1, attention_mask=real)
+    for row, candidates in zip(rows, cut, strict=True):
+        assert len(candidates) == 3 and all(len(hyp) == 1 for _, hyp in candidates)
+        for score, hyp in candidates:
+            want = continuation_log_prob(model, row, hyp, end, ended=False) / ((5 + 1) / 6) ** 0.6
+            assert score == pytest.approx(want, abs=1e-4)
 
 
 def test_decoder_only_beam_search_and_greedy_continue_prompts():

@@ -62,6 +62,9 @@ HFC = ("tests/test_hf_configs.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
+BEAMS, RULES = "tfbuilder/inference/beams.py", "tfbuilder/inference/rules.py"
+C, TB = "tfbuilder/inference/continuation.py", "tfbuilder/inference/transformers_beams.py"
+PADDED, GEN = ("tests/test_left_padding.py",), ("tests/test_generation_parity.py",)
 VARIANTS, BLOCKS = ("tests/test_attention_variants.py",), ("tests/test_blocks.py",)
 OPTIMIZERS, PATTERNS = ("tests/test_optimizers.py",), ("tests/test_layer_patterns.py",)
 MS, SL, ST = "tfbuilder/spec/model_section.py", "tfbuilder/spec/slots.py", "tfbuilder/spec/stacks.py"
@@ -75,7 +78,7 @@ LP, B = ("tests/test_layer_positions.py",), "tfbuilder/model/builder.py"
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
-    Mutation("sinusoid: sin and cos swapped", P, "pe[:, 0::2] = torch.sin(pos * inv_freq)", "pe[:, 0::2] = torch.cos(pos * inv_freq)", POS),
+    Mutation("sinusoid: sin and cos swapped", P, "pe[..., 0::2] = torch.sin(pos * inv_freq)", "pe[..., 0::2] = torch.cos(pos * inv_freq)", POS),
     Mutation("sinusoid: frequency sign flipped", P, "(-math.log(base) / d)", "(math.log(base) / d)", POS),
     Mutation("sinusoid: positions start at offset+1", P, "torch.arange(offset, offset + n, dtype=torch.float64", "torch.arange(offset + 1, offset + n + 1, dtype=torch.float64", POS),
     Mutation("sinusoid: offset dropped past the table", P, "sinusoids(n, self.d_model, base=self.base, offset=offset, device=x.device)", "sinusoids(n, self.d_model, base=self.base, offset=0, device=x.device)", POS),
@@ -111,7 +114,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("attention: 1/d_k instead of 1/sqrt(d_k)", A, "1.0 / math.sqrt(self.key_dim)", "1.0 / self.key_dim", REFS + ("-k", "gqa_is_torch")),
     Mutation("attention: kv heads tiled instead of repeated per group", A, "x.repeat_interleave(self.heads // self.kv_heads, dim=1)", "x.repeat(1, self.heads // self.kv_heads, 1, 1)", REFS + ("-k", "gqa_is_torch")),
     Mutation("attention: cache offset off by one", A, "offset = cache[\"k\"].shape[2] if", "offset = cache[\"k\"].shape[2] + 1 if", POS + ("-k", "cached")),
-    Mutation("attention: cached keys rotated from position 0", A, "position.rotate(k, offset)", "position.rotate(k, 0)", POS + ("-k", "cached")),
+    Mutation("attention: cached keys rotated from position 0", A, "position.rotate(k, offset, positions)", "position.rotate(k, 0, positions)", POS + ("-k", "cached")),
     Mutation("attention: look-ahead skipped for two queries", A, "if self.causal and not self.cross and n_q > 1:", "if self.causal and not self.cross and n_q > 2:", ("tests/test_attention.py",)),
     Mutation("attention: bias keeps the masked scores", A, "bias.masked_fill(~mask, float(\"-inf\"))", "bias.masked_fill(mask, float(\"-inf\"))", MASKS + REFS + ("-k", "window or kept")),
     Mutation("attention: explicit bias subtracted", A, "else scores + attn_mask", "else scores - attn_mask", REFS + ("-k", "kept")),
@@ -209,29 +212,42 @@ MUTATIONS: list[Mutation] = [
     Mutation("pattern: value residual switched off in some layers", ST, "if residual[0] != residual[1]:", 'if residual[0] == residual[1] == "x":', PATTERNS),
     Mutation("pattern: the preflight extrapolates layers that differ", "tfbuilder/model/sizing.py", "    if any(stack.pattern or stack.overrides for stack in stacks.values()):", "    if False:", PATTERNS),
     # --- decoding (tfbuilder/inference/decoding.py; Wu et al. 2016's length penalty; fairseq's rules) ----------
-    Mutation("beam: stop on the live score, not its bound", D, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
-    Mutation("beam: ended scores normalised by the wrong length", D, "normalised = ended / _length_penalty(step + 1, self.alpha)", "normalised = ended / _length_penalty(step, self.alpha)", SEARCH),
-    Mutation("beam: length penalty base 6 + |y|", D, "    return ((5.0 + length) / 6.0) ** alpha", "    return ((6.0 + length) / 6.0) ** alpha", SEARCH),
-    Mutation("beam: the greedy path may leave the beam", D, "index[:, -1] = torch.where(missing, wanted, index[:, -1])", "index[:, -1] = index[:, -1]", SEARCH),
-    Mutation("beam: one ended hypothesis too many kept", D, "del kept[self.nbest :]", "del kept[self.nbest + 1 :]", SEARCH),
-    Mutation("beam: the limit does not force </s>", D, "forced[..., end] = logp.view(n, beam, vocab)[..., end]", "forced[..., end] = float(\"-inf\")", SEARCH + ("tests/test_decoding.py", "-k", "length_limit or reference")),
-    Mutation("rules: specials not banned", D, "logp.index_fill_(1, never, float(\"-inf\"))", "logp", SEARCH),
-    Mutation("rules: <unk> favoured, not penalised", D, "logp[:, unk] -= self.unk_penalty", "logp[:, unk] += self.unk_penalty", SEARCH),
-    Mutation("rules: n-gram history one token late", D, "history[:, None, history.shape[1] - n + 1 :]", "history[:, None, history.shape[1] - n : -1]", SEARCH),
+    Mutation("beam: stop on the live score, not its bound", BEAMS, "return last | (self.bar[alive] >= bound)", "return last | (self.bar[alive] >= now)", SEARCH),
+    Mutation("beam: ended scores normalised by the wrong length", BEAMS, "normalised = ended / length_penalty(step + 1, self.alpha)", "normalised = ended / length_penalty(step, self.alpha)", SEARCH),
+    Mutation("beam: length penalty base 6 + |y|", BEAMS, "    return ((5.0 + length) / 6.0) ** alpha", "    return ((6.0 + length) / 6.0) ** alpha", SEARCH),
+    Mutation("beam: the greedy path may leave the beam", BEAMS, "index[:, -1] = torch.where(missing, wanted, index[:, -1])", "index[:, -1] = index[:, -1]", SEARCH),
+    Mutation("beam: one ended hypothesis too many kept", BEAMS, "del kept[self.nbest :]", "del kept[self.nbest + 1 :]", SEARCH),
+    Mutation("beam: the limit does not force </s>", BEAMS, "forced[..., end] = logp.view(n, beam, vocab)[..., end]", "forced[..., end] = float(\"-inf\")", SEARCH + ("tests/test_decoding.py", "-k", "length_limit or reference")),
+    Mutation("rules: specials not banned", RULES, "logp.index_fill_(1, never, float(\"-inf\"))", "logp", SEARCH),
+    Mutation("rules: <unk> favoured, not penalised", RULES, "logp[:, unk] -= self.unk_penalty", "logp[:, unk] += self.unk_penalty", SEARCH),
+    Mutation("rules: n-gram history one token late", RULES, "history[:, None, history.shape[1] - n + 1 :]", "history[:, None, history.shape[1] - n : -1]", SEARCH),
     Mutation("sources: </s> placed one too far", D, "out[rows, lengths[rows]] = end", "out[rows, lengths[rows] + 1] = end", SEARCH),
     Mutation("greedy: the limit counts without </s>", D, "last = step + 1 >= limits[alive]  # the limit counts the closing </s>", "last = step >= limits[alive]", ("tests/test_decoding.py", "-k", "length_limit or sampled")),
     Mutation("ensemble: sum of probabilities, not mean", "tfbuilder/inference/ensemble.py", "return torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))", "return torch.logsumexp(torch.stack(logps), dim=0)", ("tests/test_ensemble.py",)),
+    # --- left-padded prompts and decoder-only generation (masks.py, inference/continuation.py; transformers' generate)
+    Mutation("left padding: real queries attend to pads", M, "return real[:, None, None, :] | ~real[:, None, -n_query:, None]", "return torch.ones_like(real[:, None, None, :]) | ~real[:, None, -n_query:, None]", PADDED),
+    Mutation("left padding: positions not offset by the padding", M, "return (real.long().cumsum(dim=1) - 1).clamp(min=0)", "return (torch.ones_like(real).long().cumsum(dim=1) - 1).clamp(min=0)", PADDED),
+    Mutation("left padding: rotary turns by columns, not positions", A, "q, k = position.rotate(q, offset, positions), position.rotate(k, offset, positions)", "q, k = position.rotate(q, offset), position.rotate(k, offset)", PADDED + ("-k", "rotary")),
+    Mutation("left padding: a pad id inside a prompt taken for padding", M, "return (ids != pad_id).cumsum(dim=1) > 0", "return ids != pad_id", PADDED + ("-k", "leading")),
+    Mutation("left padding: the new token's column not real", C, "return torch.cat([real, torch.ones_like(real[:, :1])], dim=1)", "return torch.cat([real, torch.zeros_like(real[:, :1])], dim=1)", GEN + ("-k", "greedy")),
+    Mutation("generation: the minimum length off by default", RULES, "    min_len: int = 1\n", "    min_len: int = 0\n", GEN + ("-k", "minimum")),
+    Mutation("generation: the beams' cache not reordered", C, "reorder(cache, select, parts=(\"self\",))  # the cache follows the beams", "pass", PADDED + ("-k", "log_probabilities")),
+    Mutation("generation: transformers' beams' cache not reordered", C, "reorder(cache, select, parts=(\"self\",))  # transformers' reorder_cache", "pass", GEN + ("-k", "beam and defaults")),
+    Mutation("generation: hypotheses cut at max_new dropped", C, "            search.record_cut(step)\n", "            pass\n", PADDED + ("-k", "log_probabilities")),
+    Mutation("transformers beams: length penalty exponent ignored", TB, "scores = top[:, : self.beam] / length**self.length_penalty", "scores = top[:, : self.beam] / length", GEN + ("-k", "beam")),
+    Mutation("transformers beams: never stops by max_new", TB, "hypothetical = self.max_new if self.early_stopping == \"never\" and self.length_penalty > 0 else length", "hypothetical = length", GEN + ("-k", "beam")),
+    Mutation("transformers beams: ended past the first beam candidates finished", TB, "for i, r in ends[:, : self.beam].nonzero().tolist():", "for i, r in (ends[:, : self.beam] | True).nonzero().tolist():", GEN + ("-k", "beam")),
     # --- gaps found by planting bugs (issue #36): each with the test written for it
     Mutation("store: ids above 65,535 kept in uint16", "tfbuilder/data/tokens.py", "np.uint16 if vocab_size <= 2**16 else", "np.uint16 if vocab_size <= 2**17 else", ("tests/test_store.py", "-k", "narrowest or largest_ids")),
     Mutation("packing: a stored split's last document dropped (its end offset)", "tfbuilder/data/tokens.py", "        return self.owner.examples + 1\n", "        return self.owner.examples\n", ("tests/test_packing.py", "-k", "stored_documents")),
-    Mutation("beam: the bound ignores the length still to grow", D, "now / _length_penalty(self.limits[alive], self.alpha), now / _length_penalty(step + 2, self.alpha)", "now / _length_penalty(step + 2, self.alpha), now / _length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
+    Mutation("beam: the bound ignores the length still to grow", BEAMS, "now / length_penalty(self.limits[alive], self.alpha), now / length_penalty(step + 2, self.alpha)", "now / length_penalty(step + 2, self.alpha), now / length_penalty(step + 2, self.alpha)", SEARCH + ("-k", "exhaustive")),
     Mutation("latent: a beam reads another input's source", "tfbuilder/model/components/latent_attention.py", "k, v = (t.repeat_interleave(group, dim=0) for t in (k, v))", "k, v = (t.repeat(group, 1, 1, 1) for t in (k, v))", ("tests/test_decoding.py", "-k", "groups_beams")),
     Mutation("muon: AdamW's half never stepped", "tfbuilder/train/optimizers.py", "        self.muon.step()\n        self.adamw.step()\n", "        self.muon.step()\n", OPTIMIZERS + ("-k", "every_parameter")),
     Mutation("z-loss: ignored by the masked LM", "tfbuilder/train/objectives.py", "        documents=documents,\n        z_loss=z_loss,\n    )", "        documents=documents,\n    )", OBJ + ("-k", "z_loss")),
     Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/train/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
     Mutation("pattern: the kind applied over the override", MS, "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
     Mutation("moe: top-1 weight renormalised to 1", "tfbuilder/model/components/moe.py", "return self.router == \"sigmoid\" or self.top_k > 1", "return self.router == \"sigmoid\" or self.top_k > 0", ("tests/test_ffn.py", "-k", "moe or switch")),
-    Mutation("decoding: the minimum length ignored", "tfbuilder/inference/decoding.py", "if step < self.min_len and end is not None:", "if step < 0 and end is not None:", ("tests/test_decoding_search.py", "-k", "exhaustive")),
+    Mutation("decoding: the minimum length ignored", RULES, "if step < self.min_len and end is not None:", "if step < 0 and end is not None:", ("tests/test_decoding_search.py", "-k", "exhaustive")),
     Mutation("memory: replicas summed over nodes", "tfbuilder/model/sizing.py", "        return ram, \"this machine's memory\"", "        return ram * nodes, \"this machine's memory\"", ("tests/test_sizing.py",)),
     Mutation("memory: a machine's processes not counted", "tfbuilder/model/sizing.py", "    return ram // processes,", "    return ram,", ("tests/test_sizing.py",)),
     # --- a key in the wrong section, an objective given the wrong kind

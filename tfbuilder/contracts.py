@@ -14,10 +14,12 @@ attention  ``Params.shape(d_model) -> AttentionShape`` (heads and query/key widt
            the model is built: a position acting inside attention is built for them); ``heads``,
            ``key_dim`` (the same, on the module); ``output_projections()`` (the projections that end
            the residual branch); ``fused_widths()``; ``keeps_weights`` (class flag) with ``keep_weights``/``weights``;
-           ``forward(x, *, context=None, mask=None, cache=None)``, where ``cache`` is a :data:`KVCache`
+           ``forward(x, *, context=None, mask=None, cache=None)``, where ``cache`` is a :data:`KVCache`;
+           a self-attention that continues left-padded prompts also takes ``positions`` (b, i)
 position   ``Params.max_positions() -> int | None`` (the longest sequence it covers, None: any);
            ``Params.check_shape(shape)`` (what it refuses inside a self-attention of that shape);
-           ``forward(x, *, offset=0)``; one acting inside attention subclasses
+           ``forward(x, *, offset=0, positions=None)`` (``positions`` (b, n): each row's own, for
+           left-padded prompts); one acting inside attention subclasses
            :class:`~tfbuilder.model.components.position.AttentionPosition`
 norm       ``forward(x)``
 ffn        ``output_projections()`` (a mixture of experts: every expert's); ``fused_widths()``; ``forward(x)``
@@ -139,12 +141,13 @@ class AttentionPosition(nn.Module):
     rotates: ClassVar[bool] = False
     biases: ClassVar[bool] = False
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (b, n, d) unchanged."""
         return x
 
-    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
-        """Queries or keys ``x`` (b, h, n, k) at positions offset..offset+n-1 -> rotated, same shape."""
+    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Queries or keys ``x`` (b, h, n, k) at positions offset..offset+n-1, or at each row's own
+        ``positions`` (b, n) (left-padded prompts) -> rotated, same shape."""
         raise NotImplementedError(f"{type(self).__name__} does not rotate (rotates is False)")
 
     def bias(self, n_query: int, n_key: int, offset: int, heads: int) -> Tensor:
@@ -186,7 +189,7 @@ class FeedForward(Protocol):
 class Position(Protocol):
     """What a position component exposes (its params tell the longest sequence it covers)."""
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor: ...
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor: ...
 
 
 @runtime_checkable

@@ -60,3 +60,28 @@ def document_mask(segments: Tensor) -> Tensor:
     its own document. ``segments`` (b, n) numbers each position's document (see
     :func:`tfbuilder.data.packing.segments`); made on their device."""
     return (segments[:, :, None] == segments[:, None, :])[:, None]
+
+
+def left_padding(ids: Tensor, pad_id: int | None) -> Tensor:
+    """Which tokens of left-padded prompts ``ids`` (b, n) are real: (b, n) bool, True from each row's first
+    token that is not ``pad_id`` on (a pad id later in a row, GPT-2's end-of-text as a separator, is
+    real). All True without a pad id."""
+    if pad_id is None:
+        return torch.ones_like(ids, dtype=torch.bool)
+    return (ids != pad_id).cumsum(dim=1) > 0
+
+
+def padded_causal(real: Tensor, n_query: int) -> Tensor:
+    """The self-attention key mask (b, 1, i, j) of the last ``n_query`` tokens of rows whose tokens
+    ``real`` (b, j) marks (True: a real token, False: padding; transformers' ``attention_mask``): a
+    real query never attends to a pad. A pad query attends to every key (attention adds the look-ahead),
+    so that no row of scores is empty (an empty one would give NaN, which the values would carry into
+    real rows); what a pad computes is never read."""
+    return real[:, None, None, :] | ~real[:, None, -n_query:, None]
+
+
+def position_ids(real: Tensor, n_query: int) -> Tensor:
+    """The positions (b, i) of the last ``n_query`` tokens of rows ``real`` (b, j): each row counts from
+    its first real token, as transformers' ``generate`` does (``attention_mask.cumsum(-1) - 1``); pads
+    get position 0."""
+    return (real.long().cumsum(dim=1) - 1).clamp(min=0)[:, real.shape[1] - n_query :]

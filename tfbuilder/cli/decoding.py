@@ -87,7 +87,14 @@ def add_generate(sub: Subparsers) -> None:
     g = sub.add_parser("generate", help="continue a prompt with a decoder-only checkpoint")
     g.add_argument("checkpoint", metavar="RUN_OR_CKPT", help="a run directory or a checkpoint file")
     add_checkpoint(g)
-    g.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    g.add_argument(
+        "--prompt",
+        required=True,
+        action="append",
+        metavar="TEXT",
+        help="the text to continue; repeated, the prompts are continued together, left-padded to one batch, "
+        "one line each",
+    )
     g.add_argument(
         "--no-echo", dest="echo", action="store_false", help="print only the new text (default: the prompt, then it)"
     )
@@ -98,6 +105,14 @@ def add_generate(sub: Subparsers) -> None:
         metavar="N",
         help="at most N new tokens (default 100; fewer when </s> comes)",
     )
+    g.add_argument(
+        "--beam",
+        type=beam,
+        default=1,
+        help="beam size (default 1: sample, or greedy at --temperature 0; above 1 beam search, which ignores the "
+        "sampling options)",
+    )
+    add_alpha(g)
     add_sampling(g, what="generation")
     add_rules(g)
     add_device(g)
@@ -271,7 +286,7 @@ def _warn_unknown(tokenizer: Tokenizer, lines: list[str], *, first: int) -> None
 def cmd_generate(args: argparse.Namespace) -> int:
     import torch
 
-    from tfbuilder.inference.translate import generate  # deferred: start-up time
+    from tfbuilder.inference.translate import generate_batch  # deferred: start-up time
 
     loaded = load(args)
     if loaded.recipe.model.kind != "decoder":
@@ -279,10 +294,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     rng = torch.Generator().manual_seed(args.seed)
     rules = Rules(unk_penalty=args.unk_penalty, no_repeat_ngram=args.no_repeat_ngram)
     try:
-        text = generate(
+        texts = generate_batch(
             loaded,
             args.prompt,
             max_new=args.max_new,
+            beam=args.beam,
+            alpha=args.alpha,
             temperature=args.temperature,
             top_k=args.top_k,
             top_p=args.top_p,
@@ -292,7 +309,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # a model with nothing to start or end with
         raise TfbuilderError(str(exc)) from None
-    print(text)
+    for text in texts:
+        print(text)
     return 0
 
 

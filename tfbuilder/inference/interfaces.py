@@ -50,11 +50,15 @@ class Translator(Decodable, Protocol):
 
 @runtime_checkable
 class LanguageModel(Decodable, Protocol):
-    """A decoder-only model: ``model(tokens, cache=..., offset=...)`` -> next-token logits (b, n, vocab)."""
+    """A decoder-only model: ``model(tokens, cache=..., offset=...)`` -> next-token logits (b, n, vocab);
+    ``attention_mask`` (b, offset + n) marks the real tokens of left-padded prompts (only passed when
+    there are some)."""
 
     def new_cache(self) -> Cache: ...
 
-    def __call__(self, tokens: Tensor, *, cache: Cache | None = None, offset: int = 0) -> Tensor: ...
+    def __call__(
+        self, tokens: Tensor, *, cache: Cache | None = None, offset: int = 0, attention_mask: Tensor | None = None
+    ) -> Tensor: ...
 
 
 def translator(model: object) -> Translator:

@@ -17,6 +17,7 @@ from tfbuilder.devices import model_device
 from tfbuilder.inference import decoding
 from tfbuilder.inference.ensemble import Ensemble
 from tfbuilder.inference.interfaces import Translator, language_model, translator
+from tfbuilder.inference.rules import Rules
 from tfbuilder.model import sizing
 from tfbuilder.runs.checkpoints import Loaded
 from tfbuilder.specials import TRANSLATION_ADDED
@@ -215,22 +216,49 @@ def ensemble_of(loaded: Loaded, others: Sequence[Loaded]) -> Ensemble:
 
 
 def generate(loaded: Loaded, prompt: str, *, echo: bool = False, **kwargs) -> str:
-    """Continue ``prompt`` with a decoder-only checkpoint, from the model's start id (see
-    :func:`tfbuilder.inference.decoding.sample`, which takes ``kwargs``): the new text, or with
-    ``echo`` the prompt's tokens and the new ones decoded together (the prompt as the model read it)."""
+    """Continue ``prompt`` with a decoder-only checkpoint (see :func:`generate_batch`, which takes ``kwargs``):
+    the new text, or with ``echo`` the prompt's tokens and the new ones decoded together (the prompt as
+    the model read it)."""
+    return generate_batch(loaded, [prompt], echo=echo, **kwargs)[0]
+
+
+def generate_batch(
+    loaded: Loaded,
+    prompts: list[str],
+    *,
+    echo: bool = False,
+    max_new: int = 100,
+    beam: int = 1,
+    alpha: float = 0.6,
+    rules: Rules = Rules(),
+    **sampling,
+) -> list[str]:
+    """Continue ``prompts`` with a decoder-only checkpoint, each from the model's start id, as one batch
+    left-padded to the longest (each row continues as it would alone): with ``beam`` > 1 by beam search
+    (:func:`~tfbuilder.inference.decoding.continue_beam_search`, length penalty ``alpha``), else by
+    :func:`~tfbuilder.inference.decoding.sample`, which takes ``sampling`` (temperature, top_k, top_p,
+    generator). Returns the texts in order, as :func:`generate`."""
     model = language_model(loaded.model)
     start = model.specials.start
-    tokens = loaded.vocab.tgt.encode(prompt)
-    prefix = ([] if start is None else [start]) + tokens
-    check_positions(loaded, len(prefix), kwargs.get("max_new", 100))
-    ids = torch.tensor([prefix], device=model_device(loaded.model))
-    new = decoding.sample(model, ids, **kwargs)[0]
-    return loaded.vocab.tgt.decode(tokens + new if echo else new)
+    tokens = [loaded.vocab.tgt.encode(prompt) for prompt in prompts]
+    prefixes = [([] if start is None else [start]) + t for t in tokens]
+    check_positions(loaded, max(len(p) for p in prefixes), max_new)
+    ids, real = decoding.prompt_batch(model, prefixes)
+    device = model_device(loaded.model)
+    ids, real = ids.to(device), None if real is None else real.to(device)
+    if beam > 1:
+        found = decoding.continue_beam_search(
+            model, ids, beam=beam, alpha=alpha, max_new=max_new, rules=rules, attention_mask=real
+        )
+        new = [candidates[0][1] for candidates in found]
+    else:
+        new = decoding.sample(model, ids, max_new=max_new, rules=rules, attention_mask=real, **sampling)
+    return [loaded.vocab.tgt.decode(t + n if echo else n) for t, n in zip(tokens, new, strict=True)]
 
 
 def check_positions(loaded: Loaded, prefix: int, max_new: int) -> None:
     """Refuse (``ValueError``) a continuation that could run past the model's learned position table:
-    :func:`tfbuilder.inference.decoding.sample` feeds the ``prefix`` tokens and each of ``max_new`` new ones."""
+    :func:`generate_batch` feeds the ``prefix`` tokens (the longest prompt's) and each of ``max_new`` new ones."""
     limit = sizing.max_positions(loaded.recipe.model)
     if limit is None or prefix + max_new <= limit:
         return

@@ -21,6 +21,13 @@ from tfbuilder.model.dropout import Dropout
 Placement = Literal["post", "pre", "sandwich"]
 
 
+def self_kwargs(positions: Tensor | None) -> dict[str, Tensor]:
+    """What self-attention is given beyond its mask and cache: each row's own ``positions`` (b, n) when
+    the rows are left-padded prompts, nothing otherwise (an attention that never continues padded
+    prompts need not take them)."""
+    return {} if positions is None else {"positions": positions}
+
+
 class Residual(nn.Module):
     """A sub-layer wrapped with dropout, a residual connection and a norm placed by ``placement``."""
 
@@ -88,10 +95,14 @@ class DecoderLayer(nn.Module):
         memory: Tensor | None = None,
         memory_mask: Tensor | None = None,
         cache: dict | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x`` (b, i, d), ``mask`` to (b, h, i, i), ``memory`` (b, j, d), ``memory_mask`` to
-        (b, h, i, j) -> (b, i, d). ``cache`` holds this layer's keys and values while decoding."""
-        x = self.self_attn(x, mask=mask, cache=None if cache is None else cache.setdefault("self", {}))
+        (b, h, i, j) -> (b, i, d). ``cache`` holds this layer's keys and values while decoding;
+        ``positions`` (b, i) are each row's own (left-padded prompts, see :func:`self_kwargs`)."""
+        x = self.self_attn(
+            x, mask=mask, cache=None if cache is None else cache.setdefault("self", {}), **self_kwargs(positions)
+        )
         if self.cross_attn is not None:
             cross = None if cache is None else cache.setdefault("cross", {})
             x = self.cross_attn(x, context=memory, mask=memory_mask, cache=cross)
@@ -112,11 +123,14 @@ class ParallelLayer(nn.Module):
         self.ffn = ffn
         self.shared_norm = shared_norm
 
-    def forward(self, x: Tensor, *, mask: Tensor | None = None, cache: dict | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, *, mask: Tensor | None = None, cache: dict | None = None, positions: Tensor | None = None
+    ) -> Tensor:
         """``x`` (b, n, d), ``mask`` to (b, h, n, n) -> (b, n, d); ``cache`` holds this layer's keys
-        and values while decoding (decoder-only models)."""
+        and values while decoding (decoder-only models); ``positions`` (b, n) are each row's own."""
         normed = self.self_attn.norm(x)
-        attn = self.self_attn.branch(normed, mask=mask, cache=None if cache is None else cache.setdefault("self", {}))
+        cached = None if cache is None else cache.setdefault("self", {})
+        attn = self.self_attn.branch(normed, mask=mask, cache=cached, **self_kwargs(positions))
         return x + attn + self.ffn.branch(normed if self.shared_norm else self.ffn.norm(x))
 
 

@@ -49,14 +49,21 @@ class Embedding(nn.Module):
         self.norm = norm
         self.drop = Dropout(dropout)
 
-    def forward(self, ids: Tensor, *, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
-        """``ids`` (b, n) int64, ``token_types`` (b, n) int64 or None (all type 0) -> (b, n, d)."""
+    def forward(
+        self, ids: Tensor, *, offset: int = 0, token_types: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor:
+        """``ids`` (b, n) int64, ``token_types`` (b, n) int64 or None (all type 0) -> (b, n, d); ``positions``
+        (b, n), each row's own (left-padded prompts), replace ``offset``'s."""
         x = self.tokens(ids)
         if self.scale != 1.0:  # most modern models do not scale; skip a pass over the activations
             x = x * self.scale
         if self.types is not None:
             x = x + (self.types(token_types) if token_types is not None else self.types.weight[0])
-        x = self.position(x, offset=offset)
+        x = (
+            self.position(x, offset=offset)
+            if positions is None
+            else self.position(x, offset=offset, positions=positions)
+        )
         if self.norm is not None:
             x = self.norm(x)
         return self.drop(x)
@@ -255,21 +262,52 @@ class DecoderOnly(IncrementalDecoding, AuxiliaryLosses, nn.Module):
         offset: int = 0,
         token_types: Tensor | None = None,
         segments: Tensor | None = None,
+        attention_mask: Tensor | None = None,
     ) -> Tensor:
         """``tokens`` (b, n) -> hidden states before the output head (b, n, d); with ``cache``,
         ``tokens`` continue the ``offset`` tokens fed before. Self-attention is causal by
         construction: right padding needs no mask (see :mod:`masks`). ``segments`` (b, n), for
-        packed documents, keeps attention inside each document."""
+        packed documents, keeps attention inside each document.
+
+        ``attention_mask`` (b, offset + n), bool or 0/1, transformers' argument: which tokens, the
+        cached ones and these, are real, for left-padded prompts (:func:`masks.left_padding`). Each row
+        then gives the hidden states it gives alone: no real token attends to a pad, and positions
+        count from the row's first real token (:func:`masks.position_ids`)."""
+        if attention_mask is not None:
+            return self._left_padded(tokens, attention_mask.bool(), cache=cache, offset=offset, token_types=token_types)
         x = self.embed(tokens, offset=offset, token_types=token_types)
         if segments is None:
             return self.decoder(x, cache=cache)
         return self.decoder(x, cache=cache, mask=masks.document_mask(segments))
 
-    def forward(
-        self, tokens: Tensor, *, cache: list[dict] | None = None, offset: int = 0, token_types: Tensor | None = None
+    def _left_padded(
+        self, tokens: Tensor, real: Tensor, *, cache: list[dict] | None, offset: int, token_types: Tensor | None
     ) -> Tensor:
-        """``tokens`` (b, n) int64 -> logits (b, n, vocab); with a sequence head, (b, classes)."""
-        hidden = self.features(tokens, cache=cache, offset=offset, token_types=token_types)
+        """:meth:`features` of rows whose tokens ``real`` (b, offset + n) marks."""
+        n = tokens.shape[1]
+        if real.shape != (tokens.shape[0], offset + n):
+            raise ValueError(
+                f"attention_mask {tuple(real.shape)} must cover the {offset} cached and {n} new tokens of "
+                f"{tokens.shape[0]} rows: ({tokens.shape[0]}, {offset + n})"
+            )
+        positions = masks.position_ids(real, n)
+        x = self.embed(tokens, offset=offset, token_types=token_types, positions=positions)
+        return self.decoder(x, cache=cache, mask=masks.padded_causal(real, n), positions=positions)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        cache: list[dict] | None = None,
+        offset: int = 0,
+        token_types: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+    ) -> Tensor:
+        """``tokens`` (b, n) int64 -> logits (b, n, vocab); with a sequence head, (b, classes). ``attention_mask``
+        (b, offset + n) marks the real tokens of left-padded prompts (see :meth:`features`)."""
+        hidden = self.features(
+            tokens, cache=cache, offset=offset, token_types=token_types, attention_mask=attention_mask
+        )
         return self.head(hidden, tokens=tokens) if isinstance(self.head, SequenceHead) else self.head(hidden)
 
 

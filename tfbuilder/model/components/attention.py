@@ -207,11 +207,18 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         init_projections(self)
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x`` (b, i, d), ``context`` (b, j, d) for cross-attention, ``mask`` bool broadcastable
         to (b, h, i, j) with True where a query may attend; returns (b, i, d). Causal self-attention
-        (``ctx.causal``) applies its own look-ahead: callers pass key masks only.
+        (``ctx.causal``) applies its own look-ahead: callers pass key masks only. ``positions`` (b, i),
+        each row's own (left-padded prompts), are what a rotary position turns queries and keys by.
 
         ``cache`` (incremental decoding): self-attention appends this call's keys and values to it;
         cross-attention computes the context's keys and values once and reuses them."""
@@ -221,7 +228,7 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             if group > 1:
                 out = rearrange(out, "b h (g i) v -> (b g) h i v", g=group)
         else:
-            q, k, v, offset = self._self_qkv(x, cache)
+            q, k, v, offset = self._self_qkv(x, cache, positions)
             out = self._attend(q, k, v, mask, offset=offset)
         if self.to_gate is not None:
             out = self._gated(out, x, self.to_gate)
@@ -235,7 +242,9 @@ class MultiHeadAttention(AttentionBase, nn.Module):
             return out * rearrange(scores, "b i h -> b h i 1").sigmoid()
         return out * rearrange(scores, "b i (h v) -> b h i v", h=out.shape[1]).sigmoid()
 
-    def _self_qkv(self, x: Tensor, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor, int]:
+    def _self_qkv(
+        self, x: Tensor, cache: KVCache | None, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Queries, keys and values of self-attention (b, h, n, k), with the cached keys and values
         before this call's; and ``offset``, the position of this call's first token."""
         q, k, v = self.to_qkv(x).split(list(self.split), dim=-1)
@@ -247,7 +256,8 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         offset = cache["k"].shape[2] if cache is not None and "k" in cache else 0
         position = self.position
         if self.rotates and position is not None:
-            q, k = position.rotate(q, offset), position.rotate(k, offset)  # keys are cached rotated
+            # keys are cached rotated
+            q, k = position.rotate(q, offset, positions), position.rotate(k, offset, positions)
         if cache is not None:
             if "k" in cache:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)

@@ -158,24 +158,31 @@ class LatentAttention(AttentionBase, nn.Module):
         init_projections(self)  # the norms' gains stay 1
 
     def forward(
-        self, x: Tensor, *, context: Tensor | None = None, mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        x: Tensor,
+        *,
+        context: Tensor | None = None,
+        mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x`` (b, i, d), ``context`` (b, j, d) for cross-attention, ``mask`` bool broadcastable to
         (b, h, i, j), True where a query may attend; returns (b, i, d). ``cache``: self-attention
-        appends this call's latents; cross-attention compresses the source once."""
+        appends this call's latents; cross-attention compresses the source once. ``positions`` (b, i):
+        each row's own, for the rotary part (left-padded prompts)."""
         source = context if self.cross else x
         if self.cross and source is None and not (cache and "latent" in cache):
             raise ValueError("cross-attention needs a context")
         offset = cache["latent"].shape[1] if cache and "latent" in cache and not self.cross else 0
         q = rearrange(self.to_q(self.norm_q(self._q_latent(x))), "b i (h k) -> b h i k", h=self.heads)
-        latent, k_rope = self._latents(source, cache, offset)
+        latent, k_rope = self._latents(source, cache, offset, positions)
         k, v = rearrange(self.to_kv(latent), "b j (h k) -> b h j k", h=self.heads).split(
             [self.head_dim, self.value_dim], -1
         )
         if k_rope is not None:  # a decoupled rotary part (self-attention with rope_dim)
             q_c, q_r = q.split([self.head_dim, self.rope_dim], dim=-1)
             position = self.position
-            q = torch.cat([q_c, position.rotate(q_r, offset) if self.rotates and position else q_r], dim=-1)
+            q = torch.cat([q_c, position.rotate(q_r, offset, positions) if self.rotates and position else q_r], dim=-1)
             k = torch.cat([k, k_rope.expand(-1, self.heads, -1, -1)], dim=-1)
         if k.shape[0] != q.shape[0]:  # consecutive query rows (the beams of one input) share a source
             group = MultiHeadAttention._group(q.shape[0], k.shape[0], mask)
@@ -187,7 +194,9 @@ class LatentAttention(AttentionBase, nn.Module):
     def _q_latent(self, x: Tensor) -> Tensor:
         return x if self.to_q_latent is None else self.to_q_latent(x)
 
-    def _latents(self, source: Tensor | None, cache: KVCache | None, offset: int) -> tuple[Tensor, Tensor | None]:
+    def _latents(
+        self, source: Tensor | None, cache: KVCache | None, offset: int, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
         """The latents (b, j, c) of every key so far, and the shared rotary keys (b, 1, j, r), rotated
         (None without a decoupled part); this call's appended to the cache's."""
         if self.cross and cache and "latent" in cache:
@@ -197,7 +206,7 @@ class LatentAttention(AttentionBase, nn.Module):
         k_rope = rearrange(k_rope, "b j r -> b 1 j r")
         position = self.position
         if self.rotates and self.rope_dim and position is not None:
-            k_rope = position.rotate(k_rope, offset)
+            k_rope = position.rotate(k_rope, offset, positions)
         if cache is not None:
             if "latent" in cache and not self.cross:
                 latent = torch.cat([cache["latent"], latent], dim=1)

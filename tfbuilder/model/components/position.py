@@ -24,11 +24,16 @@ from tfbuilder.registry import BuildContext, ModelDims, register
 def sinusoids(n: int, d: int, *, base: float = 10000.0, offset: int = 0, device=None) -> Tensor:
     """PE(pos, 2i) = sin(pos / base^(2i/d)), PE(pos, 2i+1) = cos(pos / base^(2i/d)); shape (n, d),
     computed in float64 on ``device``."""
-    pos = torch.arange(offset, offset + n, dtype=torch.float64, device=device).unsqueeze(1)
-    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=device) * (-math.log(base) / d))
-    pe = torch.zeros(n, d, dtype=torch.float64, device=device)
-    pe[:, 0::2] = torch.sin(pos * inv_freq)
-    pe[:, 1::2] = torch.cos(pos * inv_freq[: d // 2])
+    return sinusoids_at(torch.arange(offset, offset + n, dtype=torch.float64, device=device), d, base=base)
+
+
+def sinusoids_at(positions: Tensor, d: int, *, base: float = 10000.0) -> Tensor:
+    """:func:`sinusoids` at the positions ``positions`` (any shape, (b, n) for each row's own): (..., d)."""
+    pos = positions.to(torch.float64).unsqueeze(-1)
+    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) * (-math.log(base) / d))
+    pe = torch.zeros(*positions.shape, d, dtype=torch.float64, device=positions.device)
+    pe[..., 0::2] = torch.sin(pos * inv_freq)
+    pe[..., 1::2] = torch.cos(pos * inv_freq[: d // 2])
     return pe.to(torch.get_default_dtype())
 
 
@@ -52,9 +57,11 @@ class SinusoidalPosition(nn.Module):
         # Not persistent: a function of the params, so it stays out of checkpoints.
         self.register_buffer("table", sinusoids(params.max_len, ctx.d_model, base=params.base), persistent=False)
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        """``x`` (b, n, d) -> x + PE[offset : offset + n]."""
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` (b, n, d) -> x + PE[offset : offset + n], or x + PE[positions] for per-row ``positions`` (b, n)."""
         n = x.shape[1]
+        if positions is not None:
+            return x + sinusoids_at(positions, self.d_model, base=self.base).to(x.dtype)
         if offset + n <= self.table.shape[0]:
             pe = self.table[offset : offset + n]
         else:
@@ -82,11 +89,14 @@ class LearnedPosition(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, std=0.02)
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
-        """``x`` (b, n, d) -> x + P[offset : offset + n]."""
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """``x`` (b, n, d) -> x + P[offset : offset + n], or x + P[positions] for per-row ``positions`` (b, n)
+        (each at most its column, so the bound on columns holds them)."""
         n, max_len = x.shape[1], self.table.num_embeddings
         if offset + n > max_len:
             raise ValueError(f"sequence of {offset + n} positions exceeds learned max_len ({max_len})")
+        if positions is not None:
+            return x + self.table(positions)
         return x + self.table.weight[offset : offset + n]
 
 
@@ -100,7 +110,7 @@ class NoPosition(nn.Module):
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
 
-    def forward(self, x: Tensor, *, offset: int = 0) -> Tensor:
+    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (b, n, d) unchanged."""
         return x
 
@@ -241,7 +251,17 @@ class RotaryPosition(AttentionPosition):
             return cos[offset : offset + n], sin[offset : offset + n]
         return rotary_tables(n, r, base=self.base, offset=offset, device=device, scaling=self.scaling, long=long)
 
-    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+    def row_tables(self, positions: Tensor, offset: int, r: int) -> tuple[Tensor, Tensor]:
+        """cos and sin (b, 1, n, r/2) of each row's own ``positions`` (b, n) (left-padded prompts), times
+        the scaling's table factor; LongRoPE's long set when the padded width ``offset + n`` passes its
+        trained context (a bound on every row's last position, read without a host sync)."""
+        long = self.scaling is not None and self.scaling.is_long(offset + positions.shape[-1])
+        inv_freq = rotary_frequencies(r, base=self.base, scaling=self.scaling, long=long, device=positions.device)
+        angles = positions.float()[:, None, :, None] * inv_freq
+        factor = 1.0 if self.scaling is None else self.scaling.table_factor()
+        return angles.cos() * factor, angles.sin() * factor
+
+    def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: of the first r = int(fraction * k) features,
         pairs (x_2i, x_2i+1), or (x_i, x_i+r/2) with ``pairing: half``, rotated by pos * f_i, f_i =
         base^(-2i/r) after ``scaling``, and multiplied by the scaling's table factor; the other k - r
@@ -255,7 +275,11 @@ class RotaryPosition(AttentionPosition):
                 f"rotary positions turn pairs: fraction {self.fraction} of the key width per head ({k}) rotates "
                 f"{r} features, which must be even and at least 2"
             )
-        cos, sin = (t.to(x.dtype) for t in self.tables(offset, n, r, x.device))
+        if positions is not None:  # each row's own positions (b, n), left-padded prompts: (b, 1, n, r/2)
+            cos, sin = self.row_tables(positions, offset, r)
+        else:
+            cos, sin = self.tables(offset, n, r, x.device)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         rest = None
         if r < k:
             x, rest = x[..., :r], x[..., r:]

@@ -25,6 +25,7 @@ from tfbuilder.errors import TfbuilderError
 from tfbuilder.inference.interfaces import decodable
 from tfbuilder.interop.hf import weights
 from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_config
+from tfbuilder.interop.hf.families import DECODERS
 from tfbuilder.interop.hf.specials import config_ids, special_ids
 from tfbuilder.interop.onnx import export_onnx
 from tfbuilder.model.builder import build_model
@@ -279,10 +280,11 @@ def _comparable(model_section: ModelSection) -> dict:
 def hf_family(model_section: ModelSection) -> str:
     """The Hugging Face family a model section is exactly, or an error naming what differs."""
 
-    candidates = {"decoder": ["gpt2", "llama"], "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
+    decoders = ["gpt2", *DECODERS]
+    candidates = {"decoder": decoders, "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
     if model_section.kind == "decoder":
         position: ComponentParams = model_section.position
-        candidates.sort(key=lambda f: (f == "llama") != (position.type == "rotary"))
+        candidates.sort(key=lambda f: (f in DECODERS) != (position.type == "rotary"))  # stable: llama first
     ours = _comparable(model_section)
     why = ""
     for family in candidates:
@@ -295,7 +297,8 @@ def hf_family(model_section: ModelSection) -> str:
         if not diff:
             return family
         why = why or f"{family} differs in model." + ", model.".join(diff)
-    raise TfbuilderError(f"this recipe is not one of the Hugging Face families gpt2, bert, t5, llama exactly ({why})")
+    names = ", ".join(["gpt2", "bert", "t5", *DECODERS])
+    raise TfbuilderError(f"this recipe is not one of the Hugging Face families {names} exactly ({why})")
 
 
 def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path]:

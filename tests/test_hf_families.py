@@ -52,6 +52,8 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
         head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=3.0,
         layer_types=["full_attention", "sliding_attention", "full_attention"],  # (default: sliding first)
         final_logit_softcapping=4.0, tie_word_embeddings=False, pad_token_id=0, rope_parameters=ROPE)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
+        attention_bias=True, tie_word_embeddings=True, rope_parameters=ROPE)),
 }
 FAMILIES = sorted(CONFIGS)
 
@@ -65,6 +67,7 @@ NOT_READ = {
     "qwen3": {"use_sliding_window", "max_window_layers"},
     "phi3": {"embd_pdrop", "original_max_position_embeddings"},  # training only; longrope only (refused)
     "gemma2": {"use_bidirectional_attention"},  # read, refused unless null
+    "olmo2": set(),
 }
 TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop"}
 FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
@@ -206,7 +209,7 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2"}
+        "gemma2-small": "gemma2", "olmo2-small": "olmo2"}
 SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
           "gemma2-small": ["model.decoder.kinds.local.attention.window=4"]}
 

@@ -17,6 +17,7 @@ from tfbuilder.interop.hf.families import (
     MLP_BIAS,
     PARTIAL_ROTARY,
     QK_NORM,
+    QK_NORM_ALL,
     QKV_BIAS,
     WINDOW,
     DecoderFamily,
@@ -192,6 +193,10 @@ def _qk_norm(cfg: dict, model: dict) -> None:
     model["attention"].update(qk_norm="rms", qk_norm_eps=model["norm"]["eps"])
 
 
+def _qk_norm_all(cfg: dict, model: dict) -> None:
+    model["attention"].update(qk_norm="rms", qk_norm_eps=model["norm"]["eps"], qk_norm_over="all")
+
+
 def _gemma(cfg: dict, model: dict) -> None:
     """Gemma 2: embeddings times sqrt(d_model), a GeGLU with tanh GELU, queries scaled by
     query_pre_attn_scalar^-1/2, soft-capped scores and logits (Gemma Team 2024, arXiv:2408.00118)."""
@@ -218,6 +223,7 @@ READERS: dict[str, Callable[[dict, dict], None]] = {
     WINDOW: _window,
     LAYER_TYPES: _layer_types,
     QK_NORM: _qk_norm,
+    QK_NORM_ALL: _qk_norm_all,
     GEMMA: _gemma,
     DROPOUTS: _dropouts,
 }

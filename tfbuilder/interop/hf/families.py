@@ -13,6 +13,7 @@ qwen3      Qwen3ForCausalLM            RMS norm of each head's queries and keys
 phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary
 gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU (tanh), soft-caps, scaled
                                        embeddings, local/global layers
+olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
 =========  ==========================  =====================================================================
 """
 
@@ -27,6 +28,7 @@ MLP_BIAS = "mlp_bias"  # mlp_bias: biases in the gated feed-forward
 WINDOW = "window"  # sliding_window on every layer (null: none)
 LAYER_TYPES = "layer_types"  # layer_types: full_attention / sliding_attention per layer, with sliding_window
 QK_NORM = "qk_norm"  # q_norm and k_norm: an RMS norm over each head's queries and keys
+QK_NORM_ALL = "qk_norm_all"  # q_norm and k_norm over the whole query and key projections (OLMo 2)
 FUSED = "fused"  # qkv_proj and gate_up_proj: projections stored fused (Phi-3)
 GEMMA = "gemma"  # embeddings times sqrt(d_model), norm gains stored minus one, query_pre_attn_scalar, soft-caps
 DROPOUTS = "dropouts"  # resid_pdrop (training only)
@@ -39,6 +41,9 @@ SANDWICH_NORMS = (
     ("ffn.norm", "pre_feedforward_layernorm"),
     ("ffn.norm_out", "post_feedforward_layernorm"),
 )
+
+OUTPUT_NORMS = (("self_attn.norm", "post_attention_layernorm"), ("ffn.norm", "post_feedforward_layernorm"))
+PLACEMENTS = {PRE_NORMS: "pre", SANDWICH_NORMS: "sandwich", OUTPUT_NORMS: "output"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class DecoderFamily:
 
     @property
     def placement(self) -> str:
-        return "sandwich" if self.norms == SANDWICH_NORMS else "pre"
+        return PLACEMENTS[self.norms]
 
 
 FAMILY_LIST = (
@@ -112,6 +117,15 @@ FAMILY_LIST = (
         refused=(("use_bidirectional_attention", (None, False), None),),
         norms=SANDWICH_NORMS,
         source="Gemma Team 2024, Gemma 2, arXiv:2408.00118",
+    ),
+    DecoderFamily(
+        "olmo2",
+        "Olmo2ForCausalLM",
+        frozenset({ATTENTION_BIAS, QK_NORM_ALL}),
+        eps=1e-5,
+        ids={"bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1},
+        norms=OUTPUT_NORMS,
+        source="OLMo et al. 2024, 2 OLMo 2 Furious, arXiv:2501.00656",
     ),
 )
 DECODERS = {f.name: f for f in FAMILY_LIST}

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from tfbuilder.contracts import ComponentParams
 from tfbuilder.interop.hf.configs import UnsupportedConfig, ffn_bias, stack_layers
-from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, QK_NORM, DecoderFamily
+from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, QK_NORM, QK_NORM_ALL, DecoderFamily
 from tfbuilder.model.blocks import Residual
 from tfbuilder.model.components.attention import MultiHeadParams
 
@@ -146,7 +146,7 @@ def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
             out += _fused(f"{ours}.ffn.inner.ff_in", [f"{mlp}.gate_proj", f"{mlp}.up_proj"], bias=mlp_bias)
         out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
         out += _linear(f"{ours}.ffn.inner.ff_out", f"{mlp}.down_proj", bias=mlp_bias)
-        if QK_NORM in fam.features:
+        if fam.features & {QK_NORM, QK_NORM_ALL}:
             out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), "copy") for n in ("q_norm", "k_norm")]
         out += [(f"{ours}.{norm}.weight", (f"{theirs}.{name}.weight",), norm_op) for norm, name in fam.norms]
     out.append(("decoder.final_norm.weight", ("model.norm.weight",), norm_op))

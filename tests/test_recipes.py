@@ -147,7 +147,8 @@ def analytic_parameters(spec) -> int:
         widths = h * dk + kv * dk + kv * dv
         total = d * widths + h * dv * d + (widths if p.bias else 0) + (d if p.bias is True else 0)  # qkv: no output bias
         gates = {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]  # gated attention's W_theta, no bias
-        qk = {None: 0, "l2": 1, "rms": 2 * dk}[p.qk_form]  # a temperature, or two gain vectors
+        # a temperature, or two gain vectors: per head (d_k each) or over the whole projections (OLMo 2)
+        qk = {None: 0, "l2": 1, "rms": 2 * dk if p.qk_norm_over == "head" else (h + kv) * dk}[p.qk_form]
         return total + qk + d * gates
 
     def mlp(hidden, bias) -> int:

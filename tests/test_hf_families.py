@@ -240,3 +240,58 @@ def test_architecture_recipe_exports_to_its_reference(name, tmp_path):
     ref = getattr(transformers, arch).from_pretrained(tmp_path / "hf")
     ids, mask = batch()
     compare(our_logits(model, ids), their_logits(ref, ids, mask), mask, name)
+
+
+CLASSIFIERS = {"llama-small": "LlamaForSequenceClassification", "mistral-small": "MistralForSequenceClassification",
+               "qwen2.5-small": "Qwen2ForSequenceClassification"}
+
+
+def classifier(name: str, tmp_path, *changes: str):
+    """A recipes/architectures/ decoder (shrunk) with a three-class head, every weight perturbed, saved."""
+    from conftest import ROOT
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=64", "model.decoder.layers=2", "model.ffn.hidden=48", f"model.vocab_size={V}",
+                 "model.pad_id=0", "model.head={type: classify, labels: [neg, neu, pos], bias: false}", *changes]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / f"{name}.yaml", overrides)
+    torch.manual_seed(0)
+    model = build_model(recipe).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(CLASSIFIERS))
+def test_a_sequence_head_exports_as_for_sequence_classification(name, tmp_path):
+    """transformers reads the score at the last token that is not pad_token_id: on right-padded rows the
+    same token tfbuilder's pooling: last reads."""
+    model = classifier(name, tmp_path)
+    export(tmp_path / "x.ckpt", format="hf", out=tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == [CLASSIFIERS[name]] and cfg["id2label"] == {"0": "neg", "1": "neu", "2": "pos"}
+    ref = getattr(transformers, CLASSIFIERS[name]).from_pretrained(tmp_path / "hf").eval()
+    ids, mask = batch()
+    ids[ids == 0] = 1
+    ids[mask == 0] = 0  # right padding with the pad id
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits
+        got = model(ids)
+    assert got.shape == want.shape == (3, 3)
+    assert (got - want).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [(["model.head.bias=true"], "model.head.bias"), (["model.head.pooling=mean"], "model.head.pooling")],
+)
+def test_a_sequence_head_transformers_does_not_compute_is_refused(changes, key, tmp_path, capsys):
+    classifier("llama-small", tmp_path, *changes)
+    assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()

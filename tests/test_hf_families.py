@@ -295,3 +295,24 @@ def test_a_sequence_head_transformers_does_not_compute_is_refused(changes, key, 
     classifier("llama-small", tmp_path, *changes)
     assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
     assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+def test_export_refuses_a_recipe_no_family_computes(tmp_path, capsys):
+    """A window on one layer only: Mistral slides on every layer, and the families that slide some layers
+    (Qwen2, Qwen3, Gemma 2) differ elsewhere; refused, naming what differs, nothing written."""
+    from conftest import ROOT
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=32", "model.decoder.layers=2", "model.ffn.hidden=48", f"model.vocab_size={V}",
+                 "model.decoder.overrides={0: {attention: {window: null}}}"]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / "mistral-small.yaml", overrides)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(build_model(recipe), recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "not one of the Hugging Face families" in err and "model.decoder" in err
+    assert not (tmp_path / "hf").exists()

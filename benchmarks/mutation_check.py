@@ -69,6 +69,8 @@ LOGGERS = ("tests/test_loggers.py", "-k", "mlflow_store or cannot_be_made")
 SS, SF, FS = "tfbuilder/data/store.py", "tfbuilder/data/storefiles.py", "tests/test_faults_store.py"
 SK = "tfbuilder/data/storelock.py"
 TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
+RS, SCALING = "tfbuilder/model/components/rotary_scaling.py", ("tests/test_rotary_scaling.py",)
+LP, B = ("tests/test_layer_positions.py",), "tfbuilder/model/builder.py"
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -81,8 +83,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("rotary: frequency over k-1", P, "dtype=torch.float32) / k)", "dtype=torch.float32) / (k - 1))", POS),
     Mutation("rotary: interleaved rotation sign", P, "even * cos - odd * sin", "even * cos + odd * sin", POS),
     Mutation("rotary: half rotation sign", P, "first * sin + second * cos", "first * sin - second * cos", POS),
-    Mutation("rotary: offset dropped past the table", P, "rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)", "rotary_angles(n, r, base=self.base, offset=0, device=x.device, scaling=self.scaling)", POS),
-    Mutation("rotary: table edge off by one", P, "if offset + n <= self.cos.shape[0] and", "if offset + n <= self.cos.shape[0] + 1 and", POS),
+    Mutation("rotary: offset dropped past the table", P, "rotary_tables(n, r, base=self.base, offset=offset,", "rotary_tables(n, r, base=self.base, offset=0,", POS),
+    Mutation("rotary: table edge off by one", P, "offset + n <= cos.shape[0] and", "offset + n <= cos.shape[0] + 1 and", POS),
     Mutation("alibi: slope exponent off by one", P, "return [start ** (i + 1) for i in range(n)]", "return [start ** i for i in range(n)]", POS),
     Mutation("alibi: odd slopes of the higher power", P, "power_of_two(2 * lower)[0::2]", "power_of_two(2 * lower)[1::2]", REFS + ("-k", "alibi")),
     Mutation("alibi: encoder distance not symmetric", P, "if self.causal else (i - j).abs()", "if self.causal else (i - j)", POS),
@@ -122,9 +124,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("mlp: activation dropped", "tfbuilder/model/components/ffn.py", "self.ff_out(self.drop(self.act(self.ff_in(x))))", "self.ff_out(self.drop(self.ff_in(x)))", HFC + ("-k", "random_config and gpt2")),
     Mutation("glu: gate and value swapped", "tfbuilder/model/components/ffn.py", "self.act(gate) * value", "self.act(value) * gate", HFC + ("-k", "random_config and llama")),
     Mutation("glu: width rounded down", "tfbuilder/model/components/ffn.py", "return -(-(2 * default_ffn_hidden(d_model)) // 3 // 8) * 8", "return (2 * default_ffn_hidden(d_model)) // 3 // 8 * 8", ("tests/test_ffn.py",)),
-    Mutation("moe: router weights not renormalised", "tfbuilder/model/components/ffn.py", "            weights = weights / weights.sum(dim=-1, keepdim=True)\n", "            weights = weights\n", ("tests/test_ffn.py",)),
-    Mutation("moe: balancing counts the last choice", "tfbuilder/model/components/ffn.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
-    Mutation("moe: capacity rounded down", "tfbuilder/model/components/ffn.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
+    Mutation("moe: router weights not renormalised", "tfbuilder/model/components/moe.py", "            weights = weights / weights.sum(dim=-1, keepdim=True)\n", "            weights = weights\n", ("tests/test_ffn.py",)),
+    Mutation("moe: balancing counts the last choice", "tfbuilder/model/components/moe.py", "F.one_hot(chosen[:, 0]", "F.one_hot(chosen[:, -1]", REFS + ("-k", "balancing")),
+    Mutation("moe: capacity rounded down", "tfbuilder/model/components/moe.py", "math.ceil(self.capacity_factor", "math.floor(self.capacity_factor", REFS + ("-k", "static_dispatch")),
     # --- residual placement and embeddings (Vaswani et al. 2017; Xiong et al. 2020)
     Mutation("post-norm: norm outside the residual", "tfbuilder/model/blocks.py", "return self.norm(x + self.drop(self.inner(x, **kwargs)))", "return x + self.norm(self.drop(self.inner(x, **kwargs)))", REFS + ("-k", "placement")),
     Mutation("embedding scale d instead of sqrt(d)", "tfbuilder/model/model.py", "self.scale = math.sqrt(tokens.embedding_dim) if scale", "self.scale = float(tokens.embedding_dim) if scale", ("tests/test_parity.py", "-k", "pad_id_other")),
@@ -230,7 +232,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("z-loss: ignored by the masked LM", "tfbuilder/train/objectives.py", "        documents=documents,\n        z_loss=z_loss,\n    )", "        documents=documents,\n    )", OBJ + ("-k", "z_loss")),
     Mutation("z-loss: ignored by encoder-decoders", "tfbuilder/train/objectives.py", "partial(seq2seq, epsilon=epsilon, z_loss=z_loss)", "partial(seq2seq, epsilon=epsilon)", OBJ + ("-k", "z_loss")),
     Mutation("pattern: the kind applied over the override", MS, "        for changes in steps:\n", "        for changes in reversed(steps):\n", PATTERNS),
-    Mutation("moe: top-1 weight renormalised to 1", "tfbuilder/model/components/ffn.py", "        if self.top_k > 1:\n            weights = weights / weights.sum(", "        if self.top_k > 0:\n            weights = weights / weights.sum(", ("tests/test_ffn.py", "-k", "moe or switch")),
+    Mutation("moe: top-1 weight renormalised to 1", "tfbuilder/model/components/moe.py", "        if self.top_k > 1:\n            weights = weights / weights.sum(", "        if self.top_k > 0:\n            weights = weights / weights.sum(", ("tests/test_ffn.py", "-k", "moe or switch")),
     Mutation("decoding: the minimum length ignored", "tfbuilder/inference/decoding.py", "if step < self.min_len and end is not None:", "if step < 0 and end is not None:", ("tests/test_decoding_search.py", "-k", "exhaustive")),
     Mutation("memory: replicas summed over nodes", "tfbuilder/model/sizing.py", "        return ram, \"this machine's memory\"", "        return ram * nodes, \"this machine's memory\"", ("tests/test_sizing.py",)),
     Mutation("memory: a machine's processes not counted", "tfbuilder/model/sizing.py", "    return ram // processes,", "    return ram,", ("tests/test_sizing.py",)),
@@ -345,9 +347,32 @@ MUTATIONS: list[Mutation] = [
     Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
     # --- rotary's knobs: partial rotary (GPT-NeoX's rotary_pct), position interpolation, Llama 3.1's scaling
     Mutation("rotary: partial half pairs over the head, not the rotated features", P, "first, second = x[..., : r // 2], x[..., r // 2 :]", "first, second = x[..., : k // 2], x[..., r // 2 :]", POS),
-    Mutation("rotary: linear scaling multiplies the frequencies", P, "return inv_freq / self.factor", "return inv_freq * self.factor", POS),
-    Mutation("rotary: llama3 smoothing sign", P, "between = (1 - smooth)", "between = (1 + smooth)", POS),
-    Mutation("rotary: llama3 short wavelengths not kept", P, "torch.where(wavelength < context / self.high_freq_factor", "torch.where(wavelength > context / self.high_freq_factor", POS),
+    Mutation("rotary: linear scaling multiplies the frequencies", RS, "return inv_freq / self.factor\n", "return inv_freq * self.factor\n", POS),
+    Mutation("rotary: llama3 smoothing sign", RS, "between = (1 - smooth)", "between = (1 + smooth)", POS),
+    Mutation("rotary: llama3 short wavelengths not kept", RS, "torch.where(wavelength < context / self.high_freq_factor", "torch.where(wavelength > context / self.high_freq_factor", POS),
+    # --- rotary scaling for longer contexts: YaRN (Peng et al. 2023), LongRoPE (Ding et al. 2024), DeepSeek's softmax scale
+    Mutation("yarn: ramp reversed (the high frequencies interpolated)", RS, "return inv_freq / self.factor * ramp + inv_freq * (1 - ramp)", "return inv_freq / self.factor * (1 - ramp) + inv_freq * ramp", SCALING),
+    Mutation("yarn: beta_fast and beta_slow swapped", RS, "low, high = pair(self.beta_fast), pair(self.beta_slow)", "low, high = pair(self.beta_slow), pair(self.beta_fast)", SCALING),
+    Mutation("yarn: correction dim without 2 pi", RS, "context / (rotations * 2 * math.pi)", "context / rotations", SCALING),
+    Mutation("yarn: truncate rounds inwards", RS, "low, high = math.floor(low), math.ceil(high)", "low, high = math.ceil(low), math.floor(high)", SCALING),
+    Mutation("yarn: mscale linear in the factor, not its log", RS, "0.1 * mscale * math.log(scale) + 1.0", "0.1 * mscale * scale + 1.0", SCALING),
+    Mutation("yarn: mscale ratio inverted", RS, "yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)", "yarn_mscale(self.factor, self.mscale_all_dim) / yarn_mscale(self.factor, self.mscale)", SCALING),
+    Mutation("rotary: scaling's attention factor not applied to cos/sin", P, "factor = 1.0 if scaling is None else scaling.table_factor()", "factor = 1.0", SCALING),
+    Mutation("latent: yarn softmax scale dropped", "tfbuilder/model/components/latent_attention.py", "self.scale = 1.0 / math.sqrt(self.key_dim) * yarn_score_scale(position)", "self.scale = 1.0 / math.sqrt(self.key_dim)", SCALING + ("-k", "deepseek")),
+    Mutation("latent: yarn softmax scale not squared", RS, "yarn_mscale(self.factor, self.mscale_all_dim) ** 2 if", "yarn_mscale(self.factor, self.mscale_all_dim) ** 1 if", SCALING + ("-k", "deepseek")),
+    Mutation("longrope: long factors from the original length itself", RS, "return length > self.original_max_position_embeddings", "return length >= self.original_max_position_embeddings", SCALING),
+    Mutation("longrope: choice ignores the cache offset", P, "self.scaling.is_long(offset + n)", "self.scaling.is_long(n)", SCALING),
+    Mutation("longrope: short and long factors swapped", RS, "self.long_factor if long else self.short_factor", "self.short_factor if long else self.long_factor", SCALING),
+    Mutation("longrope: long calls read the short table", P, "cos, sin = (self.cos_long, self.sin_long) if long else (self.cos, self.sin)", "cos, sin = (self.cos, self.sin) if long else (self.cos, self.sin)", SCALING),
+    Mutation("longrope: attention factor without the log of the context", RS, "math.sqrt(1 + math.log(factor) / math.log(self.original_max_position_embeddings))", "math.sqrt(1 + math.log(factor))", SCALING),
+    Mutation("longrope: factor lists checked against the width, not the pairs", RS, "if len(self.short_factor) != width // 2:", "if len(self.short_factor) != width:", SCALING),
+    # --- positions per layer kind (Gemma 3's local and global rotary bases)
+    Mutation("layer positions: a kind's position change ignored", B, "if params == self.spec.position:", "if True:", LP),
+    Mutation("layer positions: position not a layer family", ST, 'LAYER_FAMILIES = ("attention", "ffn", "norm", "position")', 'LAYER_FAMILIES = ("attention", "ffn", "norm")', LP),
+    Mutation("layer positions: equal params not shared", B, "module = next((m for p, m in built if p == params), None)", "module = None", LP),
+    Mutation("layer positions: a none layer keeps the model's", B, "out.append(module if isinstance(module, AttentionPosition) else None)", "out.append(module if isinstance(module, AttentionPosition) else shared)", LP),
+    Mutation("layer positions: additive model position accepted", ST, "if not acts_in_attention(base.type):", "if False:", LP),
+    Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions)", "self.positions = nn.ModuleList()", LP),
 ]
 
 

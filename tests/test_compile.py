@@ -49,6 +49,9 @@ def _cases() -> list:
             changes["attention"].update(heads=4, **ATTENTION_VARIANTS[i % len(ATTENTION_VARIANTS)])
         if changes["ffn"]["type"] == "moe":
             changes["ffn"]["capacity_factor"] = 1.5  # (compiled, the dispatch is the static one either way)
+            # DeepSeek-V3's routing (the correction bias counted in the training forward) and Qwen2-MoE's gated shared expert
+            changes["ffn"].update(expert="swiglu", router="sigmoid", correction_bias=True, bias_update=0.001, groups=2,
+                                  shared_experts=1, shared_gate=True)
         changes["placement"] = PLACEMENTS[i % len(PLACEMENTS)]
         changes["dropout"] = 0.1 * (i % 2)
         if i % 3 == 1:

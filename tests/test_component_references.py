@@ -12,7 +12,8 @@ import tfbuilder
 from conftest import tiny_model
 from tfbuilder import registry
 from tfbuilder.model.components.attention import MultiHeadAttention
-from tfbuilder.model.components.ffn import MLP, MixtureOfExperts, SwiGLU, glu_hidden
+from tfbuilder.model.components.ffn import MLP, SwiGLU, glu_hidden
+from tfbuilder.model.components.moe import MixtureOfExperts
 from tfbuilder.model.components.norm import RMSNorm, ScaleNorm
 from tfbuilder.model.components.position import ALiBiPosition, AttentionPosition, RelativeBiasPosition, RotaryPosition, alibi_slopes
 from tfbuilder.spec.recipe import ModelSection

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from tfbuilder.model.components.ffn import MixtureOfExperts, SwiGLU, glu_hidden
+from tfbuilder.model.components.ffn import SwiGLU, glu_hidden
+from tfbuilder.model.components.moe import MixtureOfExperts
 from tfbuilder.registry import BuildContext
 
 

@@ -323,7 +323,7 @@ def test_rotary_knobs_bounds_are_validation_errors():
 
     params = registry.get("position", "rotary").params
     for bad in ({"fraction": 0.0}, {"fraction": 1.5}, {"scaling": {"type": "linear", "factor": 0.5}},
-                {"scaling": {"type": "yarn", "factor": 2.0}}, {"scaling": {"factor": 2.0}},
+                {"scaling": {"type": "dynamic", "factor": 2.0}}, {"scaling": {"factor": 2.0}},
                 {"scaling": {"type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 4.0}},
                 {"scaling": {"type": "llama3", "original_max_position_embeddings": 2**32}},
                 {"scaling": {"type": "linear", "factor": 2.0, "extra": 1}}):

@@ -248,7 +248,7 @@ def test_a_training_step_adds_the_moe_balancing_losses_to_the_objective():
     Switch loss of the router logits that layer saw (recomputed here by hand)."""
     from test_component_references import switch_loss
 
-    from tfbuilder.model.components.ffn import MixtureOfExperts
+    from tfbuilder.model.components.moe import MixtureOfExperts
     from tfbuilder.train.objectives import objective
     from tfbuilder.train.task import Task
 
@@ -276,6 +276,29 @@ def test_moe_balancing_loss_is_logged(tmp_path):
     with open(os.path.join(summary.run_dir, "metrics.csv")) as f:
         logged = [float(r["moe_aux_loss"]) for r in csv.DictReader(f) if r.get("moe_aux_loss")]
     assert len(logged) == 3  # at every log_every-th of the 6 steps
+
+
+def test_moe_correction_bias_is_updated_once_per_optimizer_step(tmp_path, monkeypatch):
+    """DeepSeek-V3's bias update runs once per optimizer step (Task.on_before_optimizer_step), not
+    once per accumulated micro-batch, and moves the saved correction bias."""
+    from tfbuilder.model.components.moe import MixtureOfExperts
+
+    calls = []
+    balance = MixtureOfExperts.balance
+    def counted(self, load):
+        calls.append(load.sum().item())
+        balance(self, load)
+
+    monkeypatch.setattr(MixtureOfExperts, "balance", counted)
+    moe = ["model.ffn={type: moe, experts: 4, top_k: 2, hidden: 32, router: sigmoid, correction_bias: true, "
+           "bias_update: 0.125}", "model.encoder.layers=1", "model.decoder.layers=1", "optim.accumulate=2",
+           "trainer.max_steps=3", "trainer.val_every=3"]
+    summary = fit(tfbuilder.load_recipe(QUICKSTART, small(tmp_path, *moe)))
+    assert len(calls) == 3 * 2  # three steps, two layers (encoder and decoder)
+    assert all(c > 0 for c in calls)  # each a step's routed tokens (two micro-batches)
+    state = model_state(read_checkpoint(os.path.join(summary.run_dir, "checkpoints", "last.ckpt")))
+    biases = [v for k, v in state.items() if k.endswith("correction_bias")]
+    assert len(biases) == 2 and any(b.abs().sum() > 0 for b in biases)
 
 
 @pytest.mark.parametrize("recipe_name", ["decoder-lm.yaml", "encoder-mlm.yaml"])

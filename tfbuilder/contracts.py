@@ -16,6 +16,7 @@ attention  ``Params.shape(d_model) -> AttentionShape`` (heads and query/key widt
            the residual branch); ``fused_widths()``; ``keeps_weights`` (class flag) with ``keep_weights``/``weights``;
            ``forward(x, *, context=None, mask=None, cache=None)``, where ``cache`` is a :data:`KVCache`
 position   ``Params.max_positions() -> int | None`` (the longest sequence it covers, None: any);
+           ``Params.check_shape(shape)`` (what it refuses inside a self-attention of that shape);
            ``forward(x, *, offset=0)``; one acting inside attention subclasses
            :class:`~tfbuilder.model.components.position.AttentionPosition`
 norm       ``forward(x)``
@@ -71,7 +72,9 @@ class BuildContext:
     causal: bool = False
     cross: bool = False
     heads: int = 1  # the stack's attention heads (positions that bias attention need it)
-    head_dim: int | None = None  # the stack's query/key width per head (rotary tables), when known
+    # The stack's query/key width per head, or the narrower width a rotary position turns (latent
+    # attention's rotary part): what rotary tables are built for, when known.
+    head_dim: int | None = None
     # The stack's position when it acts inside self-attention (rotary, ALiBi, relative bias), else None:
     # the interface between the two is documented on AttentionPosition (below).
     position: AttentionPosition | None = None
@@ -101,15 +104,31 @@ class AuxiliaryLoss:
         raise NotImplementedError
 
 
+class RoutingBalance:
+    """Interface of a component whose routing is balanced by state that training updates once per
+    optimizer step, outside the gradient (DeepSeek-V3's auxiliary-loss-free balancing, arXiv:2412.19437):
+    the training forward counts what it routed, :meth:`routing_load` returns the count (None when the
+    component does not balance), and :meth:`balance` takes it summed over the ranks, updates and
+    restarts the count. A model calls them in ``model.balance_routing()``."""
+
+    def routing_load(self) -> Tensor | None:
+        raise NotImplementedError
+
+    def balance(self, load: Tensor) -> None:
+        raise NotImplementedError
+
+
 class AttentionPosition(nn.Module):
     """The interface of a position that acts inside self-attention (rotary, ALiBi, T5's relative bias).
 
     The contract, both sides:
 
     * the builder gives the module to every self-attention layer of the stack its side feeds, as
-      ``BuildContext.position`` (cross-attention and additive positions get None);
+      ``BuildContext.position`` (cross-attention and additive positions get None); layers whose
+      kind or override changes the position get one built for their params instead (None for
+      ``type: none``);
     * the embedding owns it (registered once per side, shared by the layers), and its ``forward``
-      passes the embeddings through unchanged;
+      passes the embeddings through unchanged; a stack owns the ones built for its layers;
     * a position that ``rotates`` implements :meth:`rotate`, which self-attention applies to its
       queries and keys (keys are cached rotated); one that ``biases`` implements :meth:`bias`, which
       self-attention adds to its scores before the softmax. A position may do both.
@@ -297,6 +316,7 @@ __all__ = [
     "Norm",
     "Position",
     "PositionParams",
+    "RoutingBalance",
     "StackShared",
     "default_ffn_hidden",
     "default_head_dim",

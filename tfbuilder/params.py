@@ -57,6 +57,7 @@ class AttentionShape:
 
     heads: int
     key_dim: int
+    rotary_dim: int | None = None  # the width per head a rotary position turns, when not key_dim (latent attention)
 
 
 class AttentionParams(ComponentParams):
@@ -81,6 +82,11 @@ class PositionParams(ComponentParams):
     def max_positions(self) -> int | None:
         """None: any length (computed on the fly past a precomputed table)."""
         return None
+
+    def check_shape(self, shape: AttentionShape) -> list[tuple[str, str]]:
+        """Checks of a position acting inside self-attention of ``shape`` (heads, key width); returns
+        ``(field, message)`` pairs."""
+        return []
 
 
 __all__ = [

@@ -21,6 +21,7 @@ from tfbuilder.contracts import (  # noqa: F401 (re-exported: what a component i
     BuildContext,
     ComponentParams,
     ModelDims,
+    RoutingBalance,
     StackShared,
 )
 from tfbuilder.contracts import missing as lacking
@@ -37,6 +38,7 @@ _BUILTIN_MODULES = (
     "tfbuilder.model.components.position",
     "tfbuilder.model.components.norm",
     "tfbuilder.model.components.ffn",
+    "tfbuilder.model.components.moe",
 )
 
 

@@ -19,6 +19,7 @@ from tfbuilder.model.builder import build_model, count_parameters
 from tfbuilder.model.module_tree import format_tree, kv_cache_per_token, tree
 from tfbuilder.spec.diffing import differences, format_table
 from tfbuilder.spec.recipe import json_schema, load_recipe
+from tfbuilder.spec.stacks import LAYER_FAMILIES
 
 if TYPE_CHECKING:  # the CLI imports the recipe schema (and torch) only in the commands that need them
     from tfbuilder.cli.arguments import Subparsers
@@ -148,7 +149,7 @@ def _layer_lines(recipe: Recipe) -> list[str]:
         for label, changes in named:
             changed = [
                 f"{family}.{key}={value}"
-                for family in ("attention", "ffn", "norm")
+                for family in LAYER_FAMILIES
                 for key, value in (getattr(changes, family) or {}).items()
             ]
             lines.append(f"  {label}: " + (", ".join(changed) or "(the stack's components)"))

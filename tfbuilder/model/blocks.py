@@ -13,6 +13,7 @@ with one norm shared by the branches (both papers) or one each (GPT-NeoX's ``use
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from torch import Tensor, nn
@@ -124,12 +125,15 @@ class ParallelLayer(nn.Module):
 
 
 class Stack(nn.Module):
-    """``layers`` (alike, or differing per layer by a pattern), then an optional final norm (pre-norm needs one)."""
+    """``layers`` (alike, or differing per layer by a pattern), then an optional final norm (pre-norm needs one).
+    ``positions``: the position modules that act in some layers' self-attention instead of the
+    embedding's (a layer kind's own rotary base), owned here so that they move and save with the stack."""
 
-    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None):
+    def __init__(self, layers: list[nn.Module], final_norm: nn.Module | None, *, positions: Sequence[nn.Module] = ()):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
+        self.positions = nn.ModuleList(positions)
 
     def forward(self, x: Tensor, *, cache: list[dict] | None = None, **kwargs) -> Tensor:
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` (masks, memory) go to every layer, and

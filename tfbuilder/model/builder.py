@@ -85,11 +85,36 @@ class _Builder:
         )
 
     def attention_shape(self, part: Literal["encoder", "decoder"]) -> tuple[int, int]:
-        """Heads and key width per head of the ``part`` stack's self-attention (the params' contract):
-        what its layers and the position module of the side feeding it are built for (read here only,
-        so they agree)."""
+        """Heads and key width per head of the ``part`` stack's self-attention (the params' contract),
+        or the width its rotary part has when that is narrower (latent attention's): what its layers
+        and the position modules acting in it are built for (read here only, so they agree)."""
         shape = self.spec.attention_shape(part)
-        return shape.heads, shape.key_dim
+        return shape.heads, shape.key_dim if shape.rotary_dim is None else shape.rotary_dim
+
+    def position_ctx(self, part: Literal["encoder", "decoder"]) -> BuildContext:
+        """The build context of a position module feeding or acting in the ``part`` stack."""
+        heads, head_dim = self.attention_shape(part)
+        return BuildContext(d_model=self.spec.d_model, causal=part == "decoder", heads=heads, head_dim=head_dim)
+
+    def layer_positions(
+        self, part: Literal["encoder", "decoder"], shared: AttentionPosition | None, count: int
+    ) -> tuple[list[AttentionPosition | None], list[nn.Module]]:
+        """The position acting in each of ``count`` layers' self-attention: ``shared`` (the embedding's)
+        where the layer's position params are the model's, else one built for those params and shared
+        by the layers that have them (None for ``type: none``); and the modules built here."""
+        built: list[tuple[ComponentParams, nn.Module]] = []
+        out: list[AttentionPosition | None] = []
+        for index in range(count):
+            params = self.spec.layer_components(part, index)["position"]
+            if params == self.spec.position:
+                out.append(shared)
+                continue
+            module = next((m for p, m in built if p == params), None)
+            if module is None:
+                module = self.component("position", params, self.position_ctx(part), (part, "position"))
+                built.append((params, module))
+            out.append(module if isinstance(module, AttentionPosition) else None)
+        return out, [m for _, m in built]
 
     def stack(self, part: Literal["encoder", "decoder"], position: nn.Module, *, layers: int | None = None) -> Stack:
         """The encoder or decoder stack (``layers`` of them, default the section's); ``position`` is its
@@ -113,8 +138,9 @@ class _Builder:
         )
         built: list[nn.Module] = []
         parallel = spec.block == "parallel"
+        positions, own_positions = self.layer_positions(part, in_attention, count)
         for index in range(count):
-            ctx = replace(stack_ctx, layer=index)
+            ctx = replace(stack_ctx, layer=index, position=positions[index])
             cross_ctx = BuildContext(d_model=spec.d_model, cross=True, layer=index, num_layers=count)
             own = spec.layer_components(part, index)  # the stack's, changed by pattern and overrides
             attention, ffn, norm = own["attention"], own["ffn"], own["norm"]
@@ -139,14 +165,12 @@ class _Builder:
                 )
             built.append(DecoderLayer(self_attn=self_attn, cross_attn=cross, ffn=ff))
         final = self.norm(section, part) if spec.uses_final_norm else None
-        return Stack(built, final)
+        return Stack(built, final, positions=own_positions)
 
     def embedding(self, tokens: nn.Embedding, *, part: Literal["encoder", "decoder"]) -> Embedding:
         """Token embedding plus the position module of the side that feeds the ``part`` stack
         (positions acting inside attention take that stack's heads and key width)."""
-        heads, head_dim = self.attention_shape(part)
-        ctx = BuildContext(d_model=self.spec.d_model, causal=part == "decoder", heads=heads, head_dim=head_dim)
-        position = self.component("position", self.spec.position, ctx, ("position",))
+        position = self.component("position", self.spec.position, self.position_ctx(part), ("position",))
         spec = self.spec
         types = None
         if spec.token_types:

@@ -10,6 +10,7 @@ tgt ids -> Embedding -> Stack(DecoderLayer) -> Head    Stack(Decoder)       Stac
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal, TypeAlias
 
 import torch
@@ -20,7 +21,7 @@ from tfbuilder.model.blocks import Stack
 from tfbuilder.model.dropout import Dropout
 from tfbuilder.model.heads import SequenceHead
 from tfbuilder.model.multi_token import MultiTokenPrediction
-from tfbuilder.registry import AuxiliaryLoss
+from tfbuilder.registry import AuxiliaryLoss, RoutingBalance
 from tfbuilder.specials import OWN, SpecialIds
 
 Kind = Literal["encoder_decoder", "decoder", "encoder"]
@@ -130,6 +131,15 @@ class AuxiliaryLosses(nn.Module):
             if isinstance(m, AuxiliaryLoss):
                 total = m.auxiliary_loss() if total is None else total + m.auxiliary_loss()
         return total
+
+    def balance_routing(self, reduce: Callable[[Tensor], Tensor] | None = None) -> None:
+        """Update the routing state of every component that balances its routing between steps (the
+        correction biases of DeepSeek-V3-style mixtures of experts, see
+        :class:`~tfbuilder.registry.RoutingBalance`) from the loads counted since the last call, each
+        summed over ranks by ``reduce``. Training calls it once per optimizer step."""
+        for m in self.modules():
+            if isinstance(m, RoutingBalance) and (load := m.routing_load()) is not None:
+                m.balance(load if reduce is None else reduce(load))
 
 
 class IncrementalDecoding:

@@ -196,13 +196,27 @@ class ModelSection(Section):
         return problems
 
     def _component_problems(self) -> list[Issue]:
-        """What each component's params refuse given the model's shared dimensions."""
+        """What each component's params refuse given the model's shared dimensions, and what each
+        position refuses given the self-attention it acts in."""
         dims = ModelDims(d_model=self.d_model)
-        return [
+        problems: list[Issue] = [
             (loc + (field,), message, getattr(params, field, None))
             for loc, params in self.components()
             for field, message in params.check(dims)
         ]
+        for part in self.stacks():
+            shape = self.attention_shape(part)
+            positions = [(("position",), self.position)] + [
+                (loc + ("position",), merged_params(self.position, changes.position))
+                for loc, changes in self._changes(part)
+                if changes.position is not None
+            ]
+            for loc, params in positions:
+                checks = params.check_shape(shape) if isinstance(params, PositionParams) else []
+                for field, message in checks:
+                    issue = (loc + (field,), message, getattr(params, field, None))
+                    problems += [] if issue in problems else [issue]
+        return problems
 
     def _vocabulary_problems(self) -> list[Issue]:
         """A source vocabulary where there is none, or one that a shared embedding cannot hold."""
@@ -266,7 +280,12 @@ class ModelSection(Section):
     def _stack_components(self, part: Part) -> dict[str, ComponentParams]:
         """The ``part`` stack's own components (its section's, else the model's), by family."""
         stack = self.present_stack(part)
-        return {"attention": self.self_attention(part), "ffn": stack.ffn or self.ffn, "norm": stack.norm or self.norm}
+        return {
+            "attention": self.self_attention(part),
+            "ffn": stack.ffn or self.ffn,
+            "norm": stack.norm or self.norm,
+            "position": self.position,
+        }
 
     def _changes(self, part: Part) -> list[tuple[tuple, LayerChanges]]:
         """Every set of layer changes of the ``part`` stack, with its location (kinds, then overrides)."""
@@ -275,7 +294,8 @@ class ModelSection(Section):
         return found + [((part, "overrides", index), changes) for index, changes in stack.overrides.items()]
 
     def layer_components(self, part: Part, index: int) -> dict[str, ComponentParams]:
-        """Layer ``index``'s attention, ffn and norm params in the ``part`` stack: the stack's, changed
+        """Layer ``index``'s attention, ffn, norm and position params in the ``part`` stack: the stack's
+        (the position: the model's), changed
         by its kind in the pattern, then by an override of that layer (validated recipes only)."""
         stack = self.present_stack(part)
         components = self._stack_components(part)

@@ -12,12 +12,14 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError
 from pydantic_core import PydanticCustomError
 
+from tfbuilder import registry
+from tfbuilder.contracts import AttentionPosition
 from tfbuilder.errors import did_you_mean
 from tfbuilder.params import ComponentParams, Shaped
 from tfbuilder.spec.base import Issue, Section
 from tfbuilder.spec.slots import Attention, Ffn, Norm, merged_params
 
-LAYER_FAMILIES = ("attention", "ffn", "norm")
+LAYER_FAMILIES = ("attention", "ffn", "norm", "position")
 
 
 class LayerChanges(Section):
@@ -28,6 +30,12 @@ class LayerChanges(Section):
     attention: dict[str, Any] | None = Field(None, description="changes to the self-attention's params")
     ffn: dict[str, Any] | None = Field(None, description="changes to the feed-forward's params")
     norm: dict[str, Any] | None = Field(None, description="changes to the norms' params")
+    position: dict[str, Any] | None = Field(
+        None,
+        description="changes to model.position for these layers' self-attention (Gemma 3's local layers: {base: "
+        "10000}); only a position acting inside attention (rotary, alibi, relative_bias) can differ per layer, "
+        "and {type: none} leaves it out of these layers (NoPE layers)",
+    )
 
 
 class StackSection(Section):
@@ -109,6 +117,8 @@ def change_problems(loc: tuple[Any, ...], base: ComponentParams, change: dict[st
         return [(loc + tuple(err["loc"]), err["msg"], err.get("input")) for err in exc.errors()]
     except PydanticCustomError as exc:
         return [(loc + ("type",), exc.message(), change.get("type"))]
+    if base.family == "position":
+        return position_change_problems(loc, base, merged)
     if base.family != "attention" or not (isinstance(base, Shaped) and isinstance(merged, Shaped)):
         return []
     problems: list[Issue] = []
@@ -132,3 +142,28 @@ def change_problems(loc: tuple[Any, ...], base: ComponentParams, change: dict[st
             )
         )
     return problems
+
+
+def acts_in_attention(name: str) -> bool:
+    """Whether the registered position type ``name`` acts inside self-attention (an
+    :class:`~tfbuilder.contracts.AttentionPosition`: rotary, alibi, relative_bias) rather than on the embeddings."""
+    return issubclass(registry.get("position", name).cls, AttentionPosition)
+
+
+def position_change_problems(loc: tuple[Any, ...], base: ComponentParams, merged: ComponentParams) -> list[Issue]:
+    """A layer's position change where it cannot apply: the model's position is added to the embeddings
+    once for all layers, or the change makes one that would be."""
+    inside = [name for name in registry.types("position") if acts_in_attention(name)]
+    if not acts_in_attention(base.type):
+        message = (
+            f"model.position ({base.type}) is added to the embeddings once, for every layer; only a position "
+            f"acting inside attention ({', '.join(inside)}) can differ per layer"
+        )
+        return [(loc, message, None)]
+    if merged.type != "none" and not acts_in_attention(merged.type):
+        message = (
+            f"a layer's position must act inside its attention ({', '.join(inside)}) or be none; "
+            f"'{merged.type}' would be added to the embeddings"
+        )
+        return [(loc + ("type",), message, merged.type)]
+    return []

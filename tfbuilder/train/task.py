@@ -136,6 +136,10 @@ class Task(L.LightningModule):
         return result.loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        # Once per optimizer step, after every micro-batch's forward: routing biases move by the step's
+        # load on all ranks (outside the forward, which would update per micro-batch and per rank, and
+        # outside the compiled objective; a device collective, no host sync).
+        self.model.balance_routing(self._sum_over_ranks if self.trainer.world_size > 1 else None)
         if self.recipe.optim.accumulate == 1:
             return
         tokens = torch.as_tensor(self._window_tokens, dtype=torch.float64, device=self.device)
@@ -147,6 +151,9 @@ class Task(L.LightningModule):
         scale = self.trainer.accumulate_grad_batches * world / tokens.clamp(min=1)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, scale.to(grads[0].dtype))
+
+    def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum")
 
     def note_finite(self, loss: torch.Tensor) -> None:
         """Remember the first step whose loss is not finite, on the device and without a host sync

@@ -18,8 +18,9 @@ from tfbuilder.interop.hf.fields import read_float as _float
 from tfbuilder.interop.hf.fields import read_int as _int
 from tfbuilder.interop.hf.fields import require as _require
 from tfbuilder.model.components.attention import MultiHeadParams
-from tfbuilder.model.components.ffn import GEGLU, MLP, MixtureOfExperts, ReGLU, SwiGLU
+from tfbuilder.model.components.ffn import GEGLU, MLP, ReGLU, SwiGLU
 from tfbuilder.model.components.latent_attention import LatentAttention
+from tfbuilder.model.components.moe import MixtureOfExperts
 from tfbuilder.model.components.norm import LayerNorm, RMSNorm, ScaleNorm
 from tfbuilder.model.components.position import (
     LearnedPosition,

@@ -20,8 +20,19 @@ from torch import Tensor, nn
 from tfbuilder import masks
 from tfbuilder.contracts import AttentionBase, AttentionParams, AttentionShape, KVCache, default_head_dim
 from tfbuilder.model.components.attention import MultiHeadAttention, init_projections
-from tfbuilder.model.components.position import AttentionPosition
+from tfbuilder.model.components.position import AttentionPosition, RotaryPosition
+from tfbuilder.model.components.rotary_scaling import YarnRotaryScaling
 from tfbuilder.registry import BuildContext, ModelDims, register
+
+
+def yarn_score_scale(position: AttentionPosition | None) -> float:
+    """What DeepSeek's attention multiplies its softmax scale by under YaRN rotary scaling:
+    yarn_mscale(factor, mscale_all_dim)^2 (DeepSeek-V2/V3's released code; transformers'
+    ``yarn_apply_mscale``), 1 otherwise. It makes up for the cos/sin factor
+    yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) leaving the scores unscaled."""
+    if isinstance(position, RotaryPosition) and isinstance(position.scaling, YarnRotaryScaling):
+        return position.scaling.score_scale()
+    return 1.0
 
 
 @register("attention", "latent")
@@ -32,10 +43,12 @@ class LatentAttention(AttentionBase, nn.Module):
     from ``W_UQ W_DQ x`` or, without ``q_rank``, ``W_Q x`` (eq. 12-13). Position enters through a
     decoupled part (eq. 14-18): ``r`` more query dimensions per head and ``r`` key dimensions shared
     by every head, computed from ``x`` and rotated by the stack's rotary position (unrotated when the
-    stack's position is not rotary). Scores are ``[q_C; q_R] . [k_C; k_R] / sqrt(d_h + r)``, the
-    output ``W_O`` of the heads' value mixtures (eq. 19). The latents are RMS-normalised, as in the
-    released model. The cache keeps the latent and the rotated shared key: ``c + r`` numbers per
-    token and layer, against ``2 h d_h`` for multi-head attention.
+    stack's position is not rotary). Scores are ``[q_C; q_R] . [k_C; k_R] / sqrt(d_h + r)`` (times
+    DeepSeek's yarn_mscale(factor, mscale_all_dim)^2 under a rotary ``scaling: {type: yarn}`` that sets
+    ``mscale_all_dim``, see :func:`yarn_score_scale`), the output ``W_O`` of the heads' value mixtures
+    (eq. 19). The latents are RMS-normalised, as in the released model. The cache keeps the latent
+    and the rotated shared key: ``c + r`` numbers per token and layer, against ``2 h d_h`` for
+    multi-head attention.
 
     Cross-attention compresses the source the same way, without the decoupled part (no positions
     act there).
@@ -83,7 +96,7 @@ class LatentAttention(AttentionBase, nn.Module):
             # Scores span d_h + r per head; a rotary position turns only the last r of them (its
             # angles are computed for that width).
             d_h, _, _, rope = self.widths(d_model)
-            return AttentionShape(self.heads, d_h + rope)
+            return AttentionShape(self.heads, d_h + rope, rotary_dim=rope)
 
         def check(self, dims: ModelDims) -> list[tuple[str, str]]:
             if self.head_dim is None and dims.d_model < self.heads:
@@ -100,10 +113,10 @@ class LatentAttention(AttentionBase, nn.Module):
         self.rope_dim = 0 if ctx.cross else rope
         self.key_dim = d_h + self.rope_dim
         self.dropout = params.dropout
-        self.scale = 1.0 / math.sqrt(self.key_dim)
         position = None if ctx.cross else ctx.position
         self._position: tuple[AttentionPosition, ...] = () if position is None else (position,)
         self.rotates = position is not None and position.rotates
+        self.scale = 1.0 / math.sqrt(self.key_dim) * yarn_score_scale(position)
         self.biased = position is not None and position.biases
         self.keep_weights = False
         self.weights = None

@@ -6,11 +6,18 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field
 from torch import Tensor, nn
 
 from tfbuilder.contracts import AttentionPosition, PositionParams, default_head_dim  # noqa: F401 (AttentionPosition re-exported)
-from tfbuilder.params import MAX_INT, bounded
+from tfbuilder.model.components.rotary_scaling import (  # noqa: F401 (the scalings re-exported)
+    LinearRotaryScaling,
+    Llama3RotaryScaling,
+    LongRopeRotaryScaling,
+    RotaryScaling,
+    YarnRotaryScaling,
+)
+from tfbuilder.params import AttentionShape
 from tfbuilder.registry import BuildContext, ModelDims, register
 
 
@@ -98,84 +105,46 @@ class NoPosition(nn.Module):
         return x
 
 
-class _RotaryScaling(BaseModel):
-    """Base of the ``scaling`` of rotary positions: strict and immutable like component params, no integer
-    beyond :data:`~tfbuilder.params.MAX_INT`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-    _bounded = field_validator("*", mode="after")(bounded)
-
-    def frequencies(self, inv_freq: Tensor) -> Tensor:
-        """The inverse frequencies base^(-2i/k) of the pairs i, scaled."""
-        raise NotImplementedError
-
-
-class LinearRotaryScaling(_RotaryScaling):
-    """Position interpolation (Chen et al. 2023, arXiv:2306.15595; Hugging Face transformers'
-    ``rope_type: linear``): positions are divided by ``factor``, so that ``factor`` times the trained
-    context maps onto the trained angles. Dividing the frequencies instead is the same angle
-    (transformers' ``_compute_linear_scaling_rope_parameters``)."""
-
-    type: Literal["linear"]
-    factor: float = Field(1.0, ge=1.0, le=1e6, description="positions are divided by this")
-
-    def frequencies(self, inv_freq: Tensor) -> Tensor:
-        return inv_freq / self.factor
-
-
-class Llama3RotaryScaling(_RotaryScaling):
-    """Llama 3.1's frequency-dependent scaling (Meta's llama-models ``apply_scaling``; Hugging Face
-    transformers' ``rope_type: llama3``, ``_compute_llama3_parameters``). With L =
-    ``original_max_position_embeddings``, a pair whose wavelength 2 pi / f is shorter than
-    L / ``high_freq_factor`` keeps its frequency f; one longer than L / ``low_freq_factor`` gets
-    f / ``factor``; in between, s = (L / wavelength - low_freq_factor) / (high_freq_factor -
-    low_freq_factor) and the frequency is (1 - s) f / factor + s f."""
-
-    type: Literal["llama3"]
-    factor: float = Field(8.0, ge=1.0, le=1e6, description="long wavelengths' frequencies are divided by this")
-    low_freq_factor: float = Field(
-        1.0, gt=0.0, le=1e6, description="wavelengths beyond original_max_position_embeddings / this are scaled fully"
-    )
-    high_freq_factor: float = Field(
-        4.0, gt=0.0, le=1e6, description="wavelengths below original_max_position_embeddings / this are kept"
-    )
-    original_max_position_embeddings: int = Field(
-        8192, ge=1, le=MAX_INT, description="the context length the model was trained for"
-    )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Llama3RotaryScaling:
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(
-                f"high_freq_factor ({self.high_freq_factor}) must exceed low_freq_factor ({self.low_freq_factor})"
-            )
-        return self
-
-    def frequencies(self, inv_freq: Tensor) -> Tensor:
-        context = self.original_max_position_embeddings
-        wavelength = 2 * math.pi / inv_freq
-        smooth = (context / wavelength - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
-        between = (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
-        out = torch.where(wavelength > context / self.low_freq_factor, inv_freq / self.factor, between)
-        return torch.where(wavelength < context / self.high_freq_factor, inv_freq, out)
-
-
-RotaryScaling = LinearRotaryScaling | Llama3RotaryScaling
-
-
-def rotary_frequencies(k: int, *, base: float, scaling: RotaryScaling | None = None, device=None) -> Tensor:
-    """Inverse frequencies base^(-2i/k) of the pairs i < k/2, then ``scaling``'s: (k/2,), float32."""
+def rotary_frequencies(
+    k: int, *, base: float, scaling: RotaryScaling | None = None, long: bool = False, device=None
+) -> Tensor:
+    """Inverse frequencies base^(-2i/k) of the pairs i < k/2, then ``scaling``'s (``long``: LongRoPE's
+    long set): (k/2,), float32."""
     inv_freq = base ** (-torch.arange(0, k, 2, device=device, dtype=torch.float32) / k)
-    return inv_freq if scaling is None else scaling.frequencies(inv_freq)
+    return inv_freq if scaling is None else scaling.frequencies(inv_freq, base=base, long=long)
 
 
 def rotary_angles(
-    n: int, k: int, *, base: float, offset: int = 0, device=None, scaling: RotaryScaling | None = None
+    n: int,
+    k: int,
+    *,
+    base: float,
+    offset: int = 0,
+    device=None,
+    scaling: RotaryScaling | None = None,
+    long: bool = False,
 ) -> Tensor:
     """Angles pos * f_i of positions offset..offset+n-1 and pairs i < k/2, f_i those of
     :func:`rotary_frequencies`: (n, k/2), float32."""
-    inv_freq = rotary_frequencies(k, base=base, scaling=scaling, device=device)
+    inv_freq = rotary_frequencies(k, base=base, scaling=scaling, long=long, device=device)
     return torch.arange(offset, offset + n, device=device, dtype=torch.float32)[:, None] * inv_freq
+
+
+def rotary_tables(
+    n: int,
+    k: int,
+    *,
+    base: float,
+    offset: int = 0,
+    device=None,
+    scaling: RotaryScaling | None = None,
+    long: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of :func:`rotary_angles`, times the scaling's table factor (YaRN's and LongRoPE's
+    attention factor; 1 for the others): two (n, k/2), float32."""
+    angles = rotary_angles(n, k, base=base, offset=offset, device=device, scaling=scaling, long=long)
+    factor = 1.0 if scaling is None else scaling.table_factor()
+    return angles.cos() * factor, angles.sin() * factor
 
 
 def rotary_width(k: int, fraction: float) -> int:
@@ -191,7 +160,8 @@ class RotaryPosition(AttentionPosition):
     Queries and keys are rotated by their positions, so that scores depend on relative offsets only.
     The cos/sin tables of the first ``max_len`` positions are buffers on the model's device. ``fraction``
     rotates only the first features of each head (GPT-NeoX's partial rotary); ``scaling`` stretches the
-    positions for contexts longer than the trained one (linear position interpolation, Llama 3.1's)."""
+    positions for contexts longer than the trained one (linear position interpolation, Llama 3.1's, YaRN,
+    LongRoPE)."""
 
     rotates = True
 
@@ -227,26 +197,55 @@ class RotaryPosition(AttentionPosition):
             "original_max_position_embeddings} is Llama 3.1's (transformers' rope_type llama3; defaults 8, 1, 4, "
             "8192, Llama 3.1's; high_freq_factor above low_freq_factor): frequencies of wavelengths longer than "
             "original_max_position_embeddings / low_freq_factor divided by factor, of those shorter than "
-            "original_max_position_embeddings / high_freq_factor kept, interpolated in between",
+            "original_max_position_embeddings / high_freq_factor kept, interpolated in between; {type: yarn, "
+            "factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim, "
+            "attention_factor, truncate} is YaRN (Peng et al. 2023; transformers' rope_type yarn; beta_fast 32 "
+            "and beta_slow 1 by default): NTK-by-parts frequencies and cos/sin times an attention factor; "
+            "{type: longrope, short_factor, long_factor, original_max_position_embeddings, factor, "
+            "attention_factor} is LongRoPE (Ding et al. 2024; Phi-3's; transformers' rope_type longrope): "
+            "one factor per rotated pair, the long ones for calls whose positions end past "
+            "original_max_position_embeddings, and cos/sin times an attention factor",
         )
+
+        def check_shape(self, shape: AttentionShape) -> list[tuple[str, str]]:
+            width = rotary_width(shape.key_dim if shape.rotary_dim is None else shape.rotary_dim, self.fraction)
+            problem = None if self.scaling is None or width == 0 else self.scaling.width_problem(width)
+            return [] if problem is None else [("scaling", problem)]
 
     cos: Tensor  # (max_len, r/2), buffers, r the rotated width
     sin: Tensor
+    cos_long: Tensor | None  # LongRoPE's long-factor tables, else None
+    sin_long: Tensor | None
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base, self.fraction, self.scaling = params.base, params.fraction, params.scaling
         r = rotary_width(ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads), params.fraction)
-        angles = rotary_angles(params.max_len, r - r % 2, base=params.base, scaling=params.scaling)
+        r -= r % 2
+        switches = params.scaling is not None and params.scaling.switches
         # Not persistent: functions of the params, so they stay out of checkpoints.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        for suffix, long in (("", False), ("_long", True)):
+            tables: tuple[Tensor | None, Tensor | None] = (None, None)
+            if switches or not long:
+                tables = rotary_tables(params.max_len, r, base=params.base, scaling=params.scaling, long=long)
+            for name, table in zip(("cos", "sin"), tables, strict=True):
+                self.register_buffer(name + suffix, table, persistent=False)
         self.pairing = params.pairing
+
+    def tables(self, offset: int, n: int, r: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        """cos and sin (n, r/2) of positions offset..offset+n-1: the precomputed ones where they cover the
+        call, else computed; LongRoPE's long ones when the call's positions end past its trained context."""
+        long = self.scaling is not None and self.scaling.is_long(offset + n)
+        cos, sin = (self.cos_long, self.sin_long) if long else (self.cos, self.sin)
+        if cos is not None and sin is not None and offset + n <= cos.shape[0] and 2 * cos.shape[1] == r:
+            return cos[offset : offset + n], sin[offset : offset + n]
+        return rotary_tables(n, r, base=self.base, offset=offset, device=device, scaling=self.scaling, long=long)
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: of the first r = int(fraction * k) features,
         pairs (x_2i, x_2i+1), or (x_i, x_i+r/2) with ``pairing: half``, rotated by pos * f_i, f_i =
-        base^(-2i/r) after ``scaling``; the other k - r features unchanged."""
+        base^(-2i/r) after ``scaling``, and multiplied by the scaling's table factor; the other k - r
+        features unchanged."""
         n, k = x.shape[-2], x.shape[-1]
         r = rotary_width(k, self.fraction)
         if r % 2 or r == 0:
@@ -256,12 +255,7 @@ class RotaryPosition(AttentionPosition):
                 f"rotary positions turn pairs: fraction {self.fraction} of the key width per head ({k}) rotates "
                 f"{r} features, which must be even and at least 2"
             )
-        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == r:
-            cos, sin = self.cos[offset : offset + n], self.sin[offset : offset + n]
-        else:
-            angles = rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)
-            cos, sin = angles.cos(), angles.sin()
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        cos, sin = (t.to(x.dtype) for t in self.tables(offset, n, r, x.device))
         rest = None
         if r < k:
             x, rest = x[..., :r], x[..., r:]

@@ -56,6 +56,10 @@ def reference_count(name: str) -> int:
         "olmo2-small": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(
             hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8, vocab_size=32000,
             rms_norm_eps=1e-6, eos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+        "mixtral-small": lambda: T.MixtralForCausalLM(T.MixtralConfig(
+            hidden_size=512, intermediate_size=1792, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+            head_dim=64, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     }[name]
     with torch.device("meta"):
         model = build()
@@ -64,7 +68,7 @@ def reference_count(name: str) -> int:
 
 
 REFERENCED = ["gpt2-small", "bert-base", "t5-small", "llama-small", "llama3.1-small", "mistral-small", "qwen2.5-small",
-              "qwen3-small", "phi3-small", "gemma2-small", "olmo2-small"]
+              "qwen3-small", "phi3-small", "gemma2-small", "olmo2-small", "mixtral-small"]
 
 
 @pytest.mark.parametrize("name", REFERENCED)

@@ -1,5 +1,5 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2) are transformers' models exactly: a tiny random model with every field the importer
+Phi-3, Gemma 2, OLMo 2, Mixtral) are transformers' models exactly: a tiny random model with every field the importer
 reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
@@ -52,6 +52,9 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
         head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=3.0,
         layer_types=["full_attention", "sliding_attention", "full_attention"],  # (default: sliding first)
         final_logit_softcapping=4.0, tie_word_embeddings=False, pad_token_id=0, rope_parameters=ROPE)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        head_dim=12, sliding_window=4, num_local_experts=4, num_experts_per_tok=3, tie_word_embeddings=True,
+        rope_parameters=ROPE)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
         attention_bias=True, tie_word_embeddings=True, rope_parameters=ROPE)),
 }
@@ -68,8 +71,9 @@ NOT_READ = {
     "phi3": {"embd_pdrop", "original_max_position_embeddings"},  # training only; longrope only (refused)
     "gemma2": {"use_bidirectional_attention"},  # read, refused unless null
     "olmo2": set(),
+    "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
 }
-TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop"}
+TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
 FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
 
 
@@ -209,7 +213,7 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2", "olmo2-small": "olmo2"}
+        "gemma2-small": "gemma2", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
 SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
           "gemma2-small": ["model.decoder.kinds.local.attention.window=4"]}
 

@@ -260,3 +260,14 @@ def test_the_model_balances_every_layer_from_its_load_summed_over_ranks():
         total = load + other_rank
         torch.testing.assert_close(m.correction_bias, 0.125 * torch.sign(total.mean() - total))
         assert m.routing_load().sum() == 0
+
+
+def test_a_recipe_with_gated_experts_reads_back_from_its_resolved_form():
+    """A checkpoint keeps the resolved recipe (every field, activation's default too): it must load."""
+    import tfbuilder
+    from conftest import ROOT
+    from tfbuilder.spec.recipe import recipe_from_dict
+
+    ffn = "model.ffn={type: moe, experts: 4, top_k: 2, expert: swiglu, hidden: 64, bias: false}"
+    recipe = tfbuilder.load_recipe(ROOT / "recipes" / "architectures" / "llama-small.yaml", [ffn])
+    assert recipe_from_dict(recipe.to_dict()).model == recipe.model

@@ -15,6 +15,7 @@ from tfbuilder.interop.hf.families import (
     GEMMA,
     LAYER_TYPES,
     MLP_BIAS,
+    MOE,
     PARTIAL_ROTARY,
     QK_NORM,
     QK_NORM_ALL,
@@ -212,6 +213,22 @@ def _gemma(cfg: dict, model: dict) -> None:
         model["logit_softcap"] = read_float(cfg, "final_logit_softcapping", 0.0)
 
 
+def _moe(cfg: dict, model: dict) -> None:
+    """Mixtral's sparse block (Jiang et al. 2024, arXiv:2401.04088): a softmax over the experts, the top
+    k kept and renormalised to sum to one, each a SwiGLU without biases."""
+    model["ffn"] = {
+        "type": "moe",
+        "experts": read_int(cfg, "num_local_experts", 8),
+        "top_k": read_int(cfg, "num_experts_per_tok", 2),
+        "expert": "swiglu",
+        "hidden": model["ffn"]["hidden"],
+        "bias": False,
+        "router": "softmax",
+        "normalize": True,
+        "aux_weight": read_float(cfg, "router_aux_loss_coef", 0.001),
+    }
+
+
 def _dropouts(cfg: dict, model: dict) -> None:
     model["dropout"] = read_float(cfg, "resid_pdrop", 0.0)
 
@@ -226,6 +243,7 @@ READERS: dict[str, Callable[[dict, dict], None]] = {
     QK_NORM_ALL: _qk_norm_all,
     GEMMA: _gemma,
     DROPOUTS: _dropouts,
+    MOE: _moe,
 }
 
 
@@ -255,6 +273,9 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
             cfg.update(WRITERS[feature](m, data))
     if DROPOUTS in fam.features:
         cfg["resid_pdrop"] = cfg["embd_pdrop"] = m.dropout
+    if MOE in fam.features:
+        cfg.update(num_local_experts=ffn.get("experts"), num_experts_per_tok=ffn.get("top_k"))
+        cfg["router_aux_loss_coef"] = ffn.get("aux_weight")
     glu = m.ffn
     if isinstance(glu, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):  # its width as resolved (match_params)
         cfg["intermediate_size"] = glu_hidden(glu, m.d_model)

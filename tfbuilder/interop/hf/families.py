@@ -14,6 +14,7 @@ phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; 
 gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU (tanh), soft-caps, scaled
                                        embeddings, local/global layers
 olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
+mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts (softmax router, top-k renormalised)
 =========  ==========================  =====================================================================
 """
 
@@ -32,6 +33,7 @@ QK_NORM_ALL = "qk_norm_all"  # q_norm and k_norm over the whole query and key pr
 FUSED = "fused"  # qkv_proj and gate_up_proj: projections stored fused (Phi-3)
 GEMMA = "gemma"  # embeddings times sqrt(d_model), norm gains stored minus one, query_pre_attn_scalar, soft-caps
 DROPOUTS = "dropouts"  # resid_pdrop (training only)
+MOE = "moe"  # num_local_experts, num_experts_per_tok: a softmax-routed mixture of SwiGLU experts (Mixtral)
 PARTIAL_ROTARY = "partial_rotary"  # rope_parameters.partial_rotary_factor: rotate that fraction of each head
 
 PRE_NORMS = (("self_attn.norm", "input_layernorm"), ("ffn.norm", "post_attention_layernorm"))
@@ -117,6 +119,14 @@ FAMILY_LIST = (
         refused=(("use_bidirectional_attention", (None, False), None),),
         norms=SANDWICH_NORMS,
         source="Gemma Team 2024, Gemma 2, arXiv:2408.00118",
+    ),
+    DecoderFamily(
+        "mixtral",
+        "MixtralForCausalLM",
+        frozenset({WINDOW, MOE}),
+        eps=1e-5,
+        ids={"bos_token_id": 1, "eos_token_id": 2},
+        source="Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
     ),
     DecoderFamily(
         "olmo2",

@@ -16,9 +16,10 @@ from torch import Tensor, nn
 
 from tfbuilder.contracts import ComponentParams
 from tfbuilder.interop.hf.configs import UnsupportedConfig, ffn_bias, stack_layers
-from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, QK_NORM, QK_NORM_ALL, DecoderFamily
+from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, MOE, QK_NORM, QK_NORM_ALL, DecoderFamily
 from tfbuilder.model.blocks import Residual
 from tfbuilder.model.components.attention import MultiHeadParams
+from tfbuilder.model.components.moe import MixtureOfExperts
 
 if TYPE_CHECKING:
     from tfbuilder.spec.recipe import ModelSection
@@ -139,18 +140,35 @@ def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
         sa, mlp = f"{theirs}.self_attn", f"{theirs}.mlp"
         if FUSED in fam.features:
             out += _linear(f"{ours}.self_attn.inner.to_qkv", f"{sa}.qkv_proj", bias=bool(bias))
-            out += _linear(f"{ours}.ffn.inner.ff_in", f"{mlp}.gate_up_proj", bias=mlp_bias)
         else:
             qkv = [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"]
             out += _fused(f"{ours}.self_attn.inner.to_qkv", qkv, bias=bool(bias))
-            out += _fused(f"{ours}.ffn.inner.ff_in", [f"{mlp}.gate_proj", f"{mlp}.up_proj"], bias=mlp_bias)
         out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
-        out += _linear(f"{ours}.ffn.inner.ff_out", f"{mlp}.down_proj", bias=mlp_bias)
+        out += _decoder_ffn(fam, m, f"{ours}.ffn.inner", mlp, bias=mlp_bias)
         if fam.features & {QK_NORM, QK_NORM_ALL}:
             out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), "copy") for n in ("q_norm", "k_norm")]
         out += [(f"{ours}.{norm}.weight", (f"{theirs}.{name}.weight",), norm_op) for norm, name in fam.norms]
     out.append(("decoder.final_norm.weight", ("model.norm.weight",), norm_op))
     return out
+
+
+def _decoder_ffn(fam: DecoderFamily, m: ModelSection, ours: str, theirs: str, *, bias: bool) -> list[Rule]:
+    """The feed-forward: a gated one (gate and up fused in Phi-3), or (Mixtral) a router and SwiGLU experts,
+    as ``save_pretrained`` writes them: ``block_sparse_moe.experts.e.w1`` (gate), ``w3`` (up), ``w2`` (down)."""
+    ffn: ComponentParams = m.ffn
+    if MOE in fam.features and isinstance(ffn, MixtureOfExperts.Params):
+        sparse = theirs.replace(".mlp", ".block_sparse_moe")
+        out: list[Rule] = [(f"{ours}.router.weight", (f"{sparse}.gate.weight",), "copy")]
+        for e in range(ffn.experts):
+            expert = f"{sparse}.experts.{e}"
+            out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.w1", f"{expert}.w3"], bias=False)
+            out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.w2", bias=False)
+        return out
+    if FUSED in fam.features:
+        out = _linear(f"{ours}.ff_in", f"{theirs}.gate_up_proj", bias=bias)
+    else:
+        out = _fused(f"{ours}.ff_in", [f"{theirs}.gate_proj", f"{theirs}.up_proj"], bias=bias)
+    return out + _linear(f"{ours}.ff_out", f"{theirs}.down_proj", bias=bias)
 
 
 def _sources(rule: Rule, theirs: Mapping[str, object], file: str) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")  # in the test extra
 
 from test_hf_configs import Recording  # noqa: E402
+
 from tfbuilder.cli.commands import main  # noqa: E402
 from tfbuilder.interop.hf import export, import_hf  # noqa: E402
 from tfbuilder.interop.hf.configs import from_config  # noqa: E402
@@ -223,6 +224,7 @@ def test_architecture_recipe_exports_to_its_reference(name, tmp_path):
     """A model built from a recipes/architectures/ file (shrunk, every weight perturbed) exports as its family
     and loads in transformers with equal logits."""
     from conftest import ROOT
+
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import HFTokenizer
     from tfbuilder.interop.hf.convert import checkpoint_dict
@@ -253,6 +255,7 @@ CLASSIFIERS = {"llama-small": "LlamaForSequenceClassification", "mistral-small":
 def classifier(name: str, tmp_path, *changes: str):
     """A recipes/architectures/ decoder (shrunk) with a three-class head, every weight perturbed, saved."""
     from conftest import ROOT
+
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import HFTokenizer
     from tfbuilder.interop.hf.convert import checkpoint_dict
@@ -305,6 +308,7 @@ def test_export_refuses_a_recipe_no_family_computes(tmp_path, capsys):
     """A window on one layer only: Mistral slides on every layer, and the families that slide some layers
     (Qwen2, Qwen3, Gemma 2) differ elsewhere; refused, naming what differs, nothing written."""
     from conftest import ROOT
+
     from tfbuilder.data.prepare import Vocab
     from tfbuilder.data.tokenizers import HFTokenizer
     from tfbuilder.interop.hf.convert import checkpoint_dict

@@ -157,8 +157,10 @@ def analytic_parameters(spec) -> int:
     def ffn(p) -> int:
         if p.type == "mlp":
             return mlp(p.hidden or 4 * d, p.bias)
-        if p.type == "moe":
-            return d * p.experts + p.experts * mlp(p.hidden or 4 * d, p.bias)
+        if p.type == "moe":  # a router, then mlp experts or gated (three-matrix) ones
+            hidden = p.hidden or 4 * d
+            glu = 3 * d * hidden + (2 * hidden + d if p.bias else 0)
+            return d * p.experts + p.experts * (mlp(hidden, p.bias) if p.expert == "mlp" else glu)
         hidden = p.hidden or (-(-(8 * d) // 3 // 8) * 8 if p.match_params else 4 * d)  # GLU variants
         return 3 * d * hidden + (2 * hidden + d if p.bias else 0)
 
@@ -170,7 +172,7 @@ def analytic_parameters(spec) -> int:
     if spec.kind == "encoder_decoder" and not spec.share_embeddings:
         total += (spec.src_vocab_size or spec.vocab_size) * d
     if spec.head is not None:  # a sequence head replaces the output: one linear layer to its outputs
-        total += d * spec.head.outputs + spec.head.outputs
+        total += d * spec.head.outputs + (spec.head.outputs if spec.head.bias else 0)
     elif not spec.tie_output:
         total += spec.vocab_size * d
     if spec.position.type == "learned":

@@ -59,6 +59,7 @@ MOE = "tfbuilder/model/components/moe.py"
 MOE_TESTS = ("tests/test_moe.py",)
 OBJ = ("tests/test_objectives.py",)
 HFC = ("tests/test_hf_configs.py",)
+HD, HFF = "tfbuilder/interop/hf/decoders.py", ("tests/test_hf_families.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
@@ -178,8 +179,30 @@ MUTATIONS: list[Mutation] = [
     Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True, ids=ids)", "\"tgt_out\": pad(tgt, bos=True, ids=ids)", DATA),
     Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "(LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)", "(LANGUAGE_MODEL_ADDED - 1, LANGUAGE_MODEL_ADDED - 1)", DATA),
     # --- Hugging Face import: a field read but not used
-    Mutation("hf: rope_theta ignored", "tfbuilder/interop/hf/configs.py", "\"base\": _float(rope, \"rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
-    Mutation("hf: rms_norm_eps ignored", "tfbuilder/interop/hf/configs.py", "_float(cfg, \"rms_norm_eps\", 1e-6)", "1e-6", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: rope_theta ignored", HD, "\"base\": read_float(named, f\"{where}.rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: rms_norm_eps ignored", HD, "read_float(cfg, \"rms_norm_eps\", fam.eps)", "fam.eps", HFC + ("-k", "random_config and llama")),
+    Mutation("hf families: llama3 rope scaling dropped", HD, "position[\"scaling\"] = _llama3(named, where)", "pass", HFF + ("-k", "import_gives and llama")),
+    Mutation("hf families: linear rope factor ignored", HD, "\"factor\": read_float(named, f\"{where}.factor\", 1.0)}", "\"factor\": 1.0}", HFF + ("-k", "import_gives and qwen2")),
+    Mutation("hf families: partial rotary factor ignored", HD, "position[\"fraction\"] = fraction", "pass", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: head_dim ignored", HD, "head_dim = read_int(cfg, \"head_dim\", d // heads)", "head_dim = d // heads", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: sliding_window ignored", HD, "        model[\"attention\"][\"window\"] = read_int(cfg, \"sliding_window\")", "        pass", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: layer pattern shifted by one", HD, "[names[t] for t in types[:period]]", "[names[t] for t in types[1 : period + 1]]", HFF + ("-k", "import_gives and qwen2")),
+    Mutation("hf families: q/k/v-only biases read as every bias", HD, "model[\"attention\"][\"bias\"] = \"qkv\"", "model[\"attention\"][\"bias\"] = True", HFF + ("-k", "import_gives and qwen2")),
+    Mutation("hf families: qk norm eps not rms_norm_eps", HD, "update(qk_norm=\"rms\", qk_norm_eps=model[\"norm\"][\"eps\"])", "update(qk_norm=\"rms\")", HFF + ("-k", "import_gives and qwen3")),
+    Mutation("hf families: query_pre_attn_scalar ignored", HD, "attention[\"scale\"] = scalar**-0.5", "attention[\"scale\"] = attention[\"key_dim\"] ** -0.5", HFF + ("-k", "import_gives and gemma2")),
+    Mutation("hf families: final logit softcap ignored", HD, "model[\"logit_softcap\"] = read_float(cfg, \"final_logit_softcapping\", 0.0)", "pass", HFF + ("-k", "import_gives and gemma2")),
+    Mutation("hf families: Gemma norm gains read without the one", "tfbuilder/interop/hf/weights.py", "norm_op = \"plus1\" if GEMMA in fam.features else \"copy\"", "norm_op = \"copy\"", HFF + ("-k", "import_gives and gemma2")),
+    Mutation("hf families: Gemma norm gains written without minus one", "tfbuilder/interop/hf/weights.py", "out[targets[0]] = (value - 1).contiguous()", "out[targets[0]] = value.contiguous()", HFF + ("-k", "round_trips and gemma2")),
+    Mutation("hf families: export drops the sliding window", HD, "return {\"sliding_window\": windows[0]}", "return {\"sliding_window\": None}", HFF + ("-k", "round_trips and mistral")),
+    Mutation("hf families: export swaps full and sliding layers", HD, "[\"full_attention\" if w is None else \"sliding_attention\" for w in windows]", "[\"sliding_attention\" if w is None else \"full_attention\" for w in windows]", HFF + ("-k", "round_trips and qwen2")),
+    Mutation("hf families: OLMo 2 q/k norm per head", HD, "qk_norm_over=\"all\")", "qk_norm_over=\"head\")", HFF + ("-k", "import_gives and olmo2")),
+    Mutation("placement output: the norm before the sub-layer", "tfbuilder/model/blocks.py", "return x + self.drop(self.norm(self.inner(x, **kwargs)))", "return x + self.drop(self.inner(self.norm(x), **kwargs))", REFS + ("-k", "placement")),
+    Mutation("qk_norm_over all: channels gathered in the wrong order", A, "rearrange(x, \"b h n k -> b n (h k)\")", "rearrange(x, \"b h n k -> b n (k h)\")", ("tests/test_attention.py", "-k", "over_all")),
+    Mutation("hf classify: no pad_token_id written", "tfbuilder/interop/hf/classify.py", "\"pad_token_id\": model.pad_id,", "\"pad_token_id\": None,", HFF + ("-k", "sequence_head_exports")),
+    Mutation("sequence head: head.bias false still learns a bias", "tfbuilder/model/heads.py", "nn.Linear(d_model, outputs, bias=bias)", "nn.Linear(d_model, outputs, bias=True)", HFF + ("-k", "sequence_head_exports")),
+    Mutation("hf families: Mixtral top_k ignored", HD, "\"top_k\": read_int(cfg, \"num_experts_per_tok\", 2),", "\"top_k\": 2,", HFF + ("-k", "import_gives and mixtral")),
+    Mutation("hf families: Mixtral experts' gate and up swapped", "tfbuilder/interop/hf/weights.py", "[f\"{expert}.w1\", f\"{expert}.w3\"]", "[f\"{expert}.w3\", f\"{expert}.w1\"]", HFF + ("-k", "import_gives and mixtral")),
+    Mutation("hf families: export writes attention_bias false", HD, "cfg[\"attention_bias\"] = bias is True", "cfg[\"attention_bias\"] = False", HFF + ("-k", "round_trips and llama")),
     Mutation("hf: n_inner ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
     Mutation("hf: T5 max_distance ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),
     # --- recent ablations (Gemma 2; PaLM; GPT-J; Qiu et al. 2025; Zhou et al. 2024; Ye et al. 2025; Muon; patterns)

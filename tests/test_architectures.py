@@ -31,6 +31,35 @@ def reference_count(name: str) -> int:
             T.LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8,
                           num_key_value_heads=2, vocab_size=32000, rms_norm_eps=1e-6)
         ),
+        "llama3.1-small": lambda: T.LlamaForCausalLM(T.LlamaConfig(
+            hidden_size=512, intermediate_size=1792, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+            vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=131072, rope_parameters={
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+        "mistral-small": lambda: T.MistralForCausalLM(T.MistralConfig(
+            hidden_size=512, intermediate_size=1792, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+            head_dim=64, vocab_size=32000, sliding_window=256, rms_norm_eps=1e-5)),
+        "qwen2.5-small": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(
+            hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+            vocab_size=32000, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+        "qwen3-small": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(
+            hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+            head_dim=128, vocab_size=32000, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+        "phi3-small": lambda: T.Phi3ForCausalLM(T.Phi3Config(
+            hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8, vocab_size=32064,
+            sliding_window=2047, rms_norm_eps=1e-5)),
+        "gemma2-small": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
+            hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+            head_dim=64, query_pre_attn_scalar=64, vocab_size=32000, sliding_window=256)),
+        "olmo2-small": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(
+            hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8, vocab_size=32000,
+            rms_norm_eps=1e-6, eos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+        "mixtral-small": lambda: T.MixtralForCausalLM(T.MixtralConfig(
+            hidden_size=512, intermediate_size=1792, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+            head_dim=64, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     }[name]
     with torch.device("meta"):
         model = build()
@@ -38,7 +67,11 @@ def reference_count(name: str) -> int:
     return sum({id(p): p.numel() for p in model.parameters()}.values())
 
 
-@pytest.mark.parametrize("name", ["gpt2-small", "bert-base", "t5-small", "llama-small"])
+REFERENCED = ["gpt2-small", "bert-base", "t5-small", "llama-small", "llama3.1-small", "mistral-small", "qwen2.5-small",
+              "qwen3-small", "phi3-small", "gemma2-small", "olmo2-small", "mixtral-small"]
+
+
+@pytest.mark.parametrize("name", REFERENCED)
 def test_architecture_recipe_has_the_reference_parameter_count(name):
     recipe = tfbuilder.load_recipe(ARCH / f"{name}.yaml")
     with torch.device("meta"):

@@ -103,6 +103,44 @@ def test_qk_rms_norm_decodes_with_a_cache_as_the_full_forward():
         torch.testing.assert_close(torch.cat(rows, dim=1), attn(x), atol=1e-5, rtol=1e-5)
 
 
+def test_qk_rms_norm_over_all_heads_normalises_the_whole_projections_before_rotary():
+    """OLMo 2's q_norm/k_norm (arXiv:2501.00656; transformers' Olmo2Attention): one RMS norm over all
+    h * d_k channels of the query projection (a gain per channel), one over the key projection's, then
+    the split into heads, the rotation and softmax(q k^T / sqrt(d_k)) v."""
+    from tfbuilder.model.components.position import RotaryPosition
+
+    dk, eps = D // HEADS, 1e-6
+    rotary = RotaryPosition(RotaryPosition.Params(), BuildContext(d_model=D, heads=HEADS))
+    params = MultiHeadAttention.Params(heads=HEADS, qk_norm="rms", qk_norm_eps=eps, qk_norm_over="all")
+    attn = MultiHeadAttention(params, BuildContext(d_model=D, causal=False, position=rotary)).eval()
+    assert attn.q_norm.weight.shape == (D,) and attn.k_norm.weight.shape == (D,)
+    with torch.no_grad():
+        attn.q_norm.weight.copy_(torch.rand(D) + 0.5)
+        attn.k_norm.weight.copy_(torch.rand(D) * 3)
+    x = torch.randn(1, 5, D) * 4
+
+    def rms(t, gain):
+        return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+    with torch.no_grad():
+        q, k, v = attn.to_qkv(x).split(D, dim=-1)
+        q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+        out = []
+        for h in range(HEADS):
+            part = slice(h * dk, (h + 1) * dk)
+            qh = rotary.rotate(q[:, :, part][:, None], 0)[0, 0]
+            kh = rotary.rotate(k[:, :, part][:, None], 0)[0, 0]
+            out.append((qh @ kh.T / math.sqrt(dk)).softmax(dim=-1) @ v[0, :, part])
+        torch.testing.assert_close(attn(x)[0], attn.to_out(torch.cat(out, dim=-1)), atol=1e-5, rtol=1e-5)
+
+
+def test_qk_norm_over_all_needs_rms():
+    from tfbuilder.registry import ModelDims
+
+    params = MultiHeadAttention.Params(heads=HEADS, qk_norm=True, qk_norm_over="all")
+    assert ("qk_norm_over", "all normalises with an RMS norm: set qk_norm: rms") in params.check(ModelDims(d_model=D))
+
+
 @pytest.mark.parametrize("cross", [False, True])
 def test_bias_qkv_biases_the_query_key_and_value_projections_only(cross):
     """Qwen2's attention: biases on q, k and v, none on the output projection."""

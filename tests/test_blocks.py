@@ -52,3 +52,26 @@ def test_parallel_blocks_are_refused_where_the_papers_do_not_define_them():
             ModelSection.model_validate(spec)
     with pytest.raises(ValueError, match="parallel_norms"):
         ModelSection.model_validate(tiny_model(parallel_norms="separate"))
+
+
+def test_output_placement_normalises_each_branch_output_only():
+    """placement: output (OLMo 2's reordered norm, arXiv:2501.00656): x + Norm(Sublayer(x)), no input norm."""
+    torch.manual_seed(0)
+    spec = tiny_model(kind="decoder", encoder=None, placement="output", norm={"type": "rmsnorm"}, dropout=0.0)
+    model = tfbuilder.build_model(ModelSection.model_validate(spec)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    tokens = torch.randint(5, 53, (2, 6))
+    x = model.embed(tokens)
+    for layer in model.decoder.layers:
+        attn, ffn = layer.self_attn, layer.ffn
+        x = x + attn.norm(attn.inner(x))
+        x = x + ffn.norm(ffn.inner(x))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), model.head(model.decoder.final_norm(x)), atol=1e-5, rtol=1e-5)
+
+
+def test_parallel_blocks_refuse_output_placement():
+    with pytest.raises(ValueError, match="placement pre or sandwich"):
+        ModelSection.model_validate(tiny_model(kind="decoder", encoder=None, block="parallel", placement="output"))

@@ -231,6 +231,7 @@ class Recording(nn.Module):
         ("post", ["inner", "norm"], lambda x: 2 * (x + (x + 3))),  # Norm(x + f(x)), Vaswani et al. 2017
         ("pre", ["norm", "inner"], lambda x: x + (2 * x + 3)),  # x + f(Norm(x)), Xiong et al. 2020
         ("sandwich", ["norm", "inner", "norm_out"], lambda x: x + 5 * (2 * x + 3)),  # x + Norm'(f(Norm(x))), Ding et al. 2021
+        ("output", ["inner", "norm"], lambda x: x + 2 * (x + 3)),  # x + Norm(f(x)), OLMo 2 (arXiv:2501.00656)
     ],
 )
 def test_norm_placement_applies_the_norms_in_the_papers_order(placement, order, formula):

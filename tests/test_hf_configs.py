@@ -218,11 +218,11 @@ def test_a_config_too_large_for_the_machine_is_refused_before_anything_is_alloca
     assert not (tmp_path / "out").exists()
 
 
-def test_export_refuses_query_key_value_biases_without_an_output_bias():
+def test_query_key_value_biases_without_an_output_bias_export_as_qwen2():
+    """Llama biases every projection or none; q, k and v biases alone are Qwen2's layout."""
     from conftest import ROOT
     from tfbuilder import load_recipe
-    from tfbuilder.interop.hf.configs import to_config
+    from tfbuilder.interop.hf.convert import hf_family
 
     llama = load_recipe(ROOT / "recipes" / "architectures" / "llama-small.yaml", ["model.attention.bias=qkv"]).model
-    with pytest.raises(UnsupportedConfig, match="model.attention.bias: qkv"):
-        to_config(llama, "llama")
+    assert hf_family(llama) == "qwen2"

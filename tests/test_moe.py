@@ -294,3 +294,14 @@ def test_the_training_step_balances_from_the_load_summed_over_ranks(monkeypatch)
     task.on_before_optimizer_step(None)
     for m in layers:  # total [3, 2, 41, 2], mean 12: only expert 2 is above it
         torch.testing.assert_close(m.correction_bias, torch.tensor([0.5, 0.5, -0.5, 0.5]))
+
+
+def test_a_recipe_with_gated_experts_reads_back_from_its_resolved_form():
+    """A checkpoint keeps the resolved recipe (every field, activation's default too): it must load."""
+    import tfbuilder
+    from conftest import ROOT
+    from tfbuilder.spec.recipe import recipe_from_dict
+
+    ffn = "model.ffn={type: moe, experts: 4, top_k: 2, expert: swiglu, hidden: 64, bias: false}"
+    recipe = tfbuilder.load_recipe(ROOT / "recipes" / "architectures" / "llama-small.yaml", [ffn])
+    assert recipe_from_dict(recipe.to_dict()).model == recipe.model

@@ -147,7 +147,8 @@ def analytic_parameters(spec) -> int:
         widths = h * dk + kv * dk + kv * dv
         total = d * widths + h * dv * d + (widths if p.bias else 0) + (d if p.bias is True else 0)  # qkv: no output bias
         gates = {"none": 0, "elementwise": h * dv, "headwise": h}[p.gate]  # gated attention's W_theta, no bias
-        qk = {None: 0, "l2": 1, "rms": 2 * dk}[p.qk_form]  # a temperature, or two gain vectors
+        # a temperature, or two gain vectors: per head (d_k each) or over the whole projections (OLMo 2)
+        qk = {None: 0, "l2": 1, "rms": 2 * dk if p.qk_norm_over == "head" else (h + kv) * dk}[p.qk_form]
         return total + qk + d * gates
 
     def mlp(hidden, bias) -> int:
@@ -156,8 +157,10 @@ def analytic_parameters(spec) -> int:
     def ffn(p) -> int:
         if p.type == "mlp":
             return mlp(p.hidden or 4 * d, p.bias)
-        if p.type == "moe":
-            return d * p.experts + p.experts * mlp(p.hidden or 4 * d, p.bias)
+        if p.type == "moe":  # a router, then mlp experts or gated (three-matrix) ones
+            hidden = p.hidden or 4 * d
+            glu = 3 * d * hidden + (2 * hidden + d if p.bias else 0)
+            return d * p.experts + p.experts * (mlp(hidden, p.bias) if p.expert == "mlp" else glu)
         hidden = p.hidden or (-(-(8 * d) // 3 // 8) * 8 if p.match_params else 4 * d)  # GLU variants
         return 3 * d * hidden + (2 * hidden + d if p.bias else 0)
 
@@ -169,7 +172,7 @@ def analytic_parameters(spec) -> int:
     if spec.kind == "encoder_decoder" and not spec.share_embeddings:
         total += (spec.src_vocab_size or spec.vocab_size) * d
     if spec.head is not None:  # a sequence head replaces the output: one linear layer to its outputs
-        total += d * spec.head.outputs + spec.head.outputs
+        total += d * spec.head.outputs + (spec.head.outputs if spec.head.bias else 0)
     elif not spec.tie_output:
         total += spec.vocab_size * d
     if spec.position.type == "learned":

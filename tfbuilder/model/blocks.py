@@ -3,6 +3,8 @@
 ``post``     (Vaswani et al. 2017, sec. 5.4):         x = Norm(x + Dropout(Sublayer(x)))
 ``pre``      (Xiong et al. 2020, arXiv:2002.04745):   x = x + Dropout(Sublayer(Norm(x)))
 ``sandwich`` (Ding et al. 2021, CogView, arXiv:2105.13290): x = x + Dropout(Norm'(Sublayer(Norm(x))))
+``output``   (OLMo 2, OLMo et al. 2024, arXiv:2501.00656, "reordered norm"; Swin v2's res-post-norm):
+                                                      x = x + Dropout(Norm(Sublayer(x)))
 
 A parallel layer (GPT-J, Wang & Komatsuzaki 2021; PaLM, Chowdhery et al. 2022, arXiv:2204.02311,
 sec. 2) adds both branches to the same input: x = x + Dropout(Attn(Norm(x))) + Dropout(FFN(Norm(x))),
@@ -18,7 +20,7 @@ from torch import Tensor, nn
 
 from tfbuilder.model.dropout import Dropout
 
-Placement = Literal["post", "pre", "sandwich"]
+Placement = Literal["post", "pre", "sandwich", "output"]
 
 
 def self_kwargs(positions: Tensor | None) -> dict[str, Tensor]:
@@ -53,6 +55,8 @@ class Residual(nn.Module):
         """``x`` (b, n, d) -> (b, n, d); ``kwargs`` go to the inner sub-layer."""
         if self.placement == "post":
             return self.norm(x + self.drop(self.inner(x, **kwargs)))
+        if self.placement == "output":  # OLMo 2's reordered norm: x + Norm(Sublayer(x))
+            return x + self.drop(self.norm(self.inner(x, **kwargs)))
         return x + self.branch(self.norm(x), **kwargs)
 
     def branch(self, normed: Tensor, **kwargs) -> Tensor:
@@ -117,7 +121,7 @@ class ParallelLayer(nn.Module):
 
     def __init__(self, *, self_attn: Residual, ffn: Residual, shared_norm: bool):
         super().__init__()
-        if "post" in (self_attn.placement, ffn.placement):
+        if {"post", "output"} & {self_attn.placement, ffn.placement}:
             raise ValueError("a parallel layer normalises before its branches: placement pre or sandwich")
         self.self_attn = self_attn
         self.ffn = ffn

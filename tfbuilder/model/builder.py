@@ -223,6 +223,7 @@ class _Builder:
             pooling=head.pooling_for(spec.kind),
             dropout=dropout,
             pad_id=spec.pad_id,
+            bias=head.bias,
         )
 
     def model(self) -> Model:

@@ -43,17 +43,20 @@ def pool(hidden: Tensor, tokens: Tensor, *, pooling: Pooling, pad_id: int | None
 class SequenceHead(nn.Module):
     """One prediction per text: pool, dropout, linear (b, n, d) -> (b, c)."""
 
-    def __init__(self, *, d_model: int, outputs: int, pooling: Pooling, dropout: float, pad_id: int | None):
+    def __init__(
+        self, *, d_model: int, outputs: int, pooling: Pooling, dropout: float, pad_id: int | None, bias: bool = True
+    ):
         super().__init__()
         self.pooling = pooling
         self.pad_id = pad_id
         self.drop = Dropout(dropout)
-        self.out = nn.Linear(d_model, outputs)
+        self.out = nn.Linear(d_model, outputs, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.out.weight, std=INIT_STD)
-        nn.init.zeros_(self.out.bias)
+        if self.out.bias is not None:
+            nn.init.zeros_(self.out.bias)
 
     def forward(self, hidden: Tensor, *, tokens: Tensor) -> Tensor:
         """``hidden`` (b, n, d) of ``tokens`` (b, n) -> (b, c) logits (or, c = 1, the predicted number)."""

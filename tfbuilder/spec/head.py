@@ -49,6 +49,11 @@ class HeadSection(Section):
     dropout: float | None = Field(
         None, ge=0.0, lt=1.0, description="dropout on the pooled state; default model.dropout"
     )
+    bias: bool = Field(
+        True,
+        description="learn a bias on the output layer; false: none, as transformers' *ForSequenceClassification "
+        "decoders (Llama, Mistral, Qwen2, ...) have, so that export --format hf can write the model as one",
+    )
 
     @field_validator("labels")
     @classmethod

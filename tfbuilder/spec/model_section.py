@@ -88,10 +88,10 @@ class ModelSection(Section):
     dropout: float = Field(
         0.1, ge=0.0, lt=1.0, description="P_drop: on embeddings+positions and every sub-layer output"
     )
-    placement: Literal["post", "pre", "sandwich"] = Field(
+    placement: Literal["post", "pre", "sandwich", "output"] = Field(
         "post",
-        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))) or sandwich (x + "
-        "Norm(f(Norm(x))))",
+        description="norm placement: post (the paper: Norm(x + f(x))), pre (x + f(Norm(x))), sandwich (x + "
+        "Norm(f(Norm(x)))) or output (x + Norm(f(x)): OLMo 2's reordered norm, arXiv:2501.00656)",
     )
     final_norm: bool | None = Field(None, description="norm after each stack; default false for post, true otherwise")
     block: Literal["sequential", "parallel"] = Field(
@@ -251,7 +251,7 @@ class ModelSection(Section):
                 "a decoder with cross-attention has no parallel form"
             )
             problems.append((("block",), message, self.block))
-        if self.block == "parallel" and self.placement == "post":
+        if self.block == "parallel" and self.placement in ("post", "output"):
             message = "parallel blocks normalise before their branches: use placement pre or sandwich"
             problems.append((("placement",), message, self.placement))
         if self.parallel_norms == "separate" and self.block != "parallel":

@@ -1,18 +1,22 @@
-"""``config.json`` of the GPT-2, BERT, T5 and Llama families <-> a recipe's model section.
+"""``config.json`` of the GPT-2, BERT and T5 families <-> a recipe's model section (the Llama-like
+decoders are data: :mod:`.families`, read and written by :mod:`.decoders`).
 
-Each family is one function per direction. A config value that would change what the model computes
+Each of these three is one function per direction. A config value that would change what the model computes
 and that tfbuilder cannot express is refused, naming the field; values that only matter to training
 (most dropouts) are carried where a recipe has a place for them.
 """
 
 from __future__ import annotations
 
-import math
-import reprlib
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from tfbuilder.contracts import AttentionParams, ComponentParams
-from tfbuilder.errors import TfbuilderError
+from tfbuilder.interop.hf import decoders
+from tfbuilder.interop.hf.families import ARCHITECTURES, DECODERS
+from tfbuilder.interop.hf.fields import UnsupportedConfig, shown
+from tfbuilder.interop.hf.fields import read_float as _float
+from tfbuilder.interop.hf.fields import read_int as _int
+from tfbuilder.interop.hf.fields import require as _require
 from tfbuilder.model.components.attention import MultiHeadParams
 from tfbuilder.model.components.ffn import GEGLU, MLP, ReGLU, SwiGLU
 from tfbuilder.model.components.latent_attention import LatentAttention
@@ -33,7 +37,7 @@ FAMILIES = {
     "GPT2LMHeadModel": "gpt2",
     "BertForMaskedLM": "bert",
     "T5ForConditionalGeneration": "t5",
-    "LlamaForCausalLM": "llama",
+    **ARCHITECTURES,  # the Llama-like decoders, as data (families.py)
 }
 ACTIVATIONS = {
     "gelu_new": "gelu_tanh",
@@ -43,59 +47,6 @@ ACTIVATIONS = {
     "silu": "silu",
 }
 HF_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
-
-
-class UnsupportedConfig(TfbuilderError):
-    """A Hugging Face config that tfbuilder cannot reproduce exactly (exit 2)."""
-
-
-# A size (width, layers, vocabulary, positions) beyond any published model: a config asking for more
-# is damaged or hostile, and is refused by its key before anything is built.
-MAX_SIZE = 1 << 24
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict, _REPR.maxlong = 3, 40, 40, 4, 4, 40
-
-
-def shown(value: Any) -> str:
-    """A config value as a message shows it: bounded, however long or deeply nested it is."""
-    return _REPR.repr(value)
-
-
-def _require(cfg: dict, field: str, allowed: tuple, default: Any = None) -> Any:
-    value = cfg.get(field, default)
-    if not any(type(value) is type(a) and value == a for a in allowed):  # 1 is not True; a list is no choice
-        choices = ", ".join(repr(a) for a in allowed)
-        raise UnsupportedConfig(f"config.json: {field}: {shown(value)} is not supported (supported: {choices})")
-    return value
-
-
-def _int(cfg: dict, field: str, default: Any = None) -> int:
-    """A positive size, at most MAX_SIZE (``null`` means ``default``, as in transformers)."""
-    value = cfg.get(field)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UnsupportedConfig(f"config.json: {field}: expected a positive integer, got {shown(value)}")
-    if value > MAX_SIZE:
-        raise UnsupportedConfig(
-            f"config.json: {field}: {value:.3g} is larger than any model tfbuilder builds (at most {MAX_SIZE:,})"
-        )
-    return value
-
-
-def _float(cfg: dict, field: str, default: float) -> float:
-    value = cfg.get(field, default)
-    if value is None:
-        value = default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise UnsupportedConfig(f"config.json: {field}: expected a number, got {shown(value)}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise UnsupportedConfig(f"config.json: {field}: expected a finite number, got {shown(value)}")
-    return number
 
 
 def family_of(cfg: dict) -> str:
@@ -113,7 +64,8 @@ def family_of(cfg: dict) -> str:
     if isinstance(model_type, str) and model_type in FAMILIES.values():
         return model_type
     raise UnsupportedConfig(
-        f"config.json: architectures: missing, and model_type {shown(model_type)} is not one of gpt2, bert, t5, llama"
+        f"config.json: architectures: missing, and model_type {shown(model_type)} is not one of "
+        + ", ".join(dict.fromkeys(FAMILIES.values()))
     )
 
 
@@ -131,7 +83,9 @@ def _heads(cfg: dict, d_field: str, h_field: str) -> tuple[int, int]:
 def from_config(cfg: dict) -> tuple[str, dict]:
     """(family, model section as plain data) of a Hugging Face ``config.json``."""
     family = family_of(cfg)
-    return family, {"gpt2": _gpt2, "bert": _bert, "t5": _t5, "llama": _llama}[family](cfg)
+    if family in DECODERS:
+        return family, decoders.from_config(cfg, DECODERS[family])
+    return family, {"gpt2": _gpt2, "bert": _bert, "t5": _t5}[family](cfg)
 
 
 def _gpt2(cfg: dict) -> dict:
@@ -246,49 +200,6 @@ def _t5(cfg: dict) -> dict:
     }
 
 
-def _llama(cfg: dict) -> dict:
-    d, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
-    _require(cfg, "hidden_act", ("silu",), "silu")
-    _require(cfg, "rope_scaling", (None,), None)
-    rope = cfg.get("rope_parameters") or {"rope_type": "default", "rope_theta": cfg.get("rope_theta", 10000.0)}
-    if not isinstance(rope, dict):
-        raise UnsupportedConfig(f"config.json: rope_parameters: expected an object, got {shown(rope)}")
-    _require({"rope_parameters.rope_type": rope.get("rope_type", "default")}, "rope_parameters.rope_type", ("default",))
-    _require(cfg, "pretraining_tp", (1, None), 1)
-    if cfg.get("head_dim") is None and d % heads:
-        raise UnsupportedConfig(f"config.json: num_attention_heads: hidden_size ({d}) is not divisible by it ({heads})")
-    head_dim = _int(cfg, "head_dim", d // heads)  # transformers' own default for Llama (not tfbuilder's)
-    kv = _int(cfg, "num_key_value_heads", heads)
-    attention = {
-        "type": "multihead",
-        "heads": heads,
-        "key_dim": head_dim,
-        "value_dim": head_dim,
-        "bias": bool(cfg.get("attention_bias", False)),
-    }
-    if kv != heads:
-        attention["kv_heads"] = kv
-    if _float(cfg, "attention_dropout", 0.0):
-        attention["dropout"] = _float(cfg, "attention_dropout", 0.0)
-    return {
-        "kind": "decoder",
-        "vocab_size": _int(cfg, "vocab_size"),
-        "pad_id": None,  # Llama masks nothing by id; padding is the caller's attention mask
-        "d_model": d,
-        "dropout": 0.0,
-        "placement": "pre",
-        "final_norm": True,
-        "embed_scale": 1.0,
-        "tie_output": _require(cfg, "tie_word_embeddings", (True, False), False),
-        "position": {"type": "rotary", "base": _float(rope, "rope_theta", 10000.0), "pairing": "half"},
-        "attention": attention,
-        "ffn": {"type": "swiglu", "hidden": _int(cfg, "intermediate_size"), "bias": bool(cfg.get("mlp_bias", False))},
-        "norm": {"type": "rmsnorm", "eps": _float(cfg, "rms_norm_eps", 1e-6)},
-        "init": {"std": _float(cfg, "initializer_range", 0.02)},
-        "decoder": {"layers": _int(cfg, "num_hidden_layers")},
-    }
-
-
 # The registered params that carry each value a config writes: the writers below read typed fields
 # through isinstance on them, and write the family's default for a component that has no such field
 # (the round trip in convert.hf_family then names the model key that differs).
@@ -297,7 +208,6 @@ _WITH_ACTIVATION = (MLP.Params, MixtureOfExperts.Params)
 _WITH_BIAS_FFN = _WITH_HIDDEN
 _WITH_EPS = (LayerNorm.Params, RMSNorm.Params, ScaleNorm.Params)
 _WITH_MAX_LEN = (LearnedPosition.Params, SinusoidalPosition.Params, RotaryPosition.Params)
-_WITH_BASE = (SinusoidalPosition.Params, RotaryPosition.Params)
 _ATTENTION_WITH_DROPOUT = (MultiHeadParams, LatentAttention.Params)
 
 
@@ -307,18 +217,6 @@ def stack_layers(model: ModelSection, part: Literal["encoder", "decoder"]) -> in
     if stack is None:
         raise UnsupportedConfig(f"model.{part}: missing (the family has {'an' if part == 'encoder' else 'a'} {part})")
     return stack.layers
-
-
-def attention_bias(attention: ComponentParams) -> bool:
-    """Whether the attention's projections learn biases (False for one that has no such field). Biases
-    on the query, key and value projections alone (``bias: qkv``) are no layout of these families."""
-    bias = attention.bias if isinstance(attention, _ATTENTION_WITH_DROPOUT) else False
-    if bias == "qkv":
-        raise UnsupportedConfig(
-            "model.attention.bias: qkv (query/key/value biases without an output bias) is not a layout of the "
-            "GPT-2, BERT, T5 or Llama families: they bias every projection or none"
-        )
-    return bool(bias)
 
 
 def ffn_bias(ffn: ComponentParams) -> bool:
@@ -360,8 +258,9 @@ def _max_len(position: ComponentParams, default: int) -> int:
 
 def to_config(model: ModelSection, family: str) -> dict:
     """The ``config.json`` of ``family`` for a model section; the caller checks that it round-trips."""
-    writers = {"gpt2": _gpt2_config, "bert": _bert_config, "t5": _t5_config, "llama": _llama_config}
-    return writers[family](model)
+    if family in DECODERS:
+        return decoders.to_config(model, DECODERS[family])
+    return {"gpt2": _gpt2_config, "bert": _bert_config, "t5": _t5_config}[family](model)
 
 
 def _gpt2_config(m: ModelSection) -> dict:
@@ -435,35 +334,4 @@ def _t5_config(m: ModelSection) -> dict:
         "eos_token_id": 1,
         "tie_word_embeddings": True,
         "scale_decoder_outputs": True,
-    }
-
-
-def _llama_config(m: ModelSection) -> dict:
-    att: ComponentParams = m.attention
-    ffn: ComponentParams = m.ffn
-    pos: ComponentParams = m.position
-    heads = _query_heads(att, m.d_model)
-    if not isinstance(att, AttentionParams):
-        raise UnsupportedConfig(f"model.attention: {att.type} declares no shape (the family has multihead)")
-    base = pos.base if isinstance(pos, _WITH_BASE) else 10000.0
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.d_model,
-        "intermediate_size": _ffn_hidden(ffn),
-        "num_hidden_layers": stack_layers(m, "decoder"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": (att.kv_heads if isinstance(att, MultiHeadParams) else None) or heads,
-        "head_dim": att.shape(m.d_model).key_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": _eps(m.norm, 1e-6),
-        "attention_bias": attention_bias(att),
-        "attention_dropout": _attention_dropout(att),
-        "mlp_bias": ffn_bias(ffn),
-        "rope_parameters": {"rope_type": "default", "rope_theta": base},
-        "rope_theta": base,
-        "tie_word_embeddings": m.tie_output,
-        "initializer_range": m.init.std or 0.02,
-        "max_position_embeddings": 2048,
     }

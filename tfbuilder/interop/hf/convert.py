@@ -23,8 +23,9 @@ from tfbuilder.data.pretrained import PretrainedTokenizer, SentencePieceTokenize
 from tfbuilder.data.tokenizers import BPETokenizer, CharTokenizer, HFTokenizer
 from tfbuilder.errors import TfbuilderError
 from tfbuilder.inference.interfaces import decodable
-from tfbuilder.interop.hf import weights
+from tfbuilder.interop.hf import classify, weights
 from tfbuilder.interop.hf.configs import UnsupportedConfig, from_config, to_config
+from tfbuilder.interop.hf.families import DECODERS
 from tfbuilder.interop.hf.specials import config_ids, special_ids
 from tfbuilder.interop.onnx import export_onnx
 from tfbuilder.model.builder import build_model
@@ -279,10 +280,11 @@ def _comparable(model_section: ModelSection) -> dict:
 def hf_family(model_section: ModelSection) -> str:
     """The Hugging Face family a model section is exactly, or an error naming what differs."""
 
-    candidates = {"decoder": ["gpt2", "llama"], "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
+    decoders = ["gpt2", *DECODERS]
+    candidates = {"decoder": decoders, "encoder": ["bert"], "encoder_decoder": ["t5"]}[model_section.kind]
     if model_section.kind == "decoder":
         position: ComponentParams = model_section.position
-        candidates.sort(key=lambda f: (f == "llama") != (position.type == "rotary"))
+        candidates.sort(key=lambda f: (f in DECODERS) != (position.type == "rotary"))  # stable: llama first
     ours = _comparable(model_section)
     why = ""
     for family in candidates:
@@ -295,7 +297,8 @@ def hf_family(model_section: ModelSection) -> str:
         if not diff:
             return family
         why = why or f"{family} differs in model." + ", model.".join(diff)
-    raise TfbuilderError(f"this recipe is not one of the Hugging Face families gpt2, bert, t5, llama exactly ({why})")
+    names = ", ".join(["gpt2", "bert", "t5", *DECODERS])
+    raise TfbuilderError(f"this recipe is not one of the Hugging Face families {names} exactly ({why})")
 
 
 def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path]:
@@ -306,7 +309,10 @@ def export(checkpoint: str | Path, *, format: str, out: str | Path) -> list[Path
         raise TfbuilderError(f"unknown export format {format!r} (one of: {', '.join(FORMATS)})")
     loaded = load_checkpoint(checkpoint)
     if format == "hf":
-        family = hf_family(loaded.recipe.model)  # refuse before writing anything
+        model_section, head = loaded.recipe.model, loaded.recipe.model.head
+        family = hf_family(model_section if head is None else classify.body(model_section))  # refuse before writing
+        if head is not None:
+            classify.check(model_section, head, family)
         return _export_hf(loaded, family, _fresh_dir(Path(out)))
     out = _fresh_dir(Path(out))
     model = loaded.model
@@ -325,14 +331,20 @@ def _export_hf(loaded: Loaded, family: str, out: Path) -> list[Path]:
     save_file = _safetensors().save_file
     model = loaded.model
     specials = decodable(model).specials
-    rules = weights.rules(family, loaded.recipe.model)
+    model_section, head = loaded.recipe.model, loaded.recipe.model.head
+    body = model_section if head is None else classify.body(model_section)
+    rules = weights.rules(family, body)
+    if head is not None:
+        rules = classify.rules(rules)
     tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
     atomic.write_by_name(
         out / "model.safetensors",
         lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}),
         what="weights",
     )
-    config = {**to_config(loaded.recipe.model, family), **config_ids(specials, family)}
+    config = {**to_config(body, family), **config_ids(specials, family)}
+    if head is not None:
+        config.update(classify.config(model_section, head, family))
     atomic.write_text(out / "config.json", json.dumps(config, indent=2) + "\n", what="config")
     written = [out / "model.safetensors", out / "config.json"]
     tokenizer = loaded.vocab.tgt

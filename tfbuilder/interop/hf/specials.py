@@ -4,13 +4,14 @@ export. A model keeps its own ids (T5 starts its decoder from its pad id, GPT-2 
 
 from __future__ import annotations
 
-from tfbuilder.interop.hf.configs import UnsupportedConfig, shown
+from tfbuilder.interop.hf.families import DECODERS
+from tfbuilder.interop.hf.fields import UnsupportedConfig, shown
 from tfbuilder.specials import SpecialIds
 
 # What each family's config.json leaves unsaid (the values transformers assumes).
-_DEFAULTS = {
+_DEFAULTS: dict[str, dict[str, int | None]] = {
     "gpt2": {"bos_token_id": 50256, "eos_token_id": 50256},
-    "llama": {"bos_token_id": 1, "eos_token_id": 2},
+    **{name: fam.ids for name, fam in DECODERS.items()},
     "t5": {"pad_token_id": 0, "eos_token_id": 1},
     "bert": {"pad_token_id": 0},
 }

@@ -1,9 +1,10 @@
-"""tfbuilder state dicts <-> Hugging Face state dicts, for the four families.
+"""tfbuilder state dicts <-> Hugging Face state dicts, for every family.
 
 A mapping is a list of rules ``(ours, theirs, op)``: ``copy`` a tensor, ``T`` transpose it (GPT-2's
 Conv1D stores (in, out)), ``cat`` several along dim 0 (tfbuilder fuses q, k, v and the GLU's gate
 and value), or ``any``: one tensor that Hugging Face may store under any of several names (read from
-the first present, written under all). The same rules read both ways, so export inverts import by construction.
+the first present, written under all), ``plus1``: Gemma's norm gains, stored minus one. The same
+rules read both ways, so export inverts import by construction.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from tfbuilder.interop.hf.configs import UnsupportedConfig, attention_bias, ffn_bias, stack_layers
+from tfbuilder.contracts import ComponentParams
+from tfbuilder.interop.hf.configs import UnsupportedConfig, ffn_bias, stack_layers
+from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, MOE, QK_NORM, QK_NORM_ALL, DecoderFamily
 from tfbuilder.model.blocks import Residual
+from tfbuilder.model.components.attention import MultiHeadParams
+from tfbuilder.model.components.moe import MixtureOfExperts
 
 if TYPE_CHECKING:
     from tfbuilder.spec.recipe import ModelSection
@@ -45,7 +50,9 @@ def _fused(ours: str, theirs: list[str], *, bias: bool) -> list[Rule]:
 
 def rules(family: str, model: ModelSection) -> list[Rule]:
     """The mapping of ``family`` for a model section (shapes come from the tensors themselves)."""
-    return {"gpt2": _gpt2, "bert": _bert, "t5": _t5, "llama": _llama}[family](model)
+    if family in DECODERS:
+        return _decoder(DECODERS[family], model)
+    return {"gpt2": _gpt2, "bert": _bert, "t5": _t5}[family](model)
 
 
 def _gpt2(m: ModelSection) -> list[Rule]:
@@ -119,21 +126,49 @@ def _t5(m: ModelSection) -> list[Rule]:
     return out
 
 
-def _llama(m: ModelSection) -> list[Rule]:
+def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
+    """A decoder family's names (Llama's, with the family's fused projections, query/key norms, and
+    norms stored as gain - 1 for Gemma)."""
     out: list[Rule] = [("embed.tokens.weight", ("model.embed_tokens.weight",), "copy")]
     out.append(("head.weight", ("model.embed_tokens.weight" if m.tie_output else "lm_head.weight",), "copy"))
-    att_bias, mlp_bias = attention_bias(m.attention), ffn_bias(m.ffn)
+    attention: ComponentParams = m.attention
+    bias = attention.bias if isinstance(attention, MultiHeadParams) else False
+    mlp_bias = ffn_bias(m.ffn)
+    norm_op = "plus1" if GEMMA in fam.features else "copy"
     for i in range(stack_layers(m, "decoder")):
         ours, theirs = f"decoder.layers.{i}", f"model.layers.{i}"
-        sa = f"{theirs}.self_attn"
-        out += _fused(f"{ours}.self_attn.inner.to_qkv", [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"], bias=att_bias)
-        out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=att_bias)
-        out += _linear(f"{ours}.self_attn.norm", f"{theirs}.input_layernorm", bias=False)
-        out += _fused(f"{ours}.ffn.inner.ff_in", [f"{theirs}.mlp.gate_proj", f"{theirs}.mlp.up_proj"], bias=mlp_bias)
-        out += _linear(f"{ours}.ffn.inner.ff_out", f"{theirs}.mlp.down_proj", bias=mlp_bias)
-        out += _linear(f"{ours}.ffn.norm", f"{theirs}.post_attention_layernorm", bias=False)
-    out += _linear("decoder.final_norm", "model.norm", bias=False)
+        sa, mlp = f"{theirs}.self_attn", f"{theirs}.mlp"
+        if FUSED in fam.features:
+            out += _linear(f"{ours}.self_attn.inner.to_qkv", f"{sa}.qkv_proj", bias=bool(bias))
+        else:
+            qkv = [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"]
+            out += _fused(f"{ours}.self_attn.inner.to_qkv", qkv, bias=bool(bias))
+        out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
+        out += _decoder_ffn(fam, m, f"{ours}.ffn.inner", mlp, bias=mlp_bias)
+        if fam.features & {QK_NORM, QK_NORM_ALL}:
+            out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), "copy") for n in ("q_norm", "k_norm")]
+        out += [(f"{ours}.{norm}.weight", (f"{theirs}.{name}.weight",), norm_op) for norm, name in fam.norms]
+    out.append(("decoder.final_norm.weight", ("model.norm.weight",), norm_op))
     return out
+
+
+def _decoder_ffn(fam: DecoderFamily, m: ModelSection, ours: str, theirs: str, *, bias: bool) -> list[Rule]:
+    """The feed-forward: a gated one (gate and up fused in Phi-3), or (Mixtral) a router and SwiGLU experts,
+    as ``save_pretrained`` writes them: ``block_sparse_moe.experts.e.w1`` (gate), ``w3`` (up), ``w2`` (down)."""
+    ffn: ComponentParams = m.ffn
+    if MOE in fam.features and isinstance(ffn, MixtureOfExperts.Params):
+        sparse = theirs.replace(".mlp", ".block_sparse_moe")
+        out: list[Rule] = [(f"{ours}.router.weight", (f"{sparse}.gate.weight",), "copy")]
+        for e in range(ffn.experts):
+            expert = f"{sparse}.experts.{e}"
+            out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.w1", f"{expert}.w3"], bias=False)
+            out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.w2", bias=False)
+        return out
+    if FUSED in fam.features:
+        out = _linear(f"{ours}.ff_in", f"{theirs}.gate_up_proj", bias=bias)
+    else:
+        out = _fused(f"{ours}.ff_in", [f"{theirs}.gate_proj", f"{theirs}.up_proj"], bias=bias)
+    return out + _linear(f"{ours}.ff_out", f"{theirs}.down_proj", bias=bias)
 
 
 def _sources(rule: Rule, theirs: Mapping[str, object], file: str) -> tuple[str, ...]:
@@ -208,6 +243,8 @@ def from_hf(
             if not bool(torch.isfinite(tensor).all()):
                 raise UnsupportedConfig(f"{file}: {name} holds NaN or infinite values")
         value = tensors[0].t() if op == "T" else torch.cat(tensors, dim=0) if op == "cat" else tensors[0]
+        if op == "plus1":  # Gemma's RMSNorm multiplies by (1 + weight)
+            value = value + 1
         out[key] = value.to(out[key].dtype).contiguous()
     return out
 
@@ -224,6 +261,8 @@ def to_hf(rules: list[Rule], ours: dict[str, Tensor], sizes: dict[str, list[int]
         elif op == "cat":
             for t, part in zip(targets, value.split(sizes[key], dim=0), strict=True):
                 out[t] = part.contiguous()
+        elif op == "plus1":
+            out[targets[0]] = (value - 1).contiguous()
         elif op == "any":
             for t in targets:
                 out[t] = value.clone()  # safetensors refuses tensors that share memory

@@ -49,6 +49,12 @@ class MultiHeadParams(AttentionParams):
         "before the positions rotate them (Qwen3, Gemma 3, OLMo 2's per-head form)",
     )
     qk_norm_eps: float = Field(1e-6, gt=0.0, lt=1.0, description="epsilon of qk_norm: rms")
+    qk_norm_over: Literal["head", "all"] = Field(
+        "head",
+        description="qk_norm rms: over each head's channels, a gain per channel shared by the heads (Qwen3, "
+        "Gemma 3), or over all heads' channels at once, a gain per channel of the whole projection (OLMo 2, "
+        "arXiv:2501.00656)",
+    )
     gate: Literal["none", "elementwise", "headwise"] = Field(
         "none",
         description="gated attention (Qiu et al. 2025, arXiv:2505.06708, G1): "
@@ -98,6 +104,8 @@ class MultiHeadParams(AttentionParams):
         problems = []
         if self.scale is not None and self.qk_form == "l2":
             problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
+        if self.qk_norm_over == "all" and self.qk_form != "rms":
+            problems.append(("qk_norm_over", "all normalises with an RMS norm: set qk_norm: rms"))
         if dims.d_model % self.heads and (self.key_dim is None or self.value_dim is None):
             unset = " and ".join(n for n, v in (("key_dim", self.key_dim), ("value_dim", self.value_dim)) if v is None)
             problems.append(
@@ -180,9 +188,11 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         self.qk_scale = nn.Parameter(torch.tensor(math.sqrt(self.key_dim))) if form == "l2" else None
         self.q_norm: nn.RMSNorm | None = None
         self.k_norm: nn.RMSNorm | None = None
+        self.qk_norm_all = params.qk_norm_over == "all"
         if form == "rms":
-            self.q_norm = nn.RMSNorm(self.key_dim, eps=params.qk_norm_eps)
-            self.k_norm = nn.RMSNorm(self.key_dim, eps=params.qk_norm_eps)
+            q_width, k_width = (h, self.kv_heads) if self.qk_norm_all else (1, 1)
+            self.q_norm = nn.RMSNorm(q_width * self.key_dim, eps=params.qk_norm_eps)
+            self.k_norm = nn.RMSNorm(k_width * self.key_dim, eps=params.qk_norm_eps)
         self.reset_parameters()
 
     def output_projections(self) -> list[nn.Linear]:
@@ -295,12 +305,12 @@ class MultiHeadAttention(AttentionBase, nn.Module):
                 raise ValueError("cross-attention needs a context")
             k, v = self._heads_kv(self.to_kv(context).split([k_width, v_width], dim=-1))
             if self.k_norm is not None:
-                k = self.k_norm(k)
+                k = self._normed(self.k_norm, k)
             if cache is not None:
                 cache["k"], cache["v"] = k, v
         q = rearrange(self.to_q(x), "b i (h k) -> b h i k", h=self.heads)
         if self.q_norm is not None:
-            q = self.q_norm(q)
+            q = self._normed(self.q_norm, q)
         group = 1
         if q.shape[0] != k.shape[0]:
             # `group` consecutive query rows share one source (the beams of beam search): their
@@ -356,7 +366,14 @@ class MultiHeadAttention(AttentionBase, nn.Module):
         (Qwen3's q_norm and k_norm), before positions rotate them and keys are cached."""
         if self.q_norm is None or self.k_norm is None:
             return q, k
-        return self.q_norm(q), self.k_norm(k)
+        return self._normed(self.q_norm, q), self._normed(self.k_norm, k)
+
+    def _normed(self, norm: nn.RMSNorm, x: Tensor) -> Tensor:
+        """Queries or keys (b, h, n, k) through ``norm``: per head, or (``qk_norm_over: all``, OLMo 2's
+        q_norm and k_norm) over the heads' channels together, as the projection made them."""
+        if not self.qk_norm_all:
+            return norm(x)
+        return rearrange(norm(rearrange(x, "b h n k -> b n (h k)")), "b n (h k) -> b h n k", h=x.shape[1])
 
     def _scaled_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         """Queries, keys and the factor on their dot products: 1/sqrt(d_k) (or ``scale``); with
@@ -448,7 +465,7 @@ class DifferentialAttention(MultiHeadAttention):
             problems = []
             if self.scale is not None and self.qk_form == "l2":
                 problems.append(("scale", "qk_norm learns its own scale; remove scale or qk_norm"))
-            if self.qk_form == "rms":
+            if self.qk_form == "rms" or self.qk_norm_over == "all":
                 problems.append(("qk_norm", "differential attention takes qk_norm l2 (true), not rms"))
             if self.key_dim is None and dims.d_model % (2 * self.heads):
                 problems.append(

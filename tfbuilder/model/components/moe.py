@@ -153,7 +153,8 @@ class MixtureOfExperts(FeedForwardBase, nn.Module, AuxiliaryLoss, RoutingBalance
             if self.shared_experts == 0 and (self.shared_gate or self.shared_hidden is not None):
                 field = "shared_gate" if self.shared_gate else "shared_hidden"
                 problems.append((field, "needs shared_experts of 1 or more"))
-            if self.expert != "mlp" and "activation" in self.model_fields_set:
+            # (the default passes: a resolved recipe, as checkpoints keep it, states every field)
+            if self.expert != "mlp" and "activation" in self.model_fields_set and self.activation != "relu":
                 problems.append(("activation", f"is for mlp experts; a {self.expert} expert has its own gate"))
             return problems
 

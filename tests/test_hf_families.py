@@ -1,0 +1,326 @@
+"""The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
+Phi-3, Gemma 2, OLMo 2, Mixtral) are transformers' models exactly: a tiny random model with every field the importer
+reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
+rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
+transformers with the same logits, and what a recipe cannot express is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")  # in the test extra
+
+from test_hf_configs import Recording  # noqa: E402
+
+from tfbuilder.cli.commands import main  # noqa: E402
+from tfbuilder.interop.hf import export, import_hf  # noqa: E402
+from tfbuilder.interop.hf.configs import from_config  # noqa: E402
+from tfbuilder.interop.hf.families import DECODERS  # noqa: E402
+from tfbuilder.runs.checkpoints import load_checkpoint  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("hf")
+
+V = 96
+TOL = 1e-4
+ROPE = {"rope_type": "default", "rope_theta": 300.0}
+SHARED = dict(
+    vocab_size=V, hidden_size=40, intermediate_size=56, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, rms_norm_eps=0.1, bos_token_id=1, eos_token_id=2, initializer_range=0.05,
+)
+# Each family's config: every field the importer reads away from transformers' default (so that a field
+# read wrongly, or not at all, changes the logits), on three layers (a pattern of two kinds repeats).
+CONFIGS: dict[str, tuple[str, str, dict]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        head_dim=12, attention_bias=True, mlp_bias=True, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.5,
+            "high_freq_factor": 3.0, "original_max_position_embeddings": 16})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        head_dim=12, sliding_window=4, tie_word_embeddings=True, rope_parameters=ROPE)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        use_sliding_window=True, sliding_window=5, max_window_layers=1,
+        layer_types=["full_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 300.0, "factor": 3.0})),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        head_dim=12, attention_bias=True, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+        layer_types=["sliding_attention"] * 3, tie_word_embeddings=True, rope_parameters=ROPE)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        sliding_window=5, tie_word_embeddings=True, pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 300.0, "partial_rotary_factor": 0.6})),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=3.0,
+        layer_types=["full_attention", "sliding_attention", "full_attention"],  # (default: sliding first)
+        final_logit_softcapping=4.0, tie_word_embeddings=False, pad_token_id=0, rope_parameters=ROPE)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        head_dim=12, sliding_window=4, num_local_experts=4, num_experts_per_tok=3, tie_word_embeddings=True,
+        rope_parameters=ROPE)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
+        attention_bias=True, tie_word_embeddings=True, rope_parameters=ROPE)),
+}
+FAMILIES = sorted(CONFIGS)
+
+# Fields a config holds that change nothing the importer builds (beyond test_hf_configs.NOT_READ["*"]).
+NOT_READ = {
+    "*": {"model_type", "transformers_version", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+          "max_position_embeddings"},  # default and llama3 rotary positions are computed for any length
+    "llama": {"pretraining_tp"},  # read, refused unless 1
+    "mistral": set(),
+    "qwen2": {"use_sliding_window", "max_window_layers"},  # transformers derives layer_types from them
+    "qwen3": {"use_sliding_window", "max_window_layers"},
+    "phi3": {"embd_pdrop", "original_max_position_embeddings"},  # training only; longrope only (refused)
+    "gemma2": {"use_bidirectional_attention"},  # read, refused unless null
+    "olmo2": set(),
+    "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
+}
+TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
+FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
+
+
+def reference(family: str, path) -> tuple[torch.nn.Module, dict]:
+    """The family's tiny model, every weight perturbed (norm gains and biases included), saved at ``path``."""
+    config_class, model_class, fields = CONFIGS[family]
+    config = getattr(transformers, config_class)(**{**SHARED, **fields})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(path)
+    return model, json.loads((path / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    out = {}
+    for family in FAMILIES:
+        path = tmp_path_factory.mktemp(family)
+        model, cfg = reference(family, path)
+        out[family] = (model, path, cfg)
+    return out
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids (3, 13) with 0 among them, rows right-padded (the mask marks the real tokens)."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, V, (3, 13), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = mask[2, 5:] = 0
+    return ids, mask
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor, family: str) -> None:
+    real = mask.bool()
+    diff = (got[real] - want[real]).abs().max().item()
+    assert diff < TOL, f"{family}: max |logit difference| {diff:.2e}"
+
+
+def their_logits(model, ids, mask) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(input_ids=ids, attention_mask=mask).logits
+
+
+def our_logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(ids)  # causal: right padding never reaches a real token
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_gives_the_reference_logits(family, saved, tmp_path):
+    ref, path, _ = saved[family]
+    loaded = load_checkpoint(import_hf(path, tmp_path / "run"))
+    ids, mask = batch()
+    compare(our_logits(loaded.model, ids), their_logits(ref, ids, mask), mask, family)
+    assert sum(p.numel() for p in loaded.model.parameters()) == sum(p.numel() for p in ref.parameters())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_import_export_import_round_trips(family, saved, tmp_path):
+    ref, path, _ = saved[family]
+    first = load_checkpoint(import_hf(path, tmp_path / "run"))
+    export(tmp_path / "run" / "checkpoints" / "last.ckpt", format="hf", out=tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [CONFIGS[family][1]]
+    second = load_checkpoint(import_hf(tmp_path / "hf", tmp_path / "again"))
+    assert second.recipe.model == first.recipe.model
+    ours, again = first.model.state_dict(), second.model.state_dict()
+    assert ours.keys() == again.keys() and all(torch.equal(ours[k], again[k]) for k in ours)
+    ids, mask = batch()
+    back = type(ref).from_pretrained(tmp_path / "hf")
+    compare(their_logits(back, ids, mask), their_logits(ref, ids, mask), mask, family)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_field_is_read_and_set_off_its_default_here(family, saved):
+    """No field of the family's config.json is silently ignored, and each field read is one CONFIGS varies."""
+    cfg = saved[family][2]
+    recording = Recording(cfg)
+    from_config(recording)
+    varied = set(SHARED) | set(CONFIGS[family][2])
+    unexplained = recording.read - varied - TRAINING_ONLY - FIXED - NOT_READ[family] - {"head_dim", "rope_parameters"}
+    assert not unexplained, f"{family}: the converter reads {sorted(unexplained)}; vary them in CONFIGS"
+    ignored = set(cfg) - recording.read - NOT_READ["*"] - NOT_READ[family]
+    assert not ignored, f"{family}: config.json's {sorted(ignored)} are ignored by the converter"
+
+
+def _with(saved, tmp_path, family: str, **changes) -> str:
+    hf_dir = tmp_path / "hf"
+    saved[family][0].save_pretrained(hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.update(changes)
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    return str(hf_dir)
+
+
+@pytest.mark.parametrize(
+    "family, changes, field",
+    [
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0]}},
+         "rope_parameters.rope_type"),
+        ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.low_freq_factor"),
+        ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.rope_type"),
+        ("llama", {"pretraining_tp": 2}, "pretraining_tp"),
+        ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+         "rope_parameters.partial_rotary_factor"),  # transformers' Llama rotates whole heads
+        ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation"),
+        ("qwen2", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
+        ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
+        ("mistral", {"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_what_a_recipe_cannot_express_exits_2_naming_the_field(saved, tmp_path, capsys, family, changes, field):
+    hf_dir = _with(saved, tmp_path, family, **changes)
+    assert main(["import-hf", hf_dir, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"config.json: {field}:" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_configs_written_before_transformers_5_read_the_same(saved):
+    """rope_theta and rope_scaling (Llama 3.1's config.json on the Hub) read as rope_parameters do."""
+    cfg = dict(saved["llama"][2])
+    rope = dict(cfg.pop("rope_parameters"))
+    old = {**cfg, "rope_theta": rope.pop("rope_theta"), "rope_scaling": {**rope, "type": rope.pop("rope_type")}}
+    assert from_config(old) == from_config(saved["llama"][2])
+
+
+def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
+    model = from_config(saved["gemma2"][2])[1]
+    assert model["decoder"]["pattern"] == ["global", "local"]
+    assert model["decoder"]["kinds"]["local"] == {"attention": {"window": 4}}
+    assert model["attention"]["scale"] == 20**-0.5 and model["embed_scale"] == "sqrt_d_model"
+
+
+ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
+        "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
+        "gemma2-small": "gemma2", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
+SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
+          "gemma2-small": ["model.decoder.kinds.local.attention.window=4"]}
+
+
+@pytest.mark.parametrize("name", sorted(ARCH))
+def test_architecture_recipe_exports_to_its_reference(name, tmp_path):
+    """A model built from a recipes/architectures/ file (shrunk, every weight perturbed) exports as its family
+    and loads in transformers with equal logits."""
+    from conftest import ROOT
+
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=64", "model.decoder.layers=3", "model.ffn.hidden=48", f"model.vocab_size={V}", *SHRINK.get(name, [])]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / f"{name}.yaml", overrides)
+    torch.manual_seed(0)
+    model = build_model(recipe).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    export(tmp_path / "x.ckpt", format="hf", out=tmp_path / "hf")
+    (arch,) = json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"]
+    assert arch == DECODERS[ARCH[name]].architecture
+    ref = getattr(transformers, arch).from_pretrained(tmp_path / "hf")
+    ids, mask = batch()
+    compare(our_logits(model, ids), their_logits(ref, ids, mask), mask, name)
+
+
+CLASSIFIERS = {"llama-small": "LlamaForSequenceClassification", "mistral-small": "MistralForSequenceClassification",
+               "qwen2.5-small": "Qwen2ForSequenceClassification"}
+
+
+def classifier(name: str, tmp_path, *changes: str):
+    """A recipes/architectures/ decoder (shrunk) with a three-class head, every weight perturbed, saved."""
+    from conftest import ROOT
+
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=64", "model.decoder.layers=2", "model.ffn.hidden=48", f"model.vocab_size={V}",
+                 "model.pad_id=0", "model.head={type: classify, labels: [neg, neu, pos], bias: false}", *changes]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / f"{name}.yaml", overrides)
+    torch.manual_seed(0)
+    model = build_model(recipe).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(CLASSIFIERS))
+def test_a_sequence_head_exports_as_for_sequence_classification(name, tmp_path):
+    """transformers reads the score at the last token that is not pad_token_id: on right-padded rows the
+    same token tfbuilder's pooling: last reads."""
+    model = classifier(name, tmp_path)
+    export(tmp_path / "x.ckpt", format="hf", out=tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == [CLASSIFIERS[name]] and cfg["id2label"] == {"0": "neg", "1": "neu", "2": "pos"}
+    ref = getattr(transformers, CLASSIFIERS[name]).from_pretrained(tmp_path / "hf").eval()
+    ids, mask = batch()
+    ids[ids == 0] = 1
+    ids[mask == 0] = 0  # right padding with the pad id
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits
+        got = model(ids)
+    assert got.shape == want.shape == (3, 3)
+    assert (got - want).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [(["model.head.bias=true"], "model.head.bias"), (["model.head.pooling=mean"], "model.head.pooling")],
+)
+def test_a_sequence_head_transformers_does_not_compute_is_refused(changes, key, tmp_path, capsys):
+    classifier("llama-small", tmp_path, *changes)
+    assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+def test_export_refuses_a_recipe_no_family_computes(tmp_path, capsys):
+    """A window on one layer only: Mistral slides on every layer, and the families that slide some layers
+    (Qwen2, Qwen3, Gemma 2) differ elsewhere; refused, naming what differs, nothing written."""
+    from conftest import ROOT
+
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=32", "model.decoder.layers=2", "model.ffn.hidden=48", f"model.vocab_size={V}",
+                 "model.decoder.overrides={0: {attention: {window: null}}}"]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / "mistral-small.yaml", overrides)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(build_model(recipe), recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "not one of the Hugging Face families" in err and "model.decoder" in err
+    assert not (tmp_path / "hf").exists()

@@ -1,0 +1,142 @@
+"""The Llama-like decoder families of Hugging Face transformers, as data: one :class:`DecoderFamily`
+a family, naming what its ``config.json`` holds beyond the fields every one of them shares, how its
+weights are named, and what it refuses. :mod:`tfbuilder.interop.hf.decoders` reads and writes them
+with the same small functions for every family.
+
+=========  ==========================  =====================================================================
+family     architecture                beyond Llama
+=========  ==========================  =====================================================================
+llama      LlamaForCausalLM            (Llama 2 and 3, 3.1's ``rope_type: llama3``)
+mistral    MistralForCausalLM          sliding window on every layer
+qwen2      Qwen2ForCausalLM            biases on q, k and v only; sliding layers by ``layer_types``
+qwen3      Qwen3ForCausalLM            RMS norm of each head's queries and keys
+phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary
+gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU (tanh), soft-caps, scaled
+                                       embeddings, local/global layers
+olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
+mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts (softmax router, top-k renormalised)
+=========  ==========================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Features: each names a config field (or a few) that the shared readers and writers handle.
+ATTENTION_BIAS = "attention_bias"  # attention_bias: biases on q, k, v and o (or none)
+QKV_BIAS = "qkv_bias"  # biases on q, k and v, none on o, always (Qwen2)
+MLP_BIAS = "mlp_bias"  # mlp_bias: biases in the gated feed-forward
+WINDOW = "window"  # sliding_window on every layer (null: none)
+LAYER_TYPES = "layer_types"  # layer_types: full_attention / sliding_attention per layer, with sliding_window
+QK_NORM = "qk_norm"  # q_norm and k_norm: an RMS norm over each head's queries and keys
+QK_NORM_ALL = "qk_norm_all"  # q_norm and k_norm over the whole query and key projections (OLMo 2)
+FUSED = "fused"  # qkv_proj and gate_up_proj: projections stored fused (Phi-3)
+GEMMA = "gemma"  # embeddings times sqrt(d_model), norm gains stored minus one, query_pre_attn_scalar, soft-caps
+DROPOUTS = "dropouts"  # resid_pdrop (training only)
+MOE = "moe"  # num_local_experts, num_experts_per_tok: a softmax-routed mixture of SwiGLU experts (Mixtral)
+PARTIAL_ROTARY = "partial_rotary"  # rope_parameters.partial_rotary_factor: rotate that fraction of each head
+
+PRE_NORMS = (("self_attn.norm", "input_layernorm"), ("ffn.norm", "post_attention_layernorm"))
+SANDWICH_NORMS = (
+    ("self_attn.norm", "input_layernorm"),
+    ("self_attn.norm_out", "post_attention_layernorm"),
+    ("ffn.norm", "pre_feedforward_layernorm"),
+    ("ffn.norm_out", "post_feedforward_layernorm"),
+)
+
+OUTPUT_NORMS = (("self_attn.norm", "post_attention_layernorm"), ("ffn.norm", "post_feedforward_layernorm"))
+PLACEMENTS = {PRE_NORMS: "pre", SANDWICH_NORMS: "sandwich", OUTPUT_NORMS: "output"}
+
+
+@dataclass(frozen=True)
+class DecoderFamily:
+    """A decoder family of transformers: its names, its features, transformers' defaults for the
+    fields its config may leave out, and the fields it refuses unless they hold an allowed value."""
+
+    name: str
+    architecture: str
+    features: frozenset[str] = frozenset()
+    activation: tuple[str, str] = ("hidden_act", "silu")  # the field and the only value the family takes
+    eps: float = 1e-6  # rms_norm_eps
+    tie: bool = False  # tie_word_embeddings
+    ids: dict[str, int | None] = field(default_factory=dict)  # bos/eos/pad_token_id when the config says none
+    refused: tuple[tuple[str, tuple, object], ...] = ()  # (field, allowed values, default)
+    norms: tuple[tuple[str, str], ...] = PRE_NORMS  # (our norm, theirs) in each layer
+    source: str = ""  # the paper or model card
+
+    @property
+    def model_type(self) -> str:
+        return self.name
+
+    @property
+    def placement(self) -> str:
+        return PLACEMENTS[self.norms]
+
+
+FAMILY_LIST = (
+    DecoderFamily(
+        "llama",
+        "LlamaForCausalLM",
+        frozenset({ATTENTION_BIAS, MLP_BIAS}),
+        ids={"bos_token_id": 1, "eos_token_id": 2},
+        refused=(("pretraining_tp", (1, None), 1),),
+        source="Touvron et al. 2023, arXiv:2302.13971; Llama 3: Grattafiori et al. 2024, arXiv:2407.21783",
+    ),
+    DecoderFamily(
+        "mistral",
+        "MistralForCausalLM",
+        frozenset({WINDOW}),
+        ids={"bos_token_id": 1, "eos_token_id": 2},
+        source="Jiang et al. 2023, Mistral 7B, arXiv:2310.06825",
+    ),
+    DecoderFamily(
+        "qwen2",
+        "Qwen2ForCausalLM",
+        frozenset({QKV_BIAS, LAYER_TYPES}),
+        source="Qwen2 (Yang et al. 2024, arXiv:2407.10671); Qwen2.5 (arXiv:2412.15115)",
+    ),
+    DecoderFamily(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        frozenset({ATTENTION_BIAS, LAYER_TYPES, QK_NORM}),
+        source="Qwen3 technical report (Yang et al. 2025, arXiv:2505.09388)",
+    ),
+    DecoderFamily(
+        "phi3",
+        "Phi3ForCausalLM",
+        frozenset({WINDOW, FUSED, DROPOUTS, PARTIAL_ROTARY}),
+        eps=1e-5,
+        ids={"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000},
+        source="Abdin et al. 2024, Phi-3 technical report, arXiv:2404.14219",
+    ),
+    DecoderFamily(
+        "gemma2",
+        "Gemma2ForCausalLM",
+        frozenset({ATTENTION_BIAS, LAYER_TYPES, GEMMA}),
+        activation=("hidden_activation", "gelu_pytorch_tanh"),
+        tie=True,
+        ids={"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
+        refused=(("use_bidirectional_attention", (None, False), None),),
+        norms=SANDWICH_NORMS,
+        source="Gemma Team 2024, Gemma 2, arXiv:2408.00118",
+    ),
+    DecoderFamily(
+        "mixtral",
+        "MixtralForCausalLM",
+        frozenset({WINDOW, MOE}),
+        eps=1e-5,
+        ids={"bos_token_id": 1, "eos_token_id": 2},
+        source="Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
+    ),
+    DecoderFamily(
+        "olmo2",
+        "Olmo2ForCausalLM",
+        frozenset({ATTENTION_BIAS, QK_NORM_ALL}),
+        eps=1e-5,
+        ids={"bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1},
+        norms=OUTPUT_NORMS,
+        source="OLMo et al. 2024, 2 OLMo 2 Furious, arXiv:2501.00656",
+    ),
+)
+DECODERS = {f.name: f for f in FAMILY_LIST}
+ARCHITECTURES = {f.architecture: f.name for f in FAMILY_LIST}

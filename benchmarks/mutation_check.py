@@ -253,6 +253,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("left padding: rotary turns by columns, not positions", A, "q, k = position.rotate(q, offset, positions), position.rotate(k, offset, positions)", "q, k = position.rotate(q, offset), position.rotate(k, offset)", PADDED + ("-k", "rotary")),
     Mutation("left padding: a pad id inside a prompt taken for padding", M, "return (ids != pad_id).cumsum(dim=1) > 0", "return ids != pad_id", PADDED + ("-k", "leading")),
     Mutation("left padding: the new token's column not real", C, "return torch.cat([real, torch.ones_like(real[:, :1])], dim=1)", "return torch.cat([real, torch.zeros_like(real[:, :1])], dim=1)", GEN + ("-k", "greedy")),
+    Mutation("left padding: every family's pads attended", M, "return real[:, None, None, :] | ~real[:, None, -n_query:, None]", "return torch.ones_like(real[:, None, None, :]) | ~real[:, None, -n_query:, None]", ("tests/test_generation_families.py", "-k", "greedy")),
     Mutation("generation: the minimum length off by default", RULES, "    min_len: int = 1\n", "    min_len: int = 0\n", GEN + ("-k", "minimum")),
     Mutation("generation: the beams' cache not reordered", C, "reorder(cache, select, parts=(\"self\",))  # the cache follows the beams", "pass", PADDED + ("-k", "log_probabilities")),
     Mutation("generation: transformers' beams' cache not reordered", C, "reorder(cache, select, parts=(\"self\",))  # transformers' reorder_cache", "pass", GEN + ("-k", "beam and defaults")),

@@ -1,0 +1,63 @@
+"""Generation parity for every decoder family ``import-hf`` takes (tests/test_hf_families.py's tiny
+configs, every field the importer reads off its default): on a left-padded batch of prompts of
+different lengths, the imported model gives transformers' logits on every real token, and greedy
+search and beam search give the tokens (and beam scores) of transformers' ``generate``.
+
+GPT-2 and Llama, with sampling and more beam options, are in tests/test_generation_parity.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")  # in the test extra
+
+from test_generation_parity import ROWS, hf_generate, new_ids  # noqa: E402
+from test_hf_families import FAMILIES, TOL, reference  # noqa: E402
+
+from tfbuilder.inference import decoding  # noqa: E402
+from tfbuilder.interop.hf.convert import load_hf  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("hf")
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory) -> dict:
+    """(transformers' model, tfbuilder's import of it) per family."""
+    out = {}
+    for family in FAMILIES:
+        path = tmp_path_factory.mktemp(f"gen-{family}")
+        ref, _ = reference(family, path)
+        out[family] = ref.eval(), load_hf(path)[2].eval()
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padded_prompts_give_transformers_logits(pairs, family):
+    ref, model = pairs[family]
+    ids, real = decoding.prompt_batch(model, ROWS)
+    assert real is not None and not real.all()
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=real.long()).logits
+        got = model(ids, attention_mask=real)
+    diff = (got[real] - want[real]).abs().max().item()
+    assert diff < TOL, f"{family}: max |logit difference| {diff:.2e} on a left-padded batch"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_generate(pairs, family):
+    ref, model = pairs[family]
+    ids, real = decoding.prompt_batch(model, ROWS)
+    ours = decoding.sample(model, ids, max_new=8, temperature=0, attention_mask=real)
+    theirs = hf_generate(ref, model, ids, real, max_new_tokens=8, do_sample=False)
+    assert ours == new_ids(theirs.sequences, ids.shape[1], model.specials.end)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_equals_generate(pairs, family):
+    ref, model = pairs[family]
+    ids, real = decoding.prompt_batch(model, ROWS)
+    found = decoding.transformers_beam_search(model, ids, beam=3, max_new=6, attention_mask=real)
+    theirs = hf_generate(ref, model, ids, real, max_new_tokens=6, num_beams=3, do_sample=False, output_scores=True)
+    assert [hyp for _, hyp in found] == new_ids(theirs.sequences, ids.shape[1], model.specials.end)
+    torch.testing.assert_close(torch.tensor([s for s, _ in found]), theirs.sequences_scores, atol=1e-4, rtol=1e-4)

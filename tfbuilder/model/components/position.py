@@ -184,6 +184,26 @@ def rotary_width(k: int, fraction: float) -> int:
     return int(fraction * k)
 
 
+def rotary_tables(angles: Tensor, pairing: Literal["interleaved", "half"]) -> tuple[Tensor, Tensor]:
+    """cos and sin of ``angles`` (n, r/2) at full width (n, r): each pair's value on both of its
+    features, x_2i and x_2i+1 (``interleaved``) or x_i and x_i+r/2 (``half``), so that a rotation is two
+    full-width products (GPT-NeoX's and Llama's ``x * cos + rotate_half(x) * sin``)."""
+    cos, sin = angles.cos(), angles.sin()
+    if pairing == "half":
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+
+
+def rotary_partners(x: Tensor, pairing: Literal["interleaved", "half"]) -> Tensor:
+    """Each feature's partner in its pair (a, b), signed: -x_b in place of x_a, x_a in place of x_b, so
+    that ``x * cos + partners * sin`` turns each pair by its angle (``rotate_half`` with ``half``)."""
+    if pairing == "half":
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([-second, first], dim=-1)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([-odd, even], dim=-1).flatten(-2)
+
+
 @register("position", "rotary")
 class RotaryPosition(AttentionPosition):
     """Rotary position embedding (Su et al. 2021, RoFormer, arXiv:2104.09864).
@@ -230,18 +250,19 @@ class RotaryPosition(AttentionPosition):
             "original_max_position_embeddings / high_freq_factor kept, interpolated in between",
         )
 
-    cos: Tensor  # (max_len, r/2), buffers, r the rotated width
+    cos: Tensor  # (max_len, r), buffers, r the rotated width: each pair's value on both its features
     sin: Tensor
 
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base, self.fraction, self.scaling = params.base, params.fraction, params.scaling
+        self.pairing = params.pairing
         r = rotary_width(ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads), params.fraction)
         angles = rotary_angles(params.max_len, r - r % 2, base=params.base, scaling=params.scaling)
+        cos, sin = rotary_tables(angles, self.pairing)
         # Not persistent: functions of the params, so they stay out of checkpoints.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-        self.pairing = params.pairing
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: of the first r = int(fraction * k) features,
@@ -256,22 +277,16 @@ class RotaryPosition(AttentionPosition):
                 f"rotary positions turn pairs: fraction {self.fraction} of the key width per head ({k}) rotates "
                 f"{r} features, which must be even and at least 2"
             )
-        if offset + n <= self.cos.shape[0] and 2 * self.cos.shape[1] == r:
+        if offset + n <= self.cos.shape[0] and self.cos.shape[1] == r:
             cos, sin = self.cos[offset : offset + n], self.sin[offset : offset + n]
         else:
             angles = rotary_angles(n, r, base=self.base, offset=offset, device=x.device, scaling=self.scaling)
-            cos, sin = angles.cos(), angles.sin()
+            cos, sin = rotary_tables(angles, self.pairing)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        rest = None
-        if r < k:
-            x, rest = x[..., :r], x[..., r:]
-        if self.pairing == "half":
-            first, second = x[..., : r // 2], x[..., r // 2 :]
-            out = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
-        else:
-            even, odd = x[..., 0::2], x[..., 1::2]
-            out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-        return out if rest is None else torch.cat([out, rest], dim=-1)
+        if r == k:
+            return x * cos + rotary_partners(x, self.pairing) * sin
+        turned, rest = x[..., :r], x[..., r:]
+        return torch.cat([turned * cos + rotary_partners(turned, self.pairing) * sin, rest], dim=-1)
 
 
 def alibi_slopes(heads: int) -> Tensor:

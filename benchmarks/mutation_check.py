@@ -139,6 +139,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("dropout: kept values scaled by 1/p", "tfbuilder/model/dropout.py", ".mul_(1.0 / (1.0 - p))", ".mul_(1.0 / p)", ("tests/test_dropout.py",)),
     Mutation("dropout: drops the share 1 - p", "tfbuilder/model/dropout.py", ".ge_(p)", ".lt_(p)", ("tests/test_dropout.py",)),
     Mutation("dropout: gradient not masked", "tfbuilder/model/dropout.py", "return grad * factor, None", "return grad, None", ("tests/test_dropout.py",)),
+    Mutation("loss: gradient from the log-probabilities, not the softmax", "tfbuilder/train/objectives.py", "g = torch.softmax(logits, dim=-1, out=out)", "g = torch.log_softmax(logits, dim=-1, out=out)", OBJ),
     Mutation("loss: ignored rows' gradient kept", "tfbuilder/train/objectives.py", "keep = valid[:, None].to(compute)", "keep = torch.ones_like(valid[:, None], dtype=compute)", OBJ),
     Mutation("loss: a prediction is below the best, not at it", "tfbuilder/train/objectives.py", "(target_logp >= logp.amax(dim=-1))", "(target_logp > logp.amax(dim=-1))", OBJ + TRAIN_METRICS),
     Mutation("loss counts ignored targets", "tfbuilder/train/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),

@@ -52,12 +52,14 @@ class Mutation:
 
 
 P, M, A = "tfbuilder/model/components/position.py", "tfbuilder/masks.py", "tfbuilder/model/components/attention.py"
+DA = "tfbuilder/model/components/differential.py"
 POS = ("tests/test_position.py",)
 MASKS = ("tests/test_masks.py",)
 REFS = ("tests/test_component_references.py",)
 MOE = "tfbuilder/model/components/moe.py"
 MOE_TESTS = ("tests/test_moe.py",)
 OBJ = ("tests/test_objectives.py",)
+TRAIN_METRICS = ("tests/test_training_metrics.py",)
 HFC = ("tests/test_hf_configs.py",)
 HD, HFF = "tfbuilder/interop/hf/decoders.py", ("tests/test_hf_families.py",)
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
@@ -86,8 +88,11 @@ MUTATIONS: list[Mutation] = [
     Mutation("learned: offset not counted against max_len", P, "if offset + n > max_len:", "if n > max_len:", POS),
     Mutation("rotary: frequency exponent sign", P, "base ** (-torch.arange(0, k, 2", "base ** (torch.arange(0, k, 2", POS),
     Mutation("rotary: frequency over k-1", P, "dtype=torch.float32) / k)", "dtype=torch.float32) / (k - 1))", POS),
-    Mutation("rotary: interleaved rotation sign", P, "even * cos - odd * sin", "even * cos + odd * sin", POS),
-    Mutation("rotary: half rotation sign", P, "first * sin + second * cos", "first * sin - second * cos", POS),
+    Mutation("rotary: interleaved rotation sign", P, "torch.stack([-odd, even], dim=-1)", "torch.stack([odd, even], dim=-1)", POS),
+    Mutation("rotary: half rotation sign", P, "torch.cat([-second, first], dim=-1)", "torch.cat([second, first], dim=-1)", POS),
+    Mutation("rotary: half tables laid out interleaved", P, "return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)", "return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)", POS),
+    Mutation("rotary: interleaved tables laid out in halves", P, "return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)", "return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)", POS),
+    Mutation("rotary: cos and sin tables swapped", P, "return x * cos + rotary_partners(x, self.pairing) * sin", "return x * sin + rotary_partners(x, self.pairing) * cos", POS),
     Mutation("rotary: offset dropped past the table", P, "rotary_tables(n, r, base=self.base, offset=offset,", "rotary_tables(n, r, base=self.base, offset=0,", POS),
     Mutation("rotary: table edge off by one", P, "offset + n <= cos.shape[0] and", "offset + n <= cos.shape[0] + 1 and", POS),
     Mutation("alibi: slope exponent off by one", P, "return [start ** (i + 1) for i in range(n)]", "return [start ** i for i in range(n)]", POS),
@@ -156,6 +161,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("smoothing: uniform term summed, not averaged", "tfbuilder/train/objectives.py", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)", "row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.sum(dim=-1)", OBJ),
     Mutation("smoothing: gradient of the uniform part not divided by vocab", "tfbuilder/train/objectives.py", "g.sub_(epsilon / g.shape[-1])", "g.sub_(epsilon)", OBJ),
     Mutation("smoothing: target gradient 1+eps", "tfbuilder/train/objectives.py", "-(1.0 - epsilon)))", "-(1.0 + epsilon)))", OBJ),
+    Mutation("dropout: kept values scaled by 1/p", "tfbuilder/model/dropout.py", ".mul_(1.0 / (1.0 - p))", ".mul_(1.0 / p)", ("tests/test_dropout.py",)),
+    Mutation("dropout: drops the share 1 - p", "tfbuilder/model/dropout.py", ".ge_(p)", ".lt_(p)", ("tests/test_dropout.py",)),
+    Mutation("dropout: gradient not masked", "tfbuilder/model/dropout.py", "return grad * factor, None", "return grad, None", ("tests/test_dropout.py",)),
+    Mutation("loss: gradient from the log-probabilities, not the softmax", "tfbuilder/train/objectives.py", "g = torch.softmax(logits, dim=-1, out=out)", "g = torch.log_softmax(logits, dim=-1, out=out)", OBJ),
+    Mutation("loss: ignored rows' gradient kept", "tfbuilder/train/objectives.py", "keep = valid[:, None].to(compute)", "keep = torch.ones_like(valid[:, None], dtype=compute)", OBJ),
+    Mutation("loss: a prediction is below the best, not at it", "tfbuilder/train/objectives.py", "(target_logp >= logp.amax(dim=-1))", "(target_logp > logp.amax(dim=-1))", OBJ + TRAIN_METRICS),
     Mutation("loss counts ignored targets", "tfbuilder/train/objectives.py", "valid = t != ignore\n", "valid = t == t\n", OBJ),
     Mutation("plain smoothing: 1+eps on the nll", "tfbuilder/train/objectives.py", "loss = nll if epsilon == 0 else (1 - epsilon) * nll", "loss = nll if epsilon == 0 else (1 + epsilon) * nll", OBJ),
     Mutation("causal lm predicts the current token", "tfbuilder/train/objectives.py", "hidden, tokens[:, 1:], epsilon=epsilon", "hidden, tokens[:, :-1], epsilon=epsilon", OBJ),
@@ -212,6 +223,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("softcap: attention scores capped at 1/cap", A, "scores = self.softcap * torch.tanh(scores / self.softcap)", "scores = self.softcap * torch.tanh(scores * self.softcap)", VARIANTS + ("-k", "softcap")),
     Mutation("softcap: attention takes the uncapped kernel", A, "if self.keep_weights or self.softcap is not None:  # the fused", "if self.keep_weights:  # the fused", VARIANTS + ("-k", "softcap")),
     Mutation("z-loss: |log Z| instead of log(Z)^2", "tfbuilder/train/objectives.py", "z_loss * log_z.square()", "z_loss * log_z.abs()", OBJ + ("-k", "z_loss")),
+    Mutation("z-loss: log Z from the logit plus its log-probability", "tfbuilder/train/objectives.py", "logits.gather(1, target[:, None]).squeeze(1) - target_logp", "logits.gather(1, target[:, None]).squeeze(1) + target_logp", OBJ + ("-k", "z_loss")),
     Mutation("z-loss: gradient factor 3 instead of 2", "tfbuilder/train/objectives.py", "g.mul_(1 + 2 * z_loss", "g.mul_(1 + 3 * z_loss", OBJ + ("-k", "z_loss")),
     Mutation("parallel: feed-forward normalises the attention output", "tfbuilder/model/blocks.py", "else self.ffn.norm(x))", "else self.ffn.norm(attn))", BLOCKS),
     Mutation("parallel: attention branch subtracted", "tfbuilder/model/blocks.py", "return x + attn + self.ffn.branch(", "return x - attn + self.ffn.branch(", BLOCKS),
@@ -220,11 +232,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("gate: channels split across heads the wrong way", A, '"b i (h v) -> b h i v", h=out.shape[1]).sigmoid()', '"b i (v h) -> b h i v", h=out.shape[1]).sigmoid()', VARIANTS + ("-k", "gated")),
     Mutation("value residual: lambdas swapped", A, "return lambdas[0] * first + lambdas[1] * v", "return lambdas[1] * first + lambdas[0] * v", VARIANTS + ("-k", "value_residual")),
     Mutation("value residual: the second layer's values taken as V_1", A, "        if self.layer == 0:\n            shared.first_values = v", "        if self.layer <= 1:\n            shared.first_values = v", VARIANTS + ("-k", "value_residual")),
-    Mutation("differential: lambda_init from l instead of l - 1", A, "return 0.8 - 0.6 * math.exp(-0.3 * layer)", "return 0.8 - 0.6 * math.exp(-0.3 * (layer + 1))", VARIANTS + ("-k", "differential")),
-    Mutation("differential: exp terms added", A, "return torch.exp(q1k1) - torch.exp(q2k2) + self.lambda_init", "return torch.exp(q1k1) + torch.exp(q2k2) + self.lambda_init", VARIANTS + ("-k", "differential")),
-    Mutation("differential: scaled by 1 + lambda_init", A, "* second) * (1 - self.lambda_init)", "* second) * (1 + self.lambda_init)", VARIANTS + ("-k", "differential")),
-    Mutation("differential: no per-head norm", A, "return self.head_norm(first - self.lam().to(out.dtype) * second) *", "return (first - self.lam().to(out.dtype) * second) *", VARIANTS + ("-k", "differential")),
-    Mutation("differential: key halves of different groups paired", A, 'k = rearrange(k, "b (g two) j d -> b g two j d", two=2)', 'k = rearrange(k, "b (two g) j d -> b g two j d", two=2)', VARIANTS + ("-k", "differential")),
+    Mutation("differential: lambda_init from l instead of l - 1", DA, "return 0.8 - 0.6 * math.exp(-0.3 * layer)", "return 0.8 - 0.6 * math.exp(-0.3 * (layer + 1))", VARIANTS + ("-k", "differential")),
+    Mutation("differential: exp terms added", DA, "return torch.exp(q1k1) - torch.exp(q2k2) + self.lambda_init", "return torch.exp(q1k1) + torch.exp(q2k2) + self.lambda_init", VARIANTS + ("-k", "differential")),
+    Mutation("differential: scaled by 1 + lambda_init", DA, "* second) * (1 - self.lambda_init)", "* second) * (1 + self.lambda_init)", VARIANTS + ("-k", "differential")),
+    Mutation("differential: no per-head norm", DA, "return self.head_norm(first - self.lam().to(out.dtype) * second) *", "return (first - self.lam().to(out.dtype) * second) *", VARIANTS + ("-k", "differential")),
+    Mutation("differential: kv_layout repeat tiles the key maps instead of repeating each", DA, "return k.repeat_interleave(group, dim=1)", "return k.repeat(1, group, 1, 1)", VARIANTS + ("-k", "differential")),
+    Mutation("differential: kv_layout repeat ignored", DA, 'if self.kv_layout == "repeat":', 'if False:', VARIANTS + ("-k", "differential")),
+    Mutation("differential: key halves of different groups paired", DA, 'k = rearrange(k, "b (g two) j d -> b g two j d", two=2)', 'k = rearrange(k, "b (two g) j d -> b g two j d", two=2)', VARIANTS + ("-k", "differential")),
     Mutation("muon: biases and gains to Muon", "tfbuilder/train/optimizers.py", "for p in stack.parameters() if p.ndim == 2}", "for p in stack.parameters() if p.ndim >= 1}", OPTIMIZERS),
     Mutation("muon: its rate not relative to the schedule's", "tfbuilder/train/optimizers.py", "lr=(settings.lr or optim.lr) / optim.lr,", "lr=(settings.lr or optim.lr),", OPTIMIZERS),
     Mutation("muon: AdamW's state not restored", "tfbuilder/train/optimizers.py", '        self.adamw.load_state_dict(state_dict["adamw"])\n', "", OPTIMIZERS),
@@ -294,7 +308,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("validate: fsdp on the CPU passes", "tfbuilder/train/preflight.py", '    if t.strategy != "fsdp":\n        return []', '    if t.strategy == "fsdp":\n        return []', ("tests/test_preflight.py", "-k", "fsdp")),
     Mutation("geglu: the tanh form ignored", "tfbuilder/model/components/ffn.py", '        if params.approximate == "tanh":\n            self.act = ACTIVATIONS["gelu_tanh"]()', '        if params.approximate == "none":\n            self.act = ACTIVATIONS["gelu_tanh"]()', ("tests/test_ffn.py", "-k", "geglu")),
     Mutation("qk rms: not applied in self-attention", A, "        q, k = self._rms_qk(q, k)\n        if self._shared:", "        if self._shared:", ("tests/test_attention.py", "-k", "rms")),
-    Mutation("qk rms: keys not normalised", A, "        return self.q_norm(q), self.k_norm(k)", "        return self.q_norm(q), k", ("tests/test_attention.py", "-k", "rms")),
+    Mutation("qk rms: keys not normalised", A, "        return self._normed(self.q_norm, q), self._normed(self.k_norm, k)", "        return self._normed(self.q_norm, q), k", ("tests/test_attention.py", "-k", "rms")),
     Mutation("bias qkv: an output bias too", A, "        self.to_out = nn.Linear(h * self.value_dim, d, bias=params.bias is True)", "        self.to_out = nn.Linear(h * self.value_dim, d, bias=bool(params.bias))", ("tests/test_attention.py", "-k", "bias_qkv")),
     Mutation("preemption: no requeue when SIGUSR1 comes before training", "tfbuilder/train/fit.py", "            requeued = stopping.requeue(stop.signum) if global_rank() == 0 else None", "            requeued = None", ("tests/test_stopping.py",)),
     Mutation("steps: rewind keeps the row of the step after", "tfbuilder/runs/rewind.py", "int(logged) > last else kept", "int(logged) >= last else kept", ("tests/test_faults_runs.py", "-k", "older or console")),
@@ -384,7 +398,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("--init-from: a damaged stored vocabulary not named", "tfbuilder/train/lifecycle.py", "            stored_vocab(source, init_from),", '            Vocab.from_json(source["tfbuilder"]["vocab"]),', FW + ("-k", "init_from_a_checkpoint_with_a_stored")),
     Mutation("average: sums written into an expanded float64 tensor", "tfbuilder/runs/averaging.py", "v.to(torch.float64, copy=True)", "v.to(torch.float64, copy=False)", FW + ("-k", "expanded")),
     # --- rotary's knobs: partial rotary (GPT-NeoX's rotary_pct), position interpolation, Llama 3.1's scaling
-    Mutation("rotary: partial half pairs over the head, not the rotated features", P, "first, second = x[..., : r // 2], x[..., r // 2 :]", "first, second = x[..., : k // 2], x[..., r // 2 :]", POS),
+    Mutation("rotary: partial rotates the last features, not the first", P, "turned, rest = x[..., :r], x[..., r:]", "turned, rest = x[..., k - r :], x[..., : k - r]", POS),
+    Mutation("rotary: partial rotation's sin on the wrong side", P, "turned * cos + rotary_partners(turned, self.pairing) * sin, rest", "turned * sin + rotary_partners(turned, self.pairing) * cos, rest", POS),
     Mutation("rotary: linear scaling multiplies the frequencies", RS, "return inv_freq / self.factor\n", "return inv_freq * self.factor\n", POS),
     Mutation("rotary: llama3 smoothing sign", RS, "between = (1 - smooth)", "between = (1 + smooth)", POS),
     Mutation("rotary: llama3 short wavelengths not kept", RS, "torch.where(wavelength < context / self.high_freq_factor", "torch.where(wavelength > context / self.high_freq_factor", POS),

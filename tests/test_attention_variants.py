@@ -15,6 +15,7 @@ import tfbuilder
 from conftest import tiny_model
 from tfbuilder.inference import decoding
 from tfbuilder.model.components.attention import MultiHeadAttention
+from tfbuilder.model.components.differential import DifferentialAttention
 from tfbuilder.spec.recipe import ModelSection
 from tfbuilder.registry import BuildContext
 
@@ -114,7 +115,6 @@ def test_differential_attention_is_the_papers_difference_of_two_softmaxes(kv_hea
     head_i = (softmax(Q1 K1^T / sqrt(d)) - lambda softmax(Q2 K2^T / sqrt(d))) V,
     lambda = exp(lq1 . lk1) - exp(lq2 . lk2) + lambda_init, lambda_init = 0.8 - 0.6 exp(-0.3 (l - 1)),
     out = W_O concat_i((1 - lambda_init) RMSNorm(head_i))."""
-    from tfbuilder.model.components.attention import DifferentialAttention
 
     h, d = 2, D // 4  # two heads; each query/key half d = 4, values 2d = 8
     params = DifferentialAttention.Params(heads=h, kv_heads=kv_heads)
@@ -137,6 +137,64 @@ def test_differential_attention_is_the_papers_difference_of_two_softmaxes(kv_hea
         heads.append((1 - init) * head)
     torch.testing.assert_close(attn(x), attn.to_out(torch.cat(heads, dim=-1)), atol=1e-5, rtol=1e-5)
     assert attn.lambda_init == pytest.approx(float(init))
+
+
+def differential_as_in_multihead_diffattn(attn: DifferentialAttention, x: torch.Tensor, h: int, kv_heads: int) -> torch.Tensor:
+    """The authors' plain implementation (microsoft/unilm, Diff-Transformer/multihead_diffattn.py),
+    written from its equations: queries (b, 2h, n, d), keys (b, 2 kv_heads, n, d) and values
+    (b, kv_heads, n, 2d) from the projections; keys and values repeated h / kv_heads times each
+    (repeat_kv), so that softmax map m reads key map m // (h / kv_heads) and head i value group
+    i // (h / kv_heads); maps viewed as (b, h, 2, n, n), map 1 minus lambda times map 2, times the values,
+    RMSNorm over 2d, times (1 - lambda_init), heads concatenated, out_proj."""
+    b, n, _ = x.shape
+    d = attn.key_dim
+    rep = h // kv_heads
+    q, k, v = attn.to_qkv(x).split([2 * h * d, 2 * kv_heads * d, 2 * kv_heads * d], dim=-1)
+    q = q.view(b, n, 2 * h, d).transpose(1, 2)
+    k = k.view(b, n, 2 * kv_heads, d).transpose(1, 2)
+    v = v.view(b, n, kv_heads, 2 * d).transpose(1, 2)
+    k = k[:, :, None].expand(b, 2 * kv_heads, rep, n, d).reshape(b, 2 * h, n, d)
+    v = v[:, :, None].expand(b, kv_heads, rep, n, 2 * d).reshape(b, h, n, 2 * d)
+    scores = (q * d**-0.5) @ k.transpose(-1, -2) + torch.full((n, n), float("-inf")).triu(1)
+    weights = scores.softmax(-1).view(b, h, 2, n, n)
+    lam = torch.exp((attn.lambda_q1 * attn.lambda_k1).sum()) - torch.exp((attn.lambda_q2 * attn.lambda_k2).sum()) + attn.lambda_init
+    out = (weights[:, :, 0] - lam * weights[:, :, 1]) @ v
+    out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + 1e-5) * attn.head_norm.weight
+    out = (out * (1 - attn.lambda_init)).transpose(1, 2).reshape(b, n, h * 2 * d)
+    return attn.to_out(out)
+
+
+@pytest.mark.parametrize(("h", "kv_heads"), [(4, 2), (4, 1), (3, 1), (4, 4)], ids=["gqa", "mqa", "odd-ratio", "per-head"])
+def test_differential_kv_layout_repeat_is_the_authors_multihead_diffattn(h, kv_heads):
+    """kv_layout repeat: the authors' multihead_diffattn.py, grouped-query keys included."""
+    torch.manual_seed(0)
+    d_model = 8 * h
+    params = DifferentialAttention.Params(heads=h, kv_heads=kv_heads, kv_layout="repeat")
+    attn = DifferentialAttention(params, BuildContext(d_model=d_model, causal=True, layer=1, num_layers=2)).eval()
+    with torch.no_grad():
+        attn.head_norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 5, d_model)
+    torch.testing.assert_close(attn(x), differential_as_in_multihead_diffattn(attn, x, h, kv_heads), atol=1e-5, rtol=1e-5)
+
+
+def test_differential_kv_layouts_differ_only_with_grouped_keys():
+    """pairs (default) and repeat agree when every head has its own keys, and not when heads share them."""
+    x = torch.randn(2, 5, 32)
+    for kv_heads, same in ((4, True), (2, False)):
+        torch.manual_seed(0)
+        pairs = DifferentialAttention(DifferentialAttention.Params(heads=4, kv_heads=kv_heads), BuildContext(d_model=32, causal=True))
+        torch.manual_seed(0)
+        params = DifferentialAttention.Params(heads=4, kv_heads=kv_heads, kv_layout="repeat")
+        repeat = DifferentialAttention(params, BuildContext(d_model=32, causal=True))
+        assert pairs.kv_layout == "pairs"
+        assert torch.allclose(pairs(x), repeat(x)) is same
+
+
+def test_differential_kv_layout_is_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="kv_layout"):
+        DifferentialAttention.Params(heads=4, kv_heads=2, kv_layout="interleaved")
 
 
 def test_differential_attention_in_a_model_decodes_with_a_cache_as_without():

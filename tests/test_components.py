@@ -81,4 +81,4 @@ def test_a_stack_may_have_its_own_heads_and_positions_follow_it(position):
         elif position == "alibi":
             assert embed.position.slopes.shape == (heads,)
         else:
-            assert 2 * embed.position.cos.shape[1] == key_dim
+            assert embed.position.cos.shape[1] == key_dim

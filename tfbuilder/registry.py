@@ -34,6 +34,7 @@ FAMILIES: tuple[str, ...] = ("attention", "position", "norm", "ffn")
 ENTRY_POINT_GROUP = "tfbuilder.components"
 _BUILTIN_MODULES = (
     "tfbuilder.model.components.attention",
+    "tfbuilder.model.components.differential",
     "tfbuilder.model.components.latent_attention",
     "tfbuilder.model.components.position",
     "tfbuilder.model.components.norm",

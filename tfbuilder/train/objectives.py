@@ -51,7 +51,10 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     Each chunk's logits live only while its loss and its gradients are computed (in the forward
     pass: softmax minus the smoothed target is the gradient of the logits), so memory holds one
-    chunk of logits instead of the batch's, in float32 for the softmax whatever the input dtype."""
+    chunk of logits instead of the batch's, in float32 for the softmax whatever the input dtype. A
+    chunk makes as many passes over its logits as ``F.cross_entropy`` forward and backward (log_softmax,
+    a max for the count of targets predicted, a softmax for the gradient), so one chunk, what a batch of fewer
+    than :data:`CHUNK_ELEMENTS` logits gets, costs no more than the unchunked loss."""
 
     @staticmethod
     def forward(
@@ -85,31 +88,45 @@ class LinearCrossEntropy(torch.autograd.Function):
             logits, tanh = LinearCrossEntropy._logits(rows, weight.to(compute), bias, softcap)
             valid = t != ignore
             safe = t.masked_fill(~valid, 0)
-            log_z = logits.logsumexp(dim=-1)
-            logp = logits - log_z[:, None]
-            row_nll = -logp.gather(1, safe[:, None]).squeeze(1)
-            row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)
-            if z_loss:
-                row_loss = row_loss + z_loss * log_z.square()
-            loss = loss + row_loss.masked_fill(~valid, 0.0).sum()
-            nll = nll + row_nll.masked_fill(~valid, 0.0).sum()
-            correct = correct + ((logp.argmax(dim=-1) == t) & valid).sum()
+            logp = logits.log_softmax(dim=-1)  # one fused pass (logsumexp and a subtraction were three)
+            sums, log_z = LinearCrossEntropy._sums(logits, logp, safe, valid, epsilon, z_loss)
+            loss, nll, correct = loss + sums[0], nll + sums[1], correct + sums[2]
             if grad_x is not None and grad_w is not None:  # grad
-                # softmax minus the smoothed target, in place: the log-probabilities are not needed any more
-                g = LinearCrossEntropy._grad_logits(logp, log_z, safe, valid, epsilon, z_loss, tanh=tanh)
-                g = g.to(compute)
-                grad_x[start : start + chunk] = (g @ weight.to(compute)).to(x.dtype)
+                # written over the log-probabilities, which are not needed any more
+                g = LinearCrossEntropy._grad_logits(logits, logp, log_z, safe, epsilon, z_loss, tanh=tanh).to(compute)
+                # Rows that do not count are zeroed on the narrow side (d_model wide, not vocabulary wide).
+                keep = valid[:, None].to(compute)
+                grad_x[start : start + chunk] = ((g @ weight.to(compute)) * keep).to(x.dtype)
+                kept_rows = rows * keep
                 if rows.dtype == grad_w.dtype:
-                    grad_w.addmm_(g.t(), rows)  # no (vocab, d) temporary
+                    grad_w.addmm_(g.t(), kept_rows)  # no (vocab, d) temporary
                 else:
-                    grad_w.add_(g.t() @ rows)
+                    grad_w.add_(g.t() @ kept_rows)
                 if grad_b is not None:
-                    grad_b.add_(g.sum(dim=0))
+                    grad_b.add_(keep[:, 0] @ g)
         if grad:
             ctx.save_for_backward(grad_x, grad_w, grad_b if grad_b is not None else None)
         ctx.mark_non_differentiable(nll, correct)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return loss, nll, correct
+
+    @staticmethod
+    def _sums(
+        logits: Tensor, logp: Tensor, target: Tensor, valid: Tensor, epsilon: float, z_loss: float
+    ) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor | None]:
+        """A chunk's summed loss, summed negative log-likelihood and count of targets predicted (rows
+        that count), and log Z per row where the z-loss needs it (else None)."""
+        target_logp = logp.gather(1, target[:, None]).squeeze(1)
+        # log Z is any logit minus its log-probability: the target's, already gathered.
+        log_z = logits.gather(1, target[:, None]).squeeze(1) - target_logp if z_loss else None
+        row_nll = -target_logp
+        row_loss = row_nll if epsilon == 0 else (1 - epsilon) * row_nll - epsilon * logp.mean(dim=-1)
+        if log_z is not None:
+            row_loss = row_loss + z_loss * log_z.square()
+        # The target is the prediction where its log-probability is the highest: a max is a cheaper
+        # pass than an argmax (a target tied for the highest counts as predicted).
+        correct = ((target_logp >= logp.amax(dim=-1)) & valid).sum()
+        return (row_loss.masked_fill(~valid, 0.0).sum(), row_nll.masked_fill(~valid, 0.0).sum(), correct), log_z
 
     @staticmethod
     def _logits(
@@ -129,27 +146,29 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def _grad_logits(
-        logp: Tensor,
-        log_z: Tensor,
+        logits: Tensor,
+        out: Tensor,
+        log_z: Tensor | None,
         target: Tensor,
-        valid: Tensor,
         epsilon: float,
         z_loss: float,
         *,
         tanh: Tensor | None,
     ) -> Tensor:
-        """The gradient of a chunk's summed loss with respect to its logits, made in ``logp``'s storage:
-        softmax minus the smoothed one-hot target (plus the z-loss's term), through the soft cap, 0 on
-        rows that do not count."""
-        g = logp.exp_()  # softmax
-        if z_loss:  # d(w log(Z)^2)/d logits = 2 w log(Z) softmax
+        """The gradient of a chunk's summed loss with respect to its (capped) logits, made in ``out``'s
+        storage: softmax minus the smoothed one-hot target (plus the z-loss's term), through the soft
+        cap. Rows that do not count are left to the caller to zero."""
+        # softmax from the logits, not exp of the log-probabilities: exp of values near -100 (whose
+        # results are subnormal) took twenty times longer on CPU than the fused softmax.
+        g = torch.softmax(logits, dim=-1, out=out)
+        if z_loss and log_z is not None:  # d(w log(Z)^2)/d logits = 2 w log(Z) softmax
             g.mul_(1 + 2 * z_loss * log_z[:, None])
         g.scatter_add_(1, target[:, None], torch.full_like(g[:, :1], -(1.0 - epsilon)))
         if epsilon:
             g.sub_(epsilon / g.shape[-1])
         if tanh is not None:  # through the cap: d(c tanh(l / c))/dl = 1 - tanh^2
             g.mul_(1 - tanh.square())
-        return g.mul_(valid[:, None])
+        return g
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _nll, _correct):

@@ -163,6 +163,27 @@ def rotary_width(k: int, fraction: float) -> int:
     return int(fraction * k)
 
 
+def full_width(
+    cos: Tensor, sin: Tensor, pairing: Literal["interleaved", "half"]
+) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` (..., r/2), one value per pair, at full width (..., r): each pair's value on
+    both of its features, x_2i and x_2i+1 (``interleaved``) or x_i and x_i+r/2 (``half``), so that a
+    rotation is two full-width products (GPT-NeoX's and Llama's ``x * cos + rotate_half(x) * sin``)."""
+    if pairing == "half":
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+
+
+def rotary_partners(x: Tensor, pairing: Literal["interleaved", "half"]) -> Tensor:
+    """Each feature's partner in its pair (a, b), signed: -x_b in place of x_a, x_a in place of x_b, so
+    that ``x * cos + partners * sin`` turns each pair by its angle (``rotate_half`` with ``half``)."""
+    if pairing == "half":
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([-second, first], dim=-1)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([-odd, even], dim=-1).flatten(-2)
+
+
 @register("position", "rotary")
 class RotaryPosition(AttentionPosition):
     """Rotary position embedding (Su et al. 2021, RoFormer, arXiv:2104.09864).
@@ -222,7 +243,7 @@ class RotaryPosition(AttentionPosition):
             problem = None if self.scaling is None or width == 0 else self.scaling.width_problem(width)
             return [] if problem is None else [("scaling", problem)]
 
-    cos: Tensor  # (max_len, r/2), buffers, r the rotated width
+    cos: Tensor  # (max_len, r), buffers, r the rotated width: each pair's value on both its features
     sin: Tensor
     cos_long: Tensor | None  # LongRoPE's long-factor tables, else None
     sin_long: Tensor | None
@@ -230,6 +251,7 @@ class RotaryPosition(AttentionPosition):
     def __init__(self, params: Params, ctx: BuildContext):
         super().__init__()
         self.base, self.fraction, self.scaling = params.base, params.fraction, params.scaling
+        self.pairing = params.pairing
         r = rotary_width(ctx.head_dim or default_head_dim(ctx.d_model, ctx.heads), params.fraction)
         r -= r % 2
         switches = params.scaling is not None and params.scaling.switches
@@ -237,29 +259,33 @@ class RotaryPosition(AttentionPosition):
         for suffix, long in (("", False), ("_long", True)):
             tables: tuple[Tensor | None, Tensor | None] = (None, None)
             if switches or not long:
-                tables = rotary_tables(params.max_len, r, base=params.base, scaling=params.scaling, long=long)
+                tables = full_width(
+                    *rotary_tables(params.max_len, r, base=params.base, scaling=params.scaling, long=long),
+                    self.pairing,
+                )
             for name, table in zip(("cos", "sin"), tables, strict=True):
                 self.register_buffer(name + suffix, table, persistent=False)
-        self.pairing = params.pairing
 
     def tables(self, offset: int, n: int, r: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """cos and sin (n, r/2) of positions offset..offset+n-1: the precomputed ones where they cover the
-        call, else computed; LongRoPE's long ones when the call's positions end past its trained context."""
+        """cos and sin (n, r) of positions offset..offset+n-1 at full width: the precomputed ones where they
+        cover the call, else computed; LongRoPE's long ones when the call's positions end past its trained
+        context."""
         long = self.scaling is not None and self.scaling.is_long(offset + n)
         cos, sin = (self.cos_long, self.sin_long) if long else (self.cos, self.sin)
-        if cos is not None and sin is not None and offset + n <= cos.shape[0] and 2 * cos.shape[1] == r:
+        if cos is not None and sin is not None and offset + n <= cos.shape[0] and cos.shape[1] == r:
             return cos[offset : offset + n], sin[offset : offset + n]
-        return rotary_tables(n, r, base=self.base, offset=offset, device=device, scaling=self.scaling, long=long)
+        tables = rotary_tables(n, r, base=self.base, offset=offset, device=device, scaling=self.scaling, long=long)
+        return full_width(*tables, self.pairing)
 
     def row_tables(self, positions: Tensor, offset: int, r: int) -> tuple[Tensor, Tensor]:
-        """cos and sin (b, 1, n, r/2) of each row's own ``positions`` (b, n) (left-padded prompts), times
-        the scaling's table factor; LongRoPE's long set when the padded width ``offset + n`` passes its
+        """cos and sin (b, 1, n, r) at full width of each row's own ``positions`` (b, n) (left-padded
+        prompts), times the scaling's table factor; LongRoPE's long set when the padded width ``offset + n`` passes its
         trained context (a bound on every row's last position, read without a host sync)."""
         long = self.scaling is not None and self.scaling.is_long(offset + positions.shape[-1])
         inv_freq = rotary_frequencies(r, base=self.base, scaling=self.scaling, long=long, device=positions.device)
         angles = positions.float()[:, None, :, None] * inv_freq
         factor = 1.0 if self.scaling is None else self.scaling.table_factor()
-        return angles.cos() * factor, angles.sin() * factor
+        return full_width(angles.cos() * factor, angles.sin() * factor, self.pairing)
 
     def rotate(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """``x`` (b, h, n, k), positions offset..offset+n-1: of the first r = int(fraction * k) features,
@@ -275,21 +301,15 @@ class RotaryPosition(AttentionPosition):
                 f"rotary positions turn pairs: fraction {self.fraction} of the key width per head ({k}) rotates "
                 f"{r} features, which must be even and at least 2"
             )
-        if positions is not None:  # each row's own positions (b, n), left-padded prompts: (b, 1, n, r/2)
+        if positions is not None:  # each row's own positions (b, n), left-padded prompts: (b, 1, n, r)
             cos, sin = self.row_tables(positions, offset, r)
         else:
             cos, sin = self.tables(offset, n, r, x.device)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        rest = None
-        if r < k:
-            x, rest = x[..., :r], x[..., r:]
-        if self.pairing == "half":
-            first, second = x[..., : r // 2], x[..., r // 2 :]
-            out = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
-        else:
-            even, odd = x[..., 0::2], x[..., 1::2]
-            out = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-        return out if rest is None else torch.cat([out, rest], dim=-1)
+        if r == k:
+            return x * cos + rotary_partners(x, self.pairing) * sin
+        turned, rest = x[..., :r], x[..., r:]
+        return torch.cat([turned * cos + rotary_partners(turned, self.pairing) * sin, rest], dim=-1)
 
 
 def alibi_slopes(heads: int) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tfbuilder.contracts import default_head_dim
 from tfbuilder.interop.hf.families import (
     ATTENTION_BIAS,
     DROPOUTS,
@@ -96,7 +97,7 @@ def _shape(cfg: dict, model: dict) -> None:
     d, heads = model["d_model"], model["attention"]["heads"]
     if cfg.get("head_dim") is None and d % heads:
         raise UnsupportedConfig(f"config.json: num_attention_heads: hidden_size ({d}) is not divisible by it ({heads})")
-    head_dim = read_int(cfg, "head_dim", d // heads)
+    head_dim = read_int(cfg, "head_dim", default_head_dim(d, heads))
     kv = read_int(cfg, "num_key_value_heads", heads)
     model["attention"].update(key_dim=head_dim, value_dim=head_dim)
     if kv != heads:

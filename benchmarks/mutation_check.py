@@ -60,6 +60,7 @@ MOE_TESTS = ("tests/test_moe.py",)
 OBJ = ("tests/test_objectives.py",)
 HFC = ("tests/test_hf_configs.py",)
 HD, HFF = "tfbuilder/interop/hf/decoders.py", ("tests/test_hf_families.py",)
+HR = "tfbuilder/interop/hf/rope.py"
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
@@ -179,11 +180,18 @@ MUTATIONS: list[Mutation] = [
     Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True, ids=ids)", "\"tgt_out\": pad(tgt, bos=True, ids=ids)", DATA),
     Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "(LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)", "(LANGUAGE_MODEL_ADDED - 1, LANGUAGE_MODEL_ADDED - 1)", DATA),
     # --- Hugging Face import: a field read but not used
-    Mutation("hf: rope_theta ignored", HD, "\"base\": read_float(named, f\"{where}.rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: rope_theta ignored", HR, "\"base\": read_float(named, f\"{where}.rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
     Mutation("hf: rms_norm_eps ignored", HD, "read_float(cfg, \"rms_norm_eps\", fam.eps)", "fam.eps", HFC + ("-k", "random_config and llama")),
-    Mutation("hf families: llama3 rope scaling dropped", HD, "position[\"scaling\"] = _llama3(named, where)", "pass", HFF + ("-k", "import_gives and llama")),
-    Mutation("hf families: linear rope factor ignored", HD, "\"factor\": read_float(named, f\"{where}.factor\", 1.0)}", "\"factor\": 1.0}", HFF + ("-k", "import_gives and qwen2")),
-    Mutation("hf families: partial rotary factor ignored", HD, "position[\"fraction\"] = fraction", "pass", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: llama3 rope scaling dropped", HR, "position[\"scaling\"] = _llama3(named, where)", "pass", HFF + ("-k", "import_gives and llama")),
+    Mutation("hf families: linear rope factor ignored", HR, "\"factor\": read_float(named, f\"{where}.factor\", 1.0)}", "\"factor\": 1.0}", HFF + ("-k", "import_gives and qwen2")),
+    Mutation("hf families: partial rotary factor ignored", HR, "position[\"fraction\"] = fraction", "pass", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: yarn beta_fast ignored", HR, "\"beta_fast\": read_float(named, f\"{where}.beta_fast\", 32.0)", "\"beta_fast\": 32.0", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: yarn truncate ignored", HR, "\"truncate\": require(named, f\"{where}.truncate\", (True, False), True)", "\"truncate\": True", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: yarn mscale and attention_factor dropped", HR, "for key in YARN_OPTIONAL:", "for key in ():", HFF + ("-k", "import_gives and qwen3")),
+    Mutation("hf families: longrope implicit factor not max over original", HR, "return read_int(named, \"max_position_embeddings\") / original", "return read_int(named, \"max_position_embeddings\") / original / 2", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: longrope attention_factor dropped", HR, "scaling[\"attention_factor\"] = read_float(named, f\"{where}.attention_factor\", 1.0)", "pass", HFF + ("-k", "import_gives and olmo2")),
+    Mutation("hf families: Phi-3's top-level original_max_position_embeddings ignored", HR, "if top_original and \"original_max_position_embeddings\" in cfg:", "if False:", HFF + ("-k", "phi3_128k")),
+    Mutation("hf families: export drops Phi-3's top-level original_max_position_embeddings", HD, "cfg[\"original_max_position_embeddings\"] = original", "pass", HFF + ("-k", "round_trips and phi3")),
     Mutation("hf families: head_dim ignored", HD, "head_dim = read_int(cfg, \"head_dim\", d // heads)", "head_dim = d // heads", HFF + ("-k", "import_gives and mistral")),
     Mutation("hf families: sliding_window ignored", HD, "        model[\"attention\"][\"window\"] = read_int(cfg, \"sliding_window\")", "        pass", HFF + ("-k", "import_gives and mistral")),
     Mutation("hf families: layer pattern shifted by one", HD, "[names[t] for t in types[:period]]", "[names[t] for t in types[1 : period + 1]]", HFF + ("-k", "import_gives and qwen2")),

@@ -38,17 +38,23 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
             "rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.5,
             "high_freq_factor": 3.0, "original_max_position_embeddings": 16})),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
-        head_dim=12, sliding_window=4, tie_word_embeddings=True, rope_parameters=ROPE)),
+        head_dim=12, sliding_window=4, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 4.0, "original_max_position_embeddings": 2048,  # the ramp spans pairs 2-6
+            "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.8, "mscale_all_dim": 0.5, "truncate": False})),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         use_sliding_window=True, sliding_window=5, max_window_layers=1,
         layer_types=["full_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True,
         rope_parameters={"rope_type": "linear", "rope_theta": 300.0, "factor": 3.0})),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         head_dim=12, attention_bias=True, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-        layer_types=["sliding_attention"] * 3, tie_word_embeddings=True, rope_parameters=ROPE)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
-        sliding_window=5, tie_word_embeddings=True, pad_token_id=0,
-        rope_parameters={"rope_type": "default", "rope_theta": 300.0, "partial_rotary_factor": 0.6})),
+        layer_types=["sliding_attention"] * 3, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 3.0, "original_max_position_embeddings": 12,
+            "attention_factor": 1.3})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(  # Phi-3 128k's longrope: factor from max_position_embeddings
+        sliding_window=5, tie_word_embeddings=True, pad_token_id=0, max_position_embeddings=64,
+        original_max_position_embeddings=8,  # 13 tokens: the long factors
+        rope_parameters={"rope_type": "longrope", "rope_theta": 300.0, "partial_rotary_factor": 0.6,
+                         "short_factor": [1.0, 1.5, 2.0], "long_factor": [1.2, 3.0, 7.5]})),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
         head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=3.0,
         layer_types=["full_attention", "sliding_attention", "full_attention"],  # (default: sliding first)
@@ -57,7 +63,9 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
         head_dim=12, sliding_window=4, num_local_experts=4, num_experts_per_tok=3, tie_word_embeddings=True,
         rope_parameters=ROPE)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
-        attention_bias=True, tie_word_embeddings=True, rope_parameters=ROPE)),
+        attention_bias=True, tie_word_embeddings=True, rope_parameters={  # 13 tokens: the short factors
+            "rope_type": "longrope", "rope_theta": 300.0, "original_max_position_embeddings": 16, "factor": 4.0,
+            "attention_factor": 1.4, "short_factor": [1.0, 1.5, 2.0, 3.0, 4.0], "long_factor": [1.0] * 5})),
 }
 FAMILIES = sorted(CONFIGS)
 
@@ -69,7 +77,7 @@ NOT_READ = {
     "mistral": set(),
     "qwen2": {"use_sliding_window", "max_window_layers"},  # transformers derives layer_types from them
     "qwen3": {"use_sliding_window", "max_window_layers"},
-    "phi3": {"embd_pdrop", "original_max_position_embeddings"},  # training only; longrope only (refused)
+    "phi3": {"embd_pdrop"},  # training only
     "gemma2": {"use_bidirectional_attention"},  # read, refused unless null
     "olmo2": set(),
     "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
@@ -175,10 +183,16 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
 @pytest.mark.parametrize(
     "family, changes, field",
     [
-        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0]}},
-         "rope_parameters.rope_type"),
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0]}},
+         "rope_parameters.long_factor"),
+        ("phi3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+         "rope_parameters.rope_type"),  # Phi3Config takes default and longrope only
+        ("olmo2", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0, "long_factor": [1.0] * 5,
+                                       "short_factor": [1.0, "2"] * 2 + [1.0]}}, "rope_parameters.short_factor"),
+        ("mistral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "truncate": 1}},
+         "rope_parameters.truncate"),
         ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.low_freq_factor"),
-        ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.rope_type"),
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.rope_type"),
         ("llama", {"pretraining_tp": 2}, "pretraining_tp"),
         ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
          "rope_parameters.partial_rotary_factor"),  # transformers' Llama rotates whole heads
@@ -203,6 +217,20 @@ def test_configs_written_before_transformers_5_read_the_same(saved):
     rope = dict(cfg.pop("rope_parameters"))
     old = {**cfg, "rope_theta": rope.pop("rope_theta"), "rope_scaling": {**rope, "type": rope.pop("rope_type")}}
     assert from_config(old) == from_config(saved["llama"][2])
+
+
+def test_phi3_128k_config_reads_its_longrope(saved):
+    """Phi-3 128k's config.json on the Hub: rope_scaling without original_max_position_embeddings or factor;
+    the top-level original_max_position_embeddings counts, and factor is max_position_embeddings over it
+    (transformers' standardize_rope_params and _compute_longrope_parameters)."""
+    cfg = dict(saved["phi3"][2])
+    rope = dict(cfg.pop("rope_parameters"))
+    legacy = {"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+    old = {**cfg, "rope_theta": rope["rope_theta"], "partial_rotary_factor": rope["partial_rotary_factor"],
+           "rope_scaling": legacy}
+    assert from_config(old) == from_config(saved["phi3"][2])
+    scaling = from_config(old)[1]["position"]["scaling"]
+    assert scaling["factor"] == 64 / 8 and scaling["original_max_position_embeddings"] == 8
 
 
 def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):

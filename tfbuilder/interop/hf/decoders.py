@@ -16,6 +16,7 @@ from tfbuilder.interop.hf.families import (
     LAYER_TYPES,
     MLP_BIAS,
     MOE,
+    ORIGINAL_MAX,
     PARTIAL_ROTARY,
     QK_NORM,
     QK_NORM_ALL,
@@ -24,6 +25,7 @@ from tfbuilder.interop.hf.families import (
     DecoderFamily,
 )
 from tfbuilder.interop.hf.fields import UnsupportedConfig, read_float, read_int, require, shown
+from tfbuilder.interop.hf.rope import rope_parameters, rope_position
 from tfbuilder.model.components.attention import MultiHeadParams
 from tfbuilder.model.components.ffn import GEGLU, ReGLU, SwiGLU, glu_hidden
 
@@ -40,8 +42,6 @@ SHARED: tuple[tuple[str, str, Callable[..., Any], Any], ...] = (
     ("initializer_range", "init.std", read_float, 0.02),
     ("attention_dropout", "attention.dropout", read_float, 0.0),
 )
-ROPE_TYPES = ("default", "linear", "llama3")
-LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _put(data: dict, path: str, value: Any) -> None:
@@ -66,7 +66,9 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     for name, allowed, default in fam.refused:
         require(cfg, name, allowed, default)
     require(cfg, fam.activation[0], (fam.activation[1],), fam.activation[1])
-    position = rope_position(cfg, partial=PARTIAL_ROTARY in fam.features)
+    position = rope_position(
+        cfg, partial=PARTIAL_ROTARY in fam.features, types=fam.rope_types, top_original=ORIGINAL_MAX in fam.features
+    )
     model: dict = {
         "kind": "decoder",
         "pad_id": None,  # these families mask nothing by id; padding is the caller's attention mask
@@ -101,49 +103,6 @@ def _shape(cfg: dict, model: dict) -> None:
     model["attention"].update(key_dim=head_dim, value_dim=head_dim)
     if kv != heads:
         model["attention"]["kv_heads"] = kv
-
-
-def rope_position(cfg: dict, *, partial: bool) -> dict:
-    """Rotary positions from ``rope_parameters`` (transformers >= 5) or ``rope_theta`` and
-    ``rope_scaling`` (the configs written before): base, the rotated fraction of each head
-    (``partial_rotary_factor``), and linear or Llama 3.1 scaling."""
-    rope, where = cfg.get("rope_parameters"), "rope_parameters"
-    if rope is not None:  # transformers >= 5 writes no rope_scaling beside it
-        require(cfg, "rope_scaling", (None,), None)
-    else:
-        legacy, where = cfg.get("rope_scaling"), "rope_scaling"
-        if legacy is not None and not isinstance(legacy, dict):
-            raise UnsupportedConfig(f"config.json: rope_scaling: expected an object, got {shown(legacy)}")
-        rope = {"rope_theta": cfg.get("rope_theta", 10000.0), **(legacy or {})}
-        rope.setdefault("rope_type", rope.get("type", "default"))
-        rope.setdefault("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if not isinstance(rope, dict):
-        raise UnsupportedConfig(f"config.json: {where}: expected an object, got {shown(rope)}")
-    named = {f"{where}.{k}": v for k, v in rope.items()}
-    kind = require(named, f"{where}.rope_type", ROPE_TYPES, "default")
-    position: dict = {"type": "rotary", "base": read_float(named, f"{where}.rope_theta", 10000.0), "pairing": "half"}
-    if not partial:  # the family rotates whole heads whatever the config says: a fraction is refused
-        require(named, f"{where}.partial_rotary_factor", (1.0, 1), 1.0)
-    fraction = read_float(named, f"{where}.partial_rotary_factor", 1.0)
-    if fraction != 1.0:
-        position["fraction"] = fraction
-    if kind == "linear":
-        position["scaling"] = {"type": "linear", "factor": read_float(named, f"{where}.factor", 1.0)}
-    elif kind == "llama3":
-        position["scaling"] = _llama3(named, where)
-    return position
-
-
-def _llama3(named: dict, where: str) -> dict:
-    """Llama 3.1's scaling: every one of its four fields is needed (transformers has no defaults for them)."""
-    scaling: dict = {"type": "llama3"}
-    for key in LLAMA3_KEYS:
-        value = named.get(f"{where}.{key}")
-        if value is None:
-            raise UnsupportedConfig(f"config.json: {where}.{key}: missing (rope_type llama3 needs it)")
-        read = read_int if key == "original_max_position_embeddings" else read_float
-        scaling[key] = read(named, f"{where}.{key}", value)
-    return scaling
 
 
 def _attention_bias(cfg: dict, model: dict) -> None:
@@ -263,6 +222,9 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     cfg["tie_word_embeddings"] = m.tie_output
     cfg["rope_parameters"] = rope_parameters(data["position"])
     cfg["max_position_embeddings"] = _get(data, "position.max_len") or 2048
+    original = _get(data, "position.scaling.original_max_position_embeddings")
+    if ORIGINAL_MAX in fam.features and original is not None:  # overrides the one in rope_parameters
+        cfg["original_max_position_embeddings"] = original
     bias = att.get("bias")
     if ATTENTION_BIAS in fam.features:
         cfg["attention_bias"] = bias is True
@@ -280,17 +242,6 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     if isinstance(glu, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):  # its width as resolved (match_params)
         cfg["intermediate_size"] = glu_hidden(glu, m.d_model)
     return cfg
-
-
-def rope_parameters(position: dict) -> dict:
-    """``rope_parameters`` of a rotary position (the round trip refuses any other position)."""
-    out = {"rope_type": "default", "rope_theta": position.get("base", 10000.0)}
-    if position.get("fraction", 1.0) != 1.0:
-        out["partial_rotary_factor"] = position["fraction"]
-    scaling = position.get("scaling")
-    if scaling:
-        out.update({k: v for k, v in scaling.items() if k != "type"}, rope_type=scaling["type"])
-    return out
 
 
 def _windows(m: ModelSection) -> list[int | None]:

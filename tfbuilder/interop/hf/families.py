@@ -6,11 +6,12 @@ with the same small functions for every family.
 =========  ==========================  =====================================================================
 family     architecture                beyond Llama
 =========  ==========================  =====================================================================
-llama      LlamaForCausalLM            (Llama 2 and 3, 3.1's ``rope_type: llama3``)
+llama      LlamaForCausalLM            (Llama 2 and 3, 3.1's ``rope_type: llama3``; every family below but
+                                       Phi-3 takes linear, llama3, yarn and longrope rope types)
 mistral    MistralForCausalLM          sliding window on every layer
 qwen2      Qwen2ForCausalLM            biases on q, k and v only; sliding layers by ``layer_types``
 qwen3      Qwen3ForCausalLM            RMS norm of each head's queries and keys
-phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary
+phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary; LongRoPE (128k)
 gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU (tanh), soft-caps, scaled
                                        embeddings, local/global layers
 olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
@@ -21,6 +22,8 @@ mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from tfbuilder.interop.hf.rope import ROPE_TYPES
 
 # Features: each names a config field (or a few) that the shared readers and writers handle.
 ATTENTION_BIAS = "attention_bias"  # attention_bias: biases on q, k, v and o (or none)
@@ -34,6 +37,7 @@ FUSED = "fused"  # qkv_proj and gate_up_proj: projections stored fused (Phi-3)
 GEMMA = "gemma"  # embeddings times sqrt(d_model), norm gains stored minus one, query_pre_attn_scalar, soft-caps
 DROPOUTS = "dropouts"  # resid_pdrop (training only)
 MOE = "moe"  # num_local_experts, num_experts_per_tok: a softmax-routed mixture of SwiGLU experts (Mixtral)
+ORIGINAL_MAX = "original_max"  # original_max_position_embeddings at the top level, over rope_parameters' (Phi-3)
 PARTIAL_ROTARY = "partial_rotary"  # rope_parameters.partial_rotary_factor: rotate that fraction of each head
 
 PRE_NORMS = (("self_attn.norm", "input_layernorm"), ("ffn.norm", "post_attention_layernorm"))
@@ -63,6 +67,7 @@ class DecoderFamily:
     refused: tuple[tuple[str, tuple, object], ...] = ()  # (field, allowed values, default)
     norms: tuple[tuple[str, str], ...] = PRE_NORMS  # (our norm, theirs) in each layer
     source: str = ""  # the paper or model card
+    rope_types: tuple[str, ...] = ROPE_TYPES  # the rope_type values its config takes
 
     @property
     def model_type(self) -> str:
@@ -104,10 +109,11 @@ FAMILY_LIST = (
     DecoderFamily(
         "phi3",
         "Phi3ForCausalLM",
-        frozenset({WINDOW, FUSED, DROPOUTS, PARTIAL_ROTARY}),
+        frozenset({WINDOW, FUSED, DROPOUTS, PARTIAL_ROTARY, ORIGINAL_MAX}),
         eps=1e-5,
         ids={"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000},
         source="Abdin et al. 2024, Phi-3 technical report, arXiv:2404.14219",
+        rope_types=("default", "longrope"),  # Phi3Config refuses the others
     ),
     DecoderFamily(
         "gemma2",

@@ -1,6 +1,6 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2, OLMo 2, Mixtral) are transformers' models exactly: a tiny random model with every field the importer
-reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral; YaRN and LongRoPE rope types) are transformers' models
+exactly: a tiny random model with every field the importer reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
 
@@ -59,6 +59,13 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
         head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=3.0,
         layer_types=["full_attention", "sliding_attention", "full_attention"],  # (default: sliding first)
         final_logit_softcapping=4.0, tie_word_embeddings=False, pad_token_id=0, rope_parameters=ROPE)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4,
+        attn_logit_softcapping=3.0,  # held, never applied by transformers' Gemma 3: read and dropped
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], final_logit_softcapping=4.0,
+        tie_word_embeddings=False, pad_token_id=0, rope_parameters={  # a base and scaling per layer type
+            "full_attention": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 30.0}})),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
         head_dim=12, sliding_window=4, num_local_experts=4, num_experts_per_tok=3, tie_word_embeddings=True,
         rope_parameters=ROPE)),
@@ -79,6 +86,8 @@ NOT_READ = {
     "qwen3": {"use_sliding_window", "max_window_layers"},
     "phi3": {"embd_pdrop"},  # training only
     "gemma2": {"use_bidirectional_attention"},  # read, refused unless null
+    "gemma3": {"use_bidirectional_attention",  # read, refused unless false
+               "_sliding_window_pattern"},  # written by save_pretrained, read by nothing (layer_types are)
     "olmo2": set(),
     "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
 }
@@ -197,6 +206,11 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
         ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
          "rope_parameters.partial_rotary_factor"),  # transformers' Llama rotates whole heads
         ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+         "rope_parameters.full_attention.rope_type"),
+        ("gemma3", {"rope_parameters": {"sliding_attention": "default"}}, "rope_parameters.sliding_attention"),
         ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation"),
         ("qwen2", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
         ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
@@ -233,6 +247,23 @@ def test_phi3_128k_config_reads_its_longrope(saved):
     assert scaling["factor"] == 64 / 8 and scaling["original_max_position_embeddings"] == 8
 
 
+def test_gemma3_configs_on_the_hub_read_the_same(saved):
+    """Gemma 3's config.json on the Hub: rope_theta with rope_scaling for the full layers, rope_local_base_freq
+    for the sliding ones, sliding_window_pattern instead of layer_types (Gemma3TextConfig)."""
+    cfg = dict(saved["gemma3"][2])
+    rope = cfg.pop("rope_parameters")
+    full = dict(rope["full_attention"])
+    del cfg["layer_types"]
+    old = {**cfg, "rope_theta": full.pop("rope_theta"), "rope_scaling": full, "sliding_window_pattern": 2,
+           "rope_local_base_freq": rope["sliding_attention"]["rope_theta"]}
+    assert from_config(old) == from_config(saved["gemma3"][2])
+    model = from_config(saved["gemma3"][2])[1]
+    assert model["decoder"]["pattern"] == ["local", "global"] and "softcap" not in model["attention"]
+    assert model["decoder"]["kinds"]["local"]["position"] == {"type": "rotary", "base": 30.0, "pairing": "half",
+                                                              "scaling": None}
+    assert model["position"]["scaling"] == {"type": "linear", "factor": 2.0}
+
+
 def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
     model = from_config(saved["gemma2"][2])[1]
     assert model["decoder"]["pattern"] == ["global", "local"]
@@ -242,9 +273,10 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
+        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
 SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
-          "gemma2-small": ["model.decoder.kinds.local.attention.window=4"]}
+          "gemma2-small": ["model.decoder.kinds.local.attention.window=4"],
+          "gemma3-small": ["model.decoder.kinds.local.attention.window=4", "model.decoder.pattern=[local, global]"]}
 
 
 @pytest.mark.parametrize("name", sorted(ARCH))

@@ -13,6 +13,7 @@ from tfbuilder.interop.hf.families import (
     ATTENTION_BIAS,
     DROPOUTS,
     GEMMA,
+    LAYER_ROPE,
     LAYER_TYPES,
     MLP_BIAS,
     MOE,
@@ -25,7 +26,7 @@ from tfbuilder.interop.hf.families import (
     DecoderFamily,
 )
 from tfbuilder.interop.hf.fields import UnsupportedConfig, read_float, read_int, require, shown
-from tfbuilder.interop.hf.rope import rope_parameters, rope_position
+from tfbuilder.interop.hf.rope import rope_by_layer_type, rope_parameters, rope_position
 from tfbuilder.model.components.attention import MultiHeadParams
 from tfbuilder.model.components.ffn import GEGLU, ReGLU, SwiGLU, glu_hidden
 
@@ -66,7 +67,8 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     for name, allowed, default in fam.refused:
         require(cfg, name, allowed, default)
     require(cfg, fam.activation[0], (fam.activation[1],), fam.activation[1])
-    position = rope_position(
+    ropes = rope_by_layer_type(cfg) if LAYER_ROPE in fam.features else {}
+    position = ropes.get("full_attention") or rope_position(
         cfg, partial=PARTIAL_ROTARY in fam.features, types=fam.rope_types, top_original=ORIGINAL_MAX in fam.features
     )
     model: dict = {
@@ -88,6 +90,12 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     for feature, reader in READERS.items():
         if feature in fam.features:
             reader(cfg, model)
+    if LAYER_TYPES in fam.features and fam.sliding_pattern and cfg.get("layer_types") is None:
+        _layer_types({**cfg, "layer_types": _pattern_types(cfg, model, fam)}, model)
+    if ropes:
+        _layer_positions(model, ropes)
+    if not fam.attn_softcap:  # as transformers computes: the field is held, never applied
+        model["attention"].pop("softcap", None)
     if not model["attention"]["dropout"]:
         del model["attention"]["dropout"]
     return model
@@ -147,6 +155,23 @@ def _layer_types(cfg: dict, model: dict) -> None:
     names = {"sliding_attention": "local", "full_attention": "global"}
     model["decoder"]["kinds"] = {"local": {"attention": {"window": window}}, "global": {"attention": {"window": None}}}
     model["decoder"]["pattern"] = [names[t] for t in types[:period]]
+
+
+def _pattern_types(cfg: dict, model: dict, fam: DecoderFamily) -> list[str]:
+    """``layer_types`` of a config without them (Gemma 3's on the Hub): every ``sliding_window_pattern``-th
+    layer full, the others sliding (``Gemma3TextConfig``)."""
+    n = read_int(cfg, "sliding_window_pattern", fam.sliding_pattern)
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(model["decoder"]["layers"])]
+
+
+def _layer_positions(model: dict, ropes: dict[str, dict]) -> None:
+    """Gemma 3: the full layers rotate by ``ropes["full_attention"]`` (the model's position), the sliding ones
+    by ``ropes["sliding_attention"]`` (their kind's, or the model's when every layer slides)."""
+    kinds = model["decoder"].get("kinds")
+    if kinds:
+        kinds["local"]["position"] = {"scaling": None, **ropes["sliding_attention"]}  # merged over the model's
+    elif "window" in model["attention"]:
+        model["position"] = ropes["sliding_attention"]
 
 
 def _qk_norm(cfg: dict, model: dict) -> None:
@@ -220,7 +245,7 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     cfg[fam.activation[0]] = fam.activation[1]
     cfg["rms_norm_eps"] = _get(data, "norm.eps")
     cfg["tie_word_embeddings"] = m.tie_output
-    cfg["rope_parameters"] = rope_parameters(data["position"])
+    cfg["rope_parameters"] = _layer_ropes(m) if LAYER_ROPE in fam.features else rope_parameters(data["position"])
     cfg["max_position_embeddings"] = _get(data, "position.max_len") or 2048
     original = _get(data, "position.scaling.original_max_position_embeddings")
     if ORIGINAL_MAX in fam.features and original is not None:  # overrides the one in rope_parameters
@@ -252,6 +277,18 @@ def _windows(m: ModelSection) -> list[int | None]:
         att = m.layer_components("decoder", i)["attention"]
         windows.append(att.window if isinstance(att, MultiHeadParams) else None)
     return windows
+
+
+def _layer_ropes(m: ModelSection) -> dict:
+    """Gemma 3's ``rope_parameters`` per layer type: the position of the first full and of the first sliding
+    layer (the model's where there is none; layers of one type that rotate differently do not read back)."""
+    windows = _windows(m)
+    out = {}
+    for kind, sliding in (("full_attention", False), ("sliding_attention", True)):
+        layer = next((i for i, w in enumerate(windows) if (w is not None) == sliding), None)
+        position = m.position if layer is None else m.layer_components("decoder", layer)["position"]
+        out[kind] = rope_parameters(position.model_dump(mode="json"))
+    return out
 
 
 def _write_window(m: ModelSection, data: dict) -> dict:

@@ -14,6 +14,8 @@ qwen3      Qwen3ForCausalLM            RMS norm of each head's queries and keys
 phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary; LongRoPE (128k)
 gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU (tanh), soft-caps, scaled
                                        embeddings, local/global layers
+gemma3     Gemma3ForCausalLM           Gemma 2 with q/k RMS norms (gains stored minus one), a rotary base (and
+                                       scaling) per layer type, no soft-caps by default
 olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
 mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts (softmax router, top-k renormalised)
 =========  ==========================  =====================================================================
@@ -38,6 +40,7 @@ GEMMA = "gemma"  # embeddings times sqrt(d_model), norm gains stored minus one, 
 DROPOUTS = "dropouts"  # resid_pdrop (training only)
 MOE = "moe"  # num_local_experts, num_experts_per_tok: a softmax-routed mixture of SwiGLU experts (Mixtral)
 ORIGINAL_MAX = "original_max"  # original_max_position_embeddings at the top level, over rope_parameters' (Phi-3)
+LAYER_ROPE = "layer_rope"  # rope_parameters per layer type, or rope_theta and rope_local_base_freq (Gemma 3)
 PARTIAL_ROTARY = "partial_rotary"  # rope_parameters.partial_rotary_factor: rotate that fraction of each head
 
 PRE_NORMS = (("self_attn.norm", "input_layernorm"), ("ffn.norm", "post_attention_layernorm"))
@@ -68,10 +71,13 @@ class DecoderFamily:
     norms: tuple[tuple[str, str], ...] = PRE_NORMS  # (our norm, theirs) in each layer
     source: str = ""  # the paper or model card
     rope_types: tuple[str, ...] = ROPE_TYPES  # the rope_type values its config takes
+    hf_model_type: str = ""  # config.json's model_type when it is not the family's name
+    sliding_pattern: int = 0  # layer_types when a config has none: every n-th layer full (sliding_window_pattern)
+    attn_softcap: bool = True  # False: its model holds attn_logit_softcapping but never applies it (Gemma 3)
 
     @property
     def model_type(self) -> str:
-        return self.name
+        return self.hf_model_type or self.name
 
     @property
     def placement(self) -> str:
@@ -125,6 +131,20 @@ FAMILY_LIST = (
         refused=(("use_bidirectional_attention", (None, False), None),),
         norms=SANDWICH_NORMS,
         source="Gemma Team 2024, Gemma 2, arXiv:2408.00118",
+    ),
+    DecoderFamily(
+        "gemma3",
+        "Gemma3ForCausalLM",
+        frozenset({ATTENTION_BIAS, LAYER_TYPES, GEMMA, QK_NORM, LAYER_ROPE}),
+        activation=("hidden_activation", "gelu_pytorch_tanh"),
+        tie=True,
+        ids={"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
+        refused=(("use_bidirectional_attention", (None, False), False),),
+        norms=SANDWICH_NORMS,
+        source="Gemma Team 2025, Gemma 3 technical report, arXiv:2503.19786",
+        hf_model_type="gemma3_text",
+        sliding_pattern=6,
+        attn_softcap=False,
     ),
     DecoderFamily(
         "mixtral",

@@ -31,6 +31,13 @@ def rope_position(cfg: dict, *, partial: bool, types: tuple[str, ...] = ROPE_TYP
         rope = {"rope_theta": cfg.get("rope_theta", 10000.0), **(legacy or {})}
         rope.setdefault("rope_type", rope.get("type", "default"))
         rope.setdefault("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    return read_rope(rope, where, cfg, partial=partial, types=types, top_original=top_original)
+
+
+def read_rope(
+    rope: Any, where: str, cfg: dict, *, partial: bool, types: tuple[str, ...] = ROPE_TYPES, top_original: bool = False
+) -> dict:
+    """The rotary position of one set of rope parameters ``rope`` (named ``where`` in messages) of ``cfg``."""
     if not isinstance(rope, dict):
         raise UnsupportedConfig(f"config.json: {where}: expected an object, got {shown(rope)}")
     named = {f"{where}.{k}": v for k, v in rope.items()}
@@ -59,6 +66,37 @@ def rope_position(cfg: dict, *, partial: bool, types: tuple[str, ...] = ROPE_TYP
     elif kind == "longrope":
         position["scaling"] = _longrope(named, where)
     return position
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention")
+THETAS = {"full_attention": ("rope_theta", 1_000_000.0), "sliding_attention": ("rope_local_base_freq", 10_000.0)}
+
+
+def rope_by_layer_type(cfg: dict) -> dict[str, dict]:
+    """Gemma 3's rotary position of each layer type (Gemma Team 2025, arXiv:2503.19786): transformers 5's
+    ``rope_parameters`` keyed by ``full_attention`` and ``sliding_attention``, or (configs written before)
+    ``rope_theta`` (default 1,000,000) with ``rope_scaling`` for the full layers and
+    ``rope_local_base_freq`` (default 10,000) for the sliding ones (``Gemma3TextConfig``)."""
+    rope = cfg.get("rope_parameters")
+    out = {}
+    for kind in LAYER_TYPES:
+        theta, default = THETAS[kind]
+        if rope is None:
+            legacy = cfg.get("rope_scaling") if kind == "full_attention" else None
+            if legacy is not None and not isinstance(legacy, dict):
+                raise UnsupportedConfig(f"config.json: rope_scaling: expected an object, got {shown(legacy)}")
+            sub = {"rope_theta": cfg.get(theta, default), **(legacy or {})}
+            sub.setdefault("rope_type", sub.get("type", "default"))
+            where = "rope_scaling" if legacy else theta
+        elif not isinstance(rope, dict):
+            raise UnsupportedConfig(f"config.json: rope_parameters: expected an object, got {shown(rope)}")
+        else:
+            require(cfg, "rope_scaling", (None,), None)
+            sub, where = rope.get(kind) or {"rope_type": "default"}, f"rope_parameters.{kind}"
+            if isinstance(sub, dict):
+                sub = {"rope_theta": default, **sub}
+        out[kind] = read_rope(sub, where, cfg, partial=False)
+    return out
 
 
 def _llama3(named: dict, where: str) -> dict:

@@ -146,7 +146,8 @@ def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
         out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
         out += _decoder_ffn(fam, m, f"{ours}.ffn.inner", mlp, bias=mlp_bias)
         if fam.features & {QK_NORM, QK_NORM_ALL}:
-            out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), "copy") for n in ("q_norm", "k_norm")]
+            qk = ("q_norm", "k_norm")
+            out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), norm_op) for n in qk]
         out += [(f"{ours}.{norm}.weight", (f"{theirs}.{name}.weight",), norm_op) for norm, name in fam.norms]
     out.append(("decoder.final_norm.weight", ("model.norm.weight",), norm_op))
     return out

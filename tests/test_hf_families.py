@@ -1,5 +1,5 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral; YaRN and LongRoPE rope types) are transformers' models
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE; YaRN and LongRoPE rope types) are transformers' models
 exactly: a tiny random model with every field the importer reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
@@ -69,6 +69,9 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
         head_dim=12, sliding_window=4, num_local_experts=4, num_experts_per_tok=3, tie_word_embeddings=True,
         rope_parameters=ROPE)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=12, attention_bias=True, sliding_window=4, num_local_experts=4, num_experts_per_tok=3,
+        moe_intermediate_size=20, norm_topk_prob=True, tie_word_embeddings=True, rope_parameters=ROPE)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
         attention_bias=True, tie_word_embeddings=True, rope_parameters={  # 13 tokens: the short factors
             "rope_type": "longrope", "rope_theta": 300.0, "original_max_position_embeddings": 16, "factor": 4.0,
@@ -90,6 +93,8 @@ NOT_READ = {
                "_sliding_window_pattern"},  # written by save_pretrained, read by nothing (layer_types are)
     "olmo2": set(),
     "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
+    "qwen3_moe": {"output_router_logits", "use_sliding_window",  # training only; transformers' model ignores it
+                  "decoder_sparse_step", "mlp_only_layers"},  # read, refused unless every layer is sparse
 }
 TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
 FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
@@ -215,6 +220,8 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
         ("qwen2", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
         ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
         ("mistral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+        ("qwen3_moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
     ],
 )
 def test_what_a_recipe_cannot_express_exits_2_naming_the_field(saved, tmp_path, capsys, family, changes, field):
@@ -264,6 +271,15 @@ def test_gemma3_configs_on_the_hub_read_the_same(saved):
     assert model["position"]["scaling"] == {"type": "linear", "factor": 2.0}
 
 
+def test_qwen3_moe_configs_on_the_hub_read_the_same(saved):
+    """Qwen3-MoE's config.json on the Hub names the experts' count num_experts (transformers maps it)."""
+    cfg = dict(saved["qwen3_moe"][2])
+    experts = cfg.pop("num_local_experts")
+    old = {**cfg, "num_experts": experts}
+    assert from_config(old) == from_config(saved["qwen3_moe"][2])
+    assert from_config(old)[1]["ffn"]["experts"] == 4
+
+
 def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
     model = from_config(saved["gemma2"][2])[1]
     assert model["decoder"]["pattern"] == ["global", "local"]
@@ -273,7 +289,7 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
+        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
 SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
           "gemma2-small": ["model.decoder.kinds.local.attention.window=4"],
           "gemma3-small": ["model.decoder.kinds.local.attention.window=4", "model.decoder.pattern=[local, global]"]}

@@ -94,6 +94,8 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
         _layer_types({**cfg, "layer_types": _pattern_types(cfg, model, fam)}, model)
     if ropes:
         _layer_positions(model, ropes)
+    if MOE in fam.features and fam.moe_hidden:
+        _moe_fields(cfg, model, fam)
     if not fam.attn_softcap:  # as transformers computes: the field is held, never applied
         model["attention"].pop("softcap", None)
     if not model["attention"]["dropout"]:
@@ -213,6 +215,16 @@ def _moe(cfg: dict, model: dict) -> None:
     }
 
 
+def _moe_fields(cfg: dict, model: dict, fam: DecoderFamily) -> None:
+    """Qwen2-MoE and Qwen3-MoE (Yang et al. 2025, arXiv:2505.09388): experts of ``moe_intermediate_size``,
+    the top k renormalised only if ``norm_topk_prob`` (default false)."""
+    ffn = model["ffn"]
+    if cfg.get("num_local_experts") is None:  # the Hub's configs name it num_experts (transformers maps it)
+        ffn["experts"] = read_int(cfg, "num_experts", 8)
+    ffn["hidden"] = read_int(cfg, fam.moe_hidden)
+    ffn["normalize"] = _flag(cfg, fam.moe_normalize, False)
+
+
 def _dropouts(cfg: dict, model: dict) -> None:
     model["dropout"] = read_float(cfg, "resid_pdrop", 0.0)
 
@@ -263,6 +275,8 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     if MOE in fam.features:
         cfg.update(num_local_experts=ffn.get("experts"), num_experts_per_tok=ffn.get("top_k"))
         cfg["router_aux_loss_coef"] = ffn.get("aux_weight")
+        if fam.moe_hidden:
+            cfg.update({fam.moe_hidden: ffn.get("hidden"), fam.moe_normalize: ffn.get("normalize")})
     glu = m.ffn
     if isinstance(glu, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):  # its width as resolved (match_params)
         cfg["intermediate_size"] = glu_hidden(glu, m.d_model)

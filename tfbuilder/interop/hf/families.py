@@ -16,6 +16,8 @@ gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU 
                                        embeddings, local/global layers
 gemma3     Gemma3ForCausalLM           Gemma 2 with q/k RMS norms (gains stored minus one), a rotary base (and
                                        scaling) per layer type, no soft-caps by default
+qwen3_moe  Qwen3MoeForCausalLM         Qwen3 with a mixture of SwiGLU experts of moe_intermediate_size (softmax
+                                       router, top k renormalised if norm_topk_prob), a window on every layer
 olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
 mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts (softmax router, top-k renormalised)
 =========  ==========================  =====================================================================
@@ -74,6 +76,11 @@ class DecoderFamily:
     hf_model_type: str = ""  # config.json's model_type when it is not the family's name
     sliding_pattern: int = 0  # layer_types when a config has none: every n-th layer full (sliding_window_pattern)
     attn_softcap: bool = True  # False: its model holds attn_logit_softcapping but never applies it (Gemma 3)
+    # MoE: the sparse block's and its experts' weight names (gate, up, down), and the fields of the experts'
+    # width and of renormalising the top k ("": intermediate_size, always renormalised, as Mixtral)
+    expert_names: tuple[str, str, str, str] = ("block_sparse_moe", "w1", "w3", "w2")
+    moe_hidden: str = ""
+    moe_normalize: str = ""
 
     @property
     def model_type(self) -> str:
@@ -153,6 +160,16 @@ FAMILY_LIST = (
         eps=1e-5,
         ids={"bos_token_id": 1, "eos_token_id": 2},
         source="Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
+    ),
+    DecoderFamily(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        frozenset({ATTENTION_BIAS, WINDOW, QK_NORM, MOE}),
+        refused=(("decoder_sparse_step", (1, None), 1), ("mlp_only_layers", ([], None), [])),
+        source="Qwen3 technical report (Yang et al. 2025, arXiv:2505.09388)",
+        expert_names=("mlp", "gate_proj", "up_proj", "down_proj"),
+        moe_hidden="moe_intermediate_size",
+        moe_normalize="norm_topk_prob",
     ),
     DecoderFamily(
         "olmo2",

@@ -158,12 +158,13 @@ def _decoder_ffn(fam: DecoderFamily, m: ModelSection, ours: str, theirs: str, *,
     as ``save_pretrained`` writes them: ``block_sparse_moe.experts.e.w1`` (gate), ``w3`` (up), ``w2`` (down)."""
     ffn: ComponentParams = m.ffn
     if MOE in fam.features and isinstance(ffn, MixtureOfExperts.Params):
-        sparse = theirs.replace(".mlp", ".block_sparse_moe")
+        block, gate, up, down = fam.expert_names
+        sparse = theirs.replace(".mlp", f".{block}")
         out: list[Rule] = [(f"{ours}.router.weight", (f"{sparse}.gate.weight",), "copy")]
         for e in range(ffn.experts):
             expert = f"{sparse}.experts.{e}"
-            out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.w1", f"{expert}.w3"], bias=False)
-            out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.w2", bias=False)
+            out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.{gate}", f"{expert}.{up}"], bias=False)
+            out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.{down}", bias=False)
         return out
     if FUSED in fam.features:
         out = _linear(f"{ours}.ff_in", f"{theirs}.gate_up_proj", bias=bias)

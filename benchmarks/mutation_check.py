@@ -220,7 +220,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf classify: no pad_token_id written", "tfbuilder/interop/hf/classify.py", "\"pad_token_id\": model.pad_id,", "\"pad_token_id\": None,", HFF + ("-k", "sequence_head_exports")),
     Mutation("sequence head: head.bias false still learns a bias", "tfbuilder/model/heads.py", "nn.Linear(d_model, outputs, bias=bias)", "nn.Linear(d_model, outputs, bias=True)", HFF + ("-k", "sequence_head_exports")),
     Mutation("hf families: Mixtral top_k ignored", HD, "\"top_k\": read_int(cfg, \"num_experts_per_tok\", 2),", "\"top_k\": 2,", HFF + ("-k", "import_gives and mixtral")),
-    Mutation("hf families: Mixtral experts' gate and up swapped", "tfbuilder/interop/hf/weights.py", "[f\"{expert}.w1\", f\"{expert}.w3\"]", "[f\"{expert}.w3\", f\"{expert}.w1\"]", HFF + ("-k", "import_gives and mixtral")),
+    Mutation("hf families: Mixtral experts' gate and up swapped", "tfbuilder/interop/hf/weights.py", "[f\"{expert}.{gate}\", f\"{expert}.{up}\"]", "[f\"{expert}.{up}\", f\"{expert}.{gate}\"]", HFF + ("-k", "import_gives and mixtral")),
     Mutation("hf families: export writes attention_bias false", HD, "cfg[\"attention_bias\"] = bias is True", "cfg[\"attention_bias\"] = False", HFF + ("-k", "round_trips and llama")),
     Mutation("hf: n_inner ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
     Mutation("hf: T5 max_distance ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),

@@ -62,6 +62,7 @@ OBJ = ("tests/test_objectives.py",)
 TRAIN_METRICS = ("tests/test_training_metrics.py",)
 HFC = ("tests/test_hf_configs.py",)
 HD, HFF = "tfbuilder/interop/hf/decoders.py", ("tests/test_hf_families.py",)
+HR = "tfbuilder/interop/hf/rope.py"
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
 D, SEARCH = "tfbuilder/inference/decoding.py", ("tests/test_decoding_search.py",)
@@ -190,11 +191,29 @@ MUTATIONS: list[Mutation] = [
     Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True, ids=ids)", "\"tgt_out\": pad(tgt, bos=True, ids=ids)", DATA),
     Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "(LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)", "(LANGUAGE_MODEL_ADDED - 1, LANGUAGE_MODEL_ADDED - 1)", DATA),
     # --- Hugging Face import: a field read but not used
-    Mutation("hf: rope_theta ignored", HD, "\"base\": read_float(named, f\"{where}.rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
+    Mutation("hf: rope_theta ignored", HR, "\"base\": read_float(named, f\"{where}.rope_theta\", 10000.0)", "\"base\": 10000.0", HFC + ("-k", "random_config and llama")),
     Mutation("hf: rms_norm_eps ignored", HD, "read_float(cfg, \"rms_norm_eps\", fam.eps)", "fam.eps", HFC + ("-k", "random_config and llama")),
-    Mutation("hf families: llama3 rope scaling dropped", HD, "position[\"scaling\"] = _llama3(named, where)", "pass", HFF + ("-k", "import_gives and llama")),
-    Mutation("hf families: linear rope factor ignored", HD, "\"factor\": read_float(named, f\"{where}.factor\", 1.0)}", "\"factor\": 1.0}", HFF + ("-k", "import_gives and qwen2")),
-    Mutation("hf families: partial rotary factor ignored", HD, "position[\"fraction\"] = fraction", "pass", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: llama3 rope scaling dropped", HR, "position[\"scaling\"] = _llama3(named, where)", "pass", HFF + ("-k", "import_gives and llama")),
+    Mutation("hf families: linear rope factor ignored", HR, "\"factor\": read_float(named, f\"{where}.factor\", 1.0)}", "\"factor\": 1.0}", HFF + ("-k", "import_gives and qwen2")),
+    Mutation("hf families: partial rotary factor ignored", HR, "position[\"fraction\"] = fraction", "pass", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: yarn beta_fast ignored", HR, "\"beta_fast\": read_float(named, f\"{where}.beta_fast\", 32.0)", "\"beta_fast\": 32.0", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: yarn truncate ignored", HR, "\"truncate\": require(named, f\"{where}.truncate\", (True, False), True)", "\"truncate\": True", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: yarn mscale and attention_factor dropped", HR, "for key in YARN_OPTIONAL:", "for key in ():", HFF + ("-k", "import_gives and qwen3")),
+    Mutation("hf families: longrope implicit factor not max over original", HR, "return read_int(named, \"max_position_embeddings\") / original", "return read_int(named, \"max_position_embeddings\") / original / 2", HFF + ("-k", "import_gives and phi3")),
+    Mutation("hf families: longrope attention_factor dropped", HR, "scaling[\"attention_factor\"] = read_float(named, f\"{where}.attention_factor\", 1.0)", "pass", HFF + ("-k", "import_gives and olmo2")),
+    Mutation("hf families: Phi-3's top-level original_max_position_embeddings ignored", HR, "if top_original and \"original_max_position_embeddings\" in cfg:", "if False:", HFF + ("-k", "phi3_128k")),
+    Mutation("hf families: export drops Phi-3's top-level original_max_position_embeddings", HD, "cfg[\"original_max_position_embeddings\"] = original", "pass", HFF + ("-k", "round_trips and phi3")),
+    Mutation("hf families: Gemma 3 sliding layers rotate by the full layers' parameters", HD, "kinds[\"local\"][\"position\"] = {\"scaling\": None, **ropes[\"sliding_attention\"]}", "kinds[\"local\"][\"position\"] = {\"scaling\": None, **ropes[\"full_attention\"]}", HFF + ("-k", "import_gives and gemma3")),
+    Mutation("hf families: Gemma 3 sliding layers inherit the full layers' scaling", HD, "{\"scaling\": None, **ropes[\"sliding_attention\"]}", "dict(ropes[\"sliding_attention\"])", HFF + ("-k", "import_gives and gemma3")),
+    Mutation("hf families: Gemma 3 attention soft-cap applied", HD, "    if not fam.attn_softcap:", "    if False:", HFF + ("-k", "import_gives and gemma3")),
+    Mutation("hf families: Gemma 3 q/k norm gains read without the one", "tfbuilder/interop/hf/weights.py", "(f\"{sa}.{n}.weight\",), norm_op) for n in qk]", "(f\"{sa}.{n}.weight\",), \"copy\") for n in qk]", HFF + ("-k", "import_gives and gemma3")),
+    Mutation("hf families: Gemma 3 rope_local_base_freq ignored", HR, "\"sliding_attention\": (\"rope_local_base_freq\", 10_000.0)}", "\"sliding_attention\": (\"rope_theta\", 10_000.0)}", HFF + ("-k", "gemma3_configs_on_the_hub")),
+    Mutation("hf families: Gemma 3 sliding_window_pattern ignored", HD, "n = read_int(cfg, \"sliding_window_pattern\", fam.sliding_pattern)", "n = fam.sliding_pattern", HFF + ("-k", "gemma3_configs_on_the_hub")),
+    Mutation("hf families: Gemma 3 export writes the model's rope for sliding layers", HD, "position = m.position if layer is None else m.layer_components(\"decoder\", layer)[\"position\"]", "position = m.position", HFF + ("-k", "round_trips and gemma3")),
+    Mutation("hf families: Qwen3-MoE norm_topk_prob ignored", HD, "ffn[\"normalize\"] = _flag(cfg, fam.moe_normalize, False)", "ffn[\"normalize\"] = False", HFF + ("-k", "import_gives and qwen3_moe")),
+    Mutation("hf families: Qwen3-MoE experts' gate and up swapped", "tfbuilder/interop/hf/families.py", "expert_names=(\"mlp\", \"gate_proj\", \"up_proj\", \"down_proj\")", "expert_names=(\"mlp\", \"up_proj\", \"gate_proj\", \"down_proj\")", HFF + ("-k", "import_gives and qwen3_moe")),
+    Mutation("hf families: Qwen3-MoE export writes norm_topk_prob false", HD, "fam.moe_normalize: ffn.get(\"normalize\")", "fam.moe_normalize: False", HFF + ("-k", "round_trips and qwen3_moe")),
+    Mutation("hf families: Qwen3-MoE num_experts ignored", HD, "ffn[\"experts\"] = read_int(cfg, \"num_experts\", 8)", "pass", HFF + ("-k", "qwen3_moe_configs_on_the_hub")),
     Mutation("hf families: head_dim ignored", HD, "head_dim = read_int(cfg, \"head_dim\", d // heads)", "head_dim = d // heads", HFF + ("-k", "import_gives and mistral")),
     Mutation("hf families: sliding_window ignored", HD, "        model[\"attention\"][\"window\"] = read_int(cfg, \"sliding_window\")", "        pass", HFF + ("-k", "import_gives and mistral")),
     Mutation("hf families: layer pattern shifted by one", HD, "[names[t] for t in types[:period]]", "[names[t] for t in types[1 : period + 1]]", HFF + ("-k", "import_gives and qwen2")),
@@ -212,7 +231,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf classify: no pad_token_id written", "tfbuilder/interop/hf/classify.py", "\"pad_token_id\": model.pad_id,", "\"pad_token_id\": None,", HFF + ("-k", "sequence_head_exports")),
     Mutation("sequence head: head.bias false still learns a bias", "tfbuilder/model/heads.py", "nn.Linear(d_model, outputs, bias=bias)", "nn.Linear(d_model, outputs, bias=True)", HFF + ("-k", "sequence_head_exports")),
     Mutation("hf families: Mixtral top_k ignored", HD, "\"top_k\": read_int(cfg, \"num_experts_per_tok\", 2),", "\"top_k\": 2,", HFF + ("-k", "import_gives and mixtral")),
-    Mutation("hf families: Mixtral experts' gate and up swapped", "tfbuilder/interop/hf/weights.py", "[f\"{expert}.w1\", f\"{expert}.w3\"]", "[f\"{expert}.w3\", f\"{expert}.w1\"]", HFF + ("-k", "import_gives and mixtral")),
+    Mutation("hf families: Mixtral experts' gate and up swapped", "tfbuilder/interop/hf/weights.py", "[f\"{expert}.{gate}\", f\"{expert}.{up}\"]", "[f\"{expert}.{up}\", f\"{expert}.{gate}\"]", HFF + ("-k", "import_gives and mixtral")),
     Mutation("hf families: export writes attention_bias false", HD, "cfg[\"attention_bias\"] = bias is True", "cfg[\"attention_bias\"] = False", HFF + ("-k", "round_trips and llama")),
     Mutation("hf: n_inner ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"n_inner\", 4 * d)", "4 * d", HFC + ("-k", "random_config and gpt2")),
     Mutation("hf: T5 max_distance ignored", "tfbuilder/interop/hf/configs.py", "_int(cfg, \"relative_attention_max_distance\", 128)", "128", HFC + ("-k", "random_config and t5")),

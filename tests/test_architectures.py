@@ -53,6 +53,15 @@ def reference_count(name: str) -> int:
         "gemma2-small": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
             hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
             head_dim=64, query_pre_attn_scalar=64, vocab_size=32000, sliding_window=256)),
+        "gemma3-small": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+            hidden_size=512, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
+            head_dim=64, query_pre_attn_scalar=64, vocab_size=32000, sliding_window=256, rope_parameters={
+                "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+        "qwen3-moe-small": lambda: T.Qwen3MoeForCausalLM(T.Qwen3MoeConfig(
+            hidden_size=512, intermediate_size=256, moe_intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=8, num_key_value_heads=4, head_dim=64, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=True, vocab_size=32000, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
         "olmo2-small": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(
             hidden_size=512, intermediate_size=1376, num_hidden_layers=4, num_attention_heads=8, vocab_size=32000,
             rms_norm_eps=1e-6, eos_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
@@ -68,7 +77,8 @@ def reference_count(name: str) -> int:
 
 
 REFERENCED = ["gpt2-small", "bert-base", "t5-small", "llama-small", "llama3.1-small", "mistral-small", "qwen2.5-small",
-              "qwen3-small", "phi3-small", "gemma2-small", "olmo2-small", "mixtral-small"]
+              "qwen3-small", "phi3-small", "gemma2-small", "gemma3-small", "olmo2-small",
+              "mixtral-small", "qwen3-moe-small"]
 
 
 @pytest.mark.parametrize("name", REFERENCED)

@@ -204,7 +204,7 @@ def test_a_hostile_config_is_refused_by_file_and_key(config, expected, tmp_path,
     (tmp_path / "hf" / "config.json").write_text(config)
     outcome = run_cli(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
     assert_refused(outcome, f"{tmp_path / 'hf' / expected}")
-    assert len(outcome.err) < 400  # the value is shown bounded, however large
+    assert len(outcome.err) < 500  # the value is shown bounded, however large (beside the supported list)
     assert not (tmp_path / "out").exists()
 
 

@@ -1,6 +1,6 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2, OLMo 2, Mixtral) are transformers' models exactly: a tiny random model with every field the importer
-reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE; YaRN and LongRoPE rope types) are transformers' models
+exactly: a tiny random model with every field the importer reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
 
@@ -38,26 +38,44 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
             "rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.5,
             "high_freq_factor": 3.0, "original_max_position_embeddings": 16})),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
-        head_dim=12, sliding_window=4, tie_word_embeddings=True, rope_parameters=ROPE)),
+        head_dim=12, sliding_window=4, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 4.0, "original_max_position_embeddings": 2048,  # the ramp spans pairs 2-6
+            "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.8, "mscale_all_dim": 0.5, "truncate": False})),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         use_sliding_window=True, sliding_window=5, max_window_layers=1,
         layer_types=["full_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True,
         rope_parameters={"rope_type": "linear", "rope_theta": 300.0, "factor": 3.0})),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         head_dim=12, attention_bias=True, use_sliding_window=True, sliding_window=4, max_window_layers=1,
-        layer_types=["sliding_attention"] * 3, tie_word_embeddings=True, rope_parameters=ROPE)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
-        sliding_window=5, tie_word_embeddings=True, pad_token_id=0,
-        rope_parameters={"rope_type": "default", "rope_theta": 300.0, "partial_rotary_factor": 0.6})),
+        layer_types=["sliding_attention"] * 3, tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 3.0, "original_max_position_embeddings": 12,
+            "attention_factor": 1.3})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(  # Phi-3 128k's longrope: factor from max_position_embeddings
+        sliding_window=5, tie_word_embeddings=True, pad_token_id=0, max_position_embeddings=64,
+        original_max_position_embeddings=8,  # 13 tokens: the long factors
+        rope_parameters={"rope_type": "longrope", "rope_theta": 300.0, "partial_rotary_factor": 0.6,
+                         "short_factor": [1.0, 1.5, 2.0], "long_factor": [1.2, 3.0, 7.5]})),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
         head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4, attn_logit_softcapping=3.0,
         layer_types=["full_attention", "sliding_attention", "full_attention"],  # (default: sliding first)
         final_logit_softcapping=4.0, tie_word_embeddings=False, pad_token_id=0, rope_parameters=ROPE)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        head_dim=12, attention_bias=True, query_pre_attn_scalar=20, sliding_window=4,
+        attn_logit_softcapping=3.0,  # held, never applied by transformers' Gemma 3: read and dropped
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], final_logit_softcapping=4.0,
+        tie_word_embeddings=False, pad_token_id=0, rope_parameters={  # a base and scaling per layer type
+            "full_attention": {"rope_type": "linear", "rope_theta": 500.0, "factor": 2.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 30.0}})),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
         head_dim=12, sliding_window=4, num_local_experts=4, num_experts_per_tok=3, tie_word_embeddings=True,
         rope_parameters=ROPE)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=12, attention_bias=True, sliding_window=4, num_local_experts=4, num_experts_per_tok=3,
+        moe_intermediate_size=20, norm_topk_prob=True, tie_word_embeddings=True, rope_parameters=ROPE)),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
-        attention_bias=True, tie_word_embeddings=True, rope_parameters=ROPE)),
+        attention_bias=True, tie_word_embeddings=True, rope_parameters={  # 13 tokens: the short factors
+            "rope_type": "longrope", "rope_theta": 300.0, "original_max_position_embeddings": 16, "factor": 4.0,
+            "attention_factor": 1.4, "short_factor": [1.0, 1.5, 2.0, 3.0, 4.0], "long_factor": [1.0] * 5})),
 }
 FAMILIES = sorted(CONFIGS)
 
@@ -69,10 +87,14 @@ NOT_READ = {
     "mistral": set(),
     "qwen2": {"use_sliding_window", "max_window_layers"},  # transformers derives layer_types from them
     "qwen3": {"use_sliding_window", "max_window_layers"},
-    "phi3": {"embd_pdrop", "original_max_position_embeddings"},  # training only; longrope only (refused)
+    "phi3": {"embd_pdrop"},  # training only
     "gemma2": {"use_bidirectional_attention"},  # read, refused unless null
+    "gemma3": {"use_bidirectional_attention",  # read, refused unless false
+               "_sliding_window_pattern"},  # written by save_pretrained, read by nothing (layer_types are)
     "olmo2": set(),
     "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
+    "qwen3_moe": {"output_router_logits", "use_sliding_window",  # training only; transformers' model ignores it
+                  "decoder_sparse_step", "mlp_only_layers"},  # read, refused unless every layer is sparse
 }
 TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
 FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
@@ -175,18 +197,31 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
 @pytest.mark.parametrize(
     "family, changes, field",
     [
-        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [2.0]}},
-         "rope_parameters.rope_type"),
+        ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0]}},
+         "rope_parameters.long_factor"),
+        ("phi3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+         "rope_parameters.rope_type"),  # Phi3Config takes default and longrope only
+        ("olmo2", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0, "long_factor": [1.0] * 5,
+                                       "short_factor": [1.0, "2"] * 2 + [1.0]}}, "rope_parameters.short_factor"),
+        ("mistral", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0, "truncate": 1}},
+         "rope_parameters.truncate"),
         ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.low_freq_factor"),
-        ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.rope_type"),
+        ("llama", {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 8.0}}, "rope_parameters.rope_type"),
         ("llama", {"pretraining_tp": 2}, "pretraining_tp"),
         ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
          "rope_parameters.partial_rotary_factor"),  # transformers' Llama rotates whole heads
         ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("gemma3", {"rope_parameters": {"full_attention": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+         "rope_parameters.full_attention.rope_type"),
+        ("gemma3", {"rope_parameters": {"sliding_attention": "default"}}, "rope_parameters.sliding_attention"),
         ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation"),
         ("qwen2", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
         ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
         ("mistral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+        ("qwen3_moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
     ],
 )
 def test_what_a_recipe_cannot_express_exits_2_naming_the_field(saved, tmp_path, capsys, family, changes, field):
@@ -205,6 +240,46 @@ def test_configs_written_before_transformers_5_read_the_same(saved):
     assert from_config(old) == from_config(saved["llama"][2])
 
 
+def test_phi3_128k_config_reads_its_longrope(saved):
+    """Phi-3 128k's config.json on the Hub: rope_scaling without original_max_position_embeddings or factor;
+    the top-level original_max_position_embeddings counts, and factor is max_position_embeddings over it
+    (transformers' standardize_rope_params and _compute_longrope_parameters)."""
+    cfg = dict(saved["phi3"][2])
+    rope = dict(cfg.pop("rope_parameters"))
+    legacy = {"type": "longrope", "short_factor": rope["short_factor"], "long_factor": rope["long_factor"]}
+    old = {**cfg, "rope_theta": rope["rope_theta"], "partial_rotary_factor": rope["partial_rotary_factor"],
+           "rope_scaling": legacy}
+    assert from_config(old) == from_config(saved["phi3"][2])
+    scaling = from_config(old)[1]["position"]["scaling"]
+    assert scaling["factor"] == 64 / 8 and scaling["original_max_position_embeddings"] == 8
+
+
+def test_gemma3_configs_on_the_hub_read_the_same(saved):
+    """Gemma 3's config.json on the Hub: rope_theta with rope_scaling for the full layers, rope_local_base_freq
+    for the sliding ones, sliding_window_pattern instead of layer_types (Gemma3TextConfig)."""
+    cfg = dict(saved["gemma3"][2])
+    rope = cfg.pop("rope_parameters")
+    full = dict(rope["full_attention"])
+    del cfg["layer_types"]
+    old = {**cfg, "rope_theta": full.pop("rope_theta"), "rope_scaling": full, "sliding_window_pattern": 2,
+           "rope_local_base_freq": rope["sliding_attention"]["rope_theta"]}
+    assert from_config(old) == from_config(saved["gemma3"][2])
+    model = from_config(saved["gemma3"][2])[1]
+    assert model["decoder"]["pattern"] == ["local", "global"] and "softcap" not in model["attention"]
+    assert model["decoder"]["kinds"]["local"]["position"] == {"type": "rotary", "base": 30.0, "pairing": "half",
+                                                              "scaling": None}
+    assert model["position"]["scaling"] == {"type": "linear", "factor": 2.0}
+
+
+def test_qwen3_moe_configs_on_the_hub_read_the_same(saved):
+    """Qwen3-MoE's config.json on the Hub names the experts' count num_experts (transformers maps it)."""
+    cfg = dict(saved["qwen3_moe"][2])
+    experts = cfg.pop("num_local_experts")
+    old = {**cfg, "num_experts": experts}
+    assert from_config(old) == from_config(saved["qwen3_moe"][2])
+    assert from_config(old)[1]["ffn"]["experts"] == 4
+
+
 def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
     model = from_config(saved["gemma2"][2])[1]
     assert model["decoder"]["pattern"] == ["global", "local"]
@@ -214,9 +289,10 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
+        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
 SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
-          "gemma2-small": ["model.decoder.kinds.local.attention.window=4"]}
+          "gemma2-small": ["model.decoder.kinds.local.attention.window=4"],
+          "gemma3-small": ["model.decoder.kinds.local.attention.window=4", "model.decoder.pattern=[local, global]"]}
 
 
 @pytest.mark.parametrize("name", sorted(ARCH))

@@ -14,9 +14,11 @@ from tfbuilder.interop.hf.families import (
     ATTENTION_BIAS,
     DROPOUTS,
     GEMMA,
+    LAYER_ROPE,
     LAYER_TYPES,
     MLP_BIAS,
     MOE,
+    ORIGINAL_MAX,
     PARTIAL_ROTARY,
     QK_NORM,
     QK_NORM_ALL,
@@ -25,6 +27,7 @@ from tfbuilder.interop.hf.families import (
     DecoderFamily,
 )
 from tfbuilder.interop.hf.fields import UnsupportedConfig, read_float, read_int, require, shown
+from tfbuilder.interop.hf.rope import rope_by_layer_type, rope_parameters, rope_position
 from tfbuilder.model.components.attention import MultiHeadParams
 from tfbuilder.model.components.ffn import GEGLU, ReGLU, SwiGLU, glu_hidden
 
@@ -41,8 +44,6 @@ SHARED: tuple[tuple[str, str, Callable[..., Any], Any], ...] = (
     ("initializer_range", "init.std", read_float, 0.02),
     ("attention_dropout", "attention.dropout", read_float, 0.0),
 )
-ROPE_TYPES = ("default", "linear", "llama3")
-LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _put(data: dict, path: str, value: Any) -> None:
@@ -67,7 +68,10 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     for name, allowed, default in fam.refused:
         require(cfg, name, allowed, default)
     require(cfg, fam.activation[0], (fam.activation[1],), fam.activation[1])
-    position = rope_position(cfg, partial=PARTIAL_ROTARY in fam.features)
+    ropes = rope_by_layer_type(cfg) if LAYER_ROPE in fam.features else {}
+    position = ropes.get("full_attention") or rope_position(
+        cfg, partial=PARTIAL_ROTARY in fam.features, types=fam.rope_types, top_original=ORIGINAL_MAX in fam.features
+    )
     model: dict = {
         "kind": "decoder",
         "pad_id": None,  # these families mask nothing by id; padding is the caller's attention mask
@@ -87,6 +91,14 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     for feature, reader in READERS.items():
         if feature in fam.features:
             reader(cfg, model)
+    if LAYER_TYPES in fam.features and fam.sliding_pattern and cfg.get("layer_types") is None:
+        _layer_types({**cfg, "layer_types": _pattern_types(cfg, model, fam)}, model)
+    if ropes:
+        _layer_positions(model, ropes)
+    if MOE in fam.features and fam.moe_hidden:
+        _moe_fields(cfg, model, fam)
+    if not fam.attn_softcap:  # as transformers computes: the field is held, never applied
+        model["attention"].pop("softcap", None)
     if not model["attention"]["dropout"]:
         del model["attention"]["dropout"]
     return model
@@ -102,49 +114,6 @@ def _shape(cfg: dict, model: dict) -> None:
     model["attention"].update(key_dim=head_dim, value_dim=head_dim)
     if kv != heads:
         model["attention"]["kv_heads"] = kv
-
-
-def rope_position(cfg: dict, *, partial: bool) -> dict:
-    """Rotary positions from ``rope_parameters`` (transformers >= 5) or ``rope_theta`` and
-    ``rope_scaling`` (the configs written before): base, the rotated fraction of each head
-    (``partial_rotary_factor``), and linear or Llama 3.1 scaling."""
-    rope, where = cfg.get("rope_parameters"), "rope_parameters"
-    if rope is not None:  # transformers >= 5 writes no rope_scaling beside it
-        require(cfg, "rope_scaling", (None,), None)
-    else:
-        legacy, where = cfg.get("rope_scaling"), "rope_scaling"
-        if legacy is not None and not isinstance(legacy, dict):
-            raise UnsupportedConfig(f"config.json: rope_scaling: expected an object, got {shown(legacy)}")
-        rope = {"rope_theta": cfg.get("rope_theta", 10000.0), **(legacy or {})}
-        rope.setdefault("rope_type", rope.get("type", "default"))
-        rope.setdefault("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if not isinstance(rope, dict):
-        raise UnsupportedConfig(f"config.json: {where}: expected an object, got {shown(rope)}")
-    named = {f"{where}.{k}": v for k, v in rope.items()}
-    kind = require(named, f"{where}.rope_type", ROPE_TYPES, "default")
-    position: dict = {"type": "rotary", "base": read_float(named, f"{where}.rope_theta", 10000.0), "pairing": "half"}
-    if not partial:  # the family rotates whole heads whatever the config says: a fraction is refused
-        require(named, f"{where}.partial_rotary_factor", (1.0, 1), 1.0)
-    fraction = read_float(named, f"{where}.partial_rotary_factor", 1.0)
-    if fraction != 1.0:
-        position["fraction"] = fraction
-    if kind == "linear":
-        position["scaling"] = {"type": "linear", "factor": read_float(named, f"{where}.factor", 1.0)}
-    elif kind == "llama3":
-        position["scaling"] = _llama3(named, where)
-    return position
-
-
-def _llama3(named: dict, where: str) -> dict:
-    """Llama 3.1's scaling: every one of its four fields is needed (transformers has no defaults for them)."""
-    scaling: dict = {"type": "llama3"}
-    for key in LLAMA3_KEYS:
-        value = named.get(f"{where}.{key}")
-        if value is None:
-            raise UnsupportedConfig(f"config.json: {where}.{key}: missing (rope_type llama3 needs it)")
-        read = read_int if key == "original_max_position_embeddings" else read_float
-        scaling[key] = read(named, f"{where}.{key}", value)
-    return scaling
 
 
 def _attention_bias(cfg: dict, model: dict) -> None:
@@ -191,6 +160,23 @@ def _layer_types(cfg: dict, model: dict) -> None:
     model["decoder"]["pattern"] = [names[t] for t in types[:period]]
 
 
+def _pattern_types(cfg: dict, model: dict, fam: DecoderFamily) -> list[str]:
+    """``layer_types`` of a config without them (Gemma 3's on the Hub): every ``sliding_window_pattern``-th
+    layer full, the others sliding (``Gemma3TextConfig``)."""
+    n = read_int(cfg, "sliding_window_pattern", fam.sliding_pattern)
+    return ["sliding_attention" if (i + 1) % n else "full_attention" for i in range(model["decoder"]["layers"])]
+
+
+def _layer_positions(model: dict, ropes: dict[str, dict]) -> None:
+    """Gemma 3: the full layers rotate by ``ropes["full_attention"]`` (the model's position), the sliding ones
+    by ``ropes["sliding_attention"]`` (their kind's, or the model's when every layer slides)."""
+    kinds = model["decoder"].get("kinds")
+    if kinds:
+        kinds["local"]["position"] = {"scaling": None, **ropes["sliding_attention"]}  # merged over the model's
+    elif "window" in model["attention"]:
+        model["position"] = ropes["sliding_attention"]
+
+
 def _qk_norm(cfg: dict, model: dict) -> None:
     model["attention"].update(qk_norm="rms", qk_norm_eps=model["norm"]["eps"])
 
@@ -230,6 +216,16 @@ def _moe(cfg: dict, model: dict) -> None:
     }
 
 
+def _moe_fields(cfg: dict, model: dict, fam: DecoderFamily) -> None:
+    """Qwen2-MoE and Qwen3-MoE (Yang et al. 2025, arXiv:2505.09388): experts of ``moe_intermediate_size``,
+    the top k renormalised only if ``norm_topk_prob`` (default false)."""
+    ffn = model["ffn"]
+    if cfg.get("num_local_experts") is None:  # the Hub's configs name it num_experts (transformers maps it)
+        ffn["experts"] = read_int(cfg, "num_experts", 8)
+    ffn["hidden"] = read_int(cfg, fam.moe_hidden)
+    ffn["normalize"] = _flag(cfg, fam.moe_normalize, False)
+
+
 def _dropouts(cfg: dict, model: dict) -> None:
     model["dropout"] = read_float(cfg, "resid_pdrop", 0.0)
 
@@ -262,8 +258,11 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     cfg[fam.activation[0]] = fam.activation[1]
     cfg["rms_norm_eps"] = _get(data, "norm.eps")
     cfg["tie_word_embeddings"] = m.tie_output
-    cfg["rope_parameters"] = rope_parameters(data["position"])
+    cfg["rope_parameters"] = _layer_ropes(m) if LAYER_ROPE in fam.features else rope_parameters(data["position"])
     cfg["max_position_embeddings"] = _get(data, "position.max_len") or 2048
+    original = _get(data, "position.scaling.original_max_position_embeddings")
+    if ORIGINAL_MAX in fam.features and original is not None:  # overrides the one in rope_parameters
+        cfg["original_max_position_embeddings"] = original
     bias = att.get("bias")
     if ATTENTION_BIAS in fam.features:
         cfg["attention_bias"] = bias is True
@@ -277,21 +276,12 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     if MOE in fam.features:
         cfg.update(num_local_experts=ffn.get("experts"), num_experts_per_tok=ffn.get("top_k"))
         cfg["router_aux_loss_coef"] = ffn.get("aux_weight")
+        if fam.moe_hidden:
+            cfg.update({fam.moe_hidden: ffn.get("hidden"), fam.moe_normalize: ffn.get("normalize")})
     glu = m.ffn
     if isinstance(glu, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):  # its width as resolved (match_params)
         cfg["intermediate_size"] = glu_hidden(glu, m.d_model)
     return cfg
-
-
-def rope_parameters(position: dict) -> dict:
-    """``rope_parameters`` of a rotary position (the round trip refuses any other position)."""
-    out = {"rope_type": "default", "rope_theta": position.get("base", 10000.0)}
-    if position.get("fraction", 1.0) != 1.0:
-        out["partial_rotary_factor"] = position["fraction"]
-    scaling = position.get("scaling")
-    if scaling:
-        out.update({k: v for k, v in scaling.items() if k != "type"}, rope_type=scaling["type"])
-    return out
 
 
 def _windows(m: ModelSection) -> list[int | None]:
@@ -302,6 +292,18 @@ def _windows(m: ModelSection) -> list[int | None]:
         att = m.layer_components("decoder", i)["attention"]
         windows.append(att.window if isinstance(att, MultiHeadParams) else None)
     return windows
+
+
+def _layer_ropes(m: ModelSection) -> dict:
+    """Gemma 3's ``rope_parameters`` per layer type: the position of the first full and of the first sliding
+    layer (the model's where there is none; layers of one type that rotate differently do not read back)."""
+    windows = _windows(m)
+    out = {}
+    for kind, sliding in (("full_attention", False), ("sliding_attention", True)):
+        layer = next((i for i, w in enumerate(windows) if (w is not None) == sliding), None)
+        position = m.position if layer is None else m.layer_components("decoder", layer)["position"]
+        out[kind] = rope_parameters(position.model_dump(mode="json"))
+    return out
 
 
 def _write_window(m: ModelSection, data: dict) -> dict:

@@ -6,13 +6,18 @@ with the same small functions for every family.
 =========  ==========================  =====================================================================
 family     architecture                beyond Llama
 =========  ==========================  =====================================================================
-llama      LlamaForCausalLM            (Llama 2 and 3, 3.1's ``rope_type: llama3``)
+llama      LlamaForCausalLM            (Llama 2 and 3, 3.1's ``rope_type: llama3``; every family below but
+                                       Phi-3 takes linear, llama3, yarn and longrope rope types)
 mistral    MistralForCausalLM          sliding window on every layer
 qwen2      Qwen2ForCausalLM            biases on q, k and v only; sliding layers by ``layer_types``
 qwen3      Qwen3ForCausalLM            RMS norm of each head's queries and keys
-phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary
+phi3       Phi3ForCausalLM             fused ``qkv_proj`` and ``gate_up_proj``; partial rotary; LongRoPE (128k)
 gemma2     Gemma2ForCausalLM           sandwich norms stored as gain - 1, GeGLU (tanh), soft-caps, scaled
                                        embeddings, local/global layers
+gemma3     Gemma3ForCausalLM           Gemma 2 with q/k RMS norms (gains stored minus one), a rotary base (and
+                                       scaling) per layer type, no soft-caps by default
+qwen3_moe  Qwen3MoeForCausalLM         Qwen3 with a mixture of SwiGLU experts of moe_intermediate_size (softmax
+                                       router, top k renormalised if norm_topk_prob), a window on every layer
 olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
 mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts (softmax router, top-k renormalised)
 =========  ==========================  =====================================================================
@@ -21,6 +26,8 @@ mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from tfbuilder.interop.hf.rope import ROPE_TYPES
 
 # Features: each names a config field (or a few) that the shared readers and writers handle.
 ATTENTION_BIAS = "attention_bias"  # attention_bias: biases on q, k, v and o (or none)
@@ -34,6 +41,8 @@ FUSED = "fused"  # qkv_proj and gate_up_proj: projections stored fused (Phi-3)
 GEMMA = "gemma"  # embeddings times sqrt(d_model), norm gains stored minus one, query_pre_attn_scalar, soft-caps
 DROPOUTS = "dropouts"  # resid_pdrop (training only)
 MOE = "moe"  # num_local_experts, num_experts_per_tok: a softmax-routed mixture of SwiGLU experts (Mixtral)
+ORIGINAL_MAX = "original_max"  # original_max_position_embeddings at the top level, over rope_parameters' (Phi-3)
+LAYER_ROPE = "layer_rope"  # rope_parameters per layer type, or rope_theta and rope_local_base_freq (Gemma 3)
 PARTIAL_ROTARY = "partial_rotary"  # rope_parameters.partial_rotary_factor: rotate that fraction of each head
 
 PRE_NORMS = (("self_attn.norm", "input_layernorm"), ("ffn.norm", "post_attention_layernorm"))
@@ -63,10 +72,19 @@ class DecoderFamily:
     refused: tuple[tuple[str, tuple, object], ...] = ()  # (field, allowed values, default)
     norms: tuple[tuple[str, str], ...] = PRE_NORMS  # (our norm, theirs) in each layer
     source: str = ""  # the paper or model card
+    rope_types: tuple[str, ...] = ROPE_TYPES  # the rope_type values its config takes
+    hf_model_type: str = ""  # config.json's model_type when it is not the family's name
+    sliding_pattern: int = 0  # layer_types when a config has none: every n-th layer full (sliding_window_pattern)
+    attn_softcap: bool = True  # False: its model holds attn_logit_softcapping but never applies it (Gemma 3)
+    # MoE: the sparse block's and its experts' weight names (gate, up, down), and the fields of the experts'
+    # width and of renormalising the top k ("": intermediate_size, always renormalised, as Mixtral)
+    expert_names: tuple[str, str, str, str] = ("block_sparse_moe", "w1", "w3", "w2")
+    moe_hidden: str = ""
+    moe_normalize: str = ""
 
     @property
     def model_type(self) -> str:
-        return self.name
+        return self.hf_model_type or self.name
 
     @property
     def placement(self) -> str:
@@ -104,10 +122,11 @@ FAMILY_LIST = (
     DecoderFamily(
         "phi3",
         "Phi3ForCausalLM",
-        frozenset({WINDOW, FUSED, DROPOUTS, PARTIAL_ROTARY}),
+        frozenset({WINDOW, FUSED, DROPOUTS, PARTIAL_ROTARY, ORIGINAL_MAX}),
         eps=1e-5,
         ids={"bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000},
         source="Abdin et al. 2024, Phi-3 technical report, arXiv:2404.14219",
+        rope_types=("default", "longrope"),  # Phi3Config refuses the others
     ),
     DecoderFamily(
         "gemma2",
@@ -121,12 +140,36 @@ FAMILY_LIST = (
         source="Gemma Team 2024, Gemma 2, arXiv:2408.00118",
     ),
     DecoderFamily(
+        "gemma3",
+        "Gemma3ForCausalLM",
+        frozenset({ATTENTION_BIAS, LAYER_TYPES, GEMMA, QK_NORM, LAYER_ROPE}),
+        activation=("hidden_activation", "gelu_pytorch_tanh"),
+        tie=True,
+        ids={"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
+        refused=(("use_bidirectional_attention", (None, False), False),),
+        norms=SANDWICH_NORMS,
+        source="Gemma Team 2025, Gemma 3 technical report, arXiv:2503.19786",
+        hf_model_type="gemma3_text",
+        sliding_pattern=6,
+        attn_softcap=False,
+    ),
+    DecoderFamily(
         "mixtral",
         "MixtralForCausalLM",
         frozenset({WINDOW, MOE}),
         eps=1e-5,
         ids={"bos_token_id": 1, "eos_token_id": 2},
         source="Jiang et al. 2024, Mixtral of Experts, arXiv:2401.04088",
+    ),
+    DecoderFamily(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        frozenset({ATTENTION_BIAS, WINDOW, QK_NORM, MOE}),
+        refused=(("decoder_sparse_step", (1, None), 1), ("mlp_only_layers", ([], None), [])),
+        source="Qwen3 technical report (Yang et al. 2025, arXiv:2505.09388)",
+        expert_names=("mlp", "gate_proj", "up_proj", "down_proj"),
+        moe_hidden="moe_intermediate_size",
+        moe_normalize="norm_topk_prob",
     ),
     DecoderFamily(
         "olmo2",

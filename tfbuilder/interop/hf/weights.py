@@ -146,7 +146,8 @@ def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
         out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
         out += _decoder_ffn(fam, m, f"{ours}.ffn.inner", mlp, bias=mlp_bias)
         if fam.features & {QK_NORM, QK_NORM_ALL}:
-            out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), "copy") for n in ("q_norm", "k_norm")]
+            qk = ("q_norm", "k_norm")
+            out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), norm_op) for n in qk]
         out += [(f"{ours}.{norm}.weight", (f"{theirs}.{name}.weight",), norm_op) for norm, name in fam.norms]
     out.append(("decoder.final_norm.weight", ("model.norm.weight",), norm_op))
     return out
@@ -157,12 +158,13 @@ def _decoder_ffn(fam: DecoderFamily, m: ModelSection, ours: str, theirs: str, *,
     as ``save_pretrained`` writes them: ``block_sparse_moe.experts.e.w1`` (gate), ``w3`` (up), ``w2`` (down)."""
     ffn: ComponentParams = m.ffn
     if MOE in fam.features and isinstance(ffn, MixtureOfExperts.Params):
-        sparse = theirs.replace(".mlp", ".block_sparse_moe")
+        block, gate, up, down = fam.expert_names
+        sparse = theirs.replace(".mlp", f".{block}")
         out: list[Rule] = [(f"{ours}.router.weight", (f"{sparse}.gate.weight",), "copy")]
         for e in range(ffn.experts):
             expert = f"{sparse}.experts.{e}"
-            out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.w1", f"{expert}.w3"], bias=False)
-            out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.w2", bias=False)
+            out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.{gate}", f"{expert}.{up}"], bias=False)
+            out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.{down}", bias=False)
         return out
     if FUSED in fam.features:
         out = _linear(f"{ours}.ff_in", f"{theirs}.gate_up_proj", bias=bias)

@@ -214,7 +214,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf families: Qwen3-MoE experts' gate and up swapped", "tfbuilder/interop/hf/families.py", "expert_names=(\"mlp\", \"gate_proj\", \"up_proj\", \"down_proj\")", "expert_names=(\"mlp\", \"up_proj\", \"gate_proj\", \"down_proj\")", HFF + ("-k", "import_gives and qwen3_moe")),
     Mutation("hf families: Qwen3-MoE export writes norm_topk_prob false", HD, "fam.moe_normalize: ffn.get(\"normalize\")", "fam.moe_normalize: False", HFF + ("-k", "round_trips and qwen3_moe")),
     Mutation("hf families: Qwen3-MoE num_experts ignored", HD, "ffn[\"experts\"] = read_int(cfg, \"num_experts\", 8)", "pass", HFF + ("-k", "qwen3_moe_configs_on_the_hub")),
-    Mutation("hf families: head_dim ignored", HD, "head_dim = read_int(cfg, \"head_dim\", d // heads)", "head_dim = d // heads", HFF + ("-k", "import_gives and mistral")),
+    Mutation("hf families: head_dim ignored", HD, "head_dim = read_int(cfg, \"head_dim\", default_head_dim(d, heads))", "head_dim = default_head_dim(d, heads)", HFF + ("-k", "import_gives and mistral")),
     Mutation("hf families: sliding_window ignored", HD, "        model[\"attention\"][\"window\"] = read_int(cfg, \"sliding_window\")", "        pass", HFF + ("-k", "import_gives and mistral")),
     Mutation("hf families: layer pattern shifted by one", HD, "[names[t] for t in types[:period]]", "[names[t] for t in types[1 : period + 1]]", HFF + ("-k", "import_gives and qwen2")),
     Mutation("hf families: q/k/v-only biases read as every bias", HD, "model[\"attention\"][\"bias\"] = \"qkv\"", "model[\"attention\"][\"bias\"] = True", HFF + ("-k", "import_gives and qwen2")),

@@ -15,11 +15,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # in the test extra
 
-from test_generation_parity import ROWS, hf_generate, new_ids  # noqa: E402
+from test_generation_parity import ROWS, assert_sampling_distributions, hf_generate, new_ids  # noqa: E402
 from test_hf_families import CONFIGS, FAMILIES, TOL, reference  # noqa: E402
 
 from tfbuilder.inference import decoding  # noqa: E402
-from tfbuilder.inference.rules import distribution  # noqa: E402
 from tfbuilder.interop.hf.convert import load_hf  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("hf")
@@ -81,24 +80,5 @@ def test_beam_search_equals_generate(pairs, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sampling_draws_from_generates_distributions(pairs, family):
-    """Seeded sampling (temperature, top-k, top-p): each step's distribution is transformers', fed the
-    tokens transformers drew (the draws themselves use different generators: see test_generation_parity)."""
-    ref, model = pairs[family]
-    ids, real = decoding.prompt_batch(model, ROWS)
-    warpers = {"temperature": 0.7, "top_k": 20, "top_p": 0.9}
-    torch.manual_seed(0)
-    theirs = hf_generate(ref, model, ids, real, max_new_tokens=5, do_sample=True, output_scores=True, **warpers)
-    drawn = theirs.sequences[:, ids.shape[1] :]
-    ours: list[torch.Tensor] = []
-
-    def forced(logp: torch.Tensor) -> torch.Tensor:
-        ours.append(distribution(logp, **warpers))
-        return drawn[:, len(ours) - 1]
-
-    decoding.continue_prompts(model, ids, forced, max_new=5, attention_mask=real)
-    live = torch.ones(len(ROWS), dtype=torch.bool)
-    for step, probs in enumerate(ours):
-        want = theirs.scores[step].double().softmax(-1)
-        torch.testing.assert_close(probs[live], want[live], atol=1e-5, rtol=1e-5)
-        live &= drawn[:, step] != model.specials.end
-    assert len(ours) >= 2
+    """Seeded sampling: each step's distribution is transformers' (see test_generation_parity)."""
+    assert_sampling_distributions(*pairs[family], max_new=5)

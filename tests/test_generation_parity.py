@@ -101,13 +101,13 @@ def test_beam_search_equals_generate(pairs, family, end, options):
     torch.testing.assert_close(torch.tensor([s for s, _ in found]), theirs.sequences_scores, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family, end", CASES)
-def test_sampling_draws_from_generates_distributions(pairs, family, end):
-    ref, model = pairs[family, end]
+def assert_sampling_distributions(ref, model, max_new: int) -> None:
+    """Seeded sampling (temperature, top-k, top-p) over ROWS, left-padded: tfbuilder's distribution at
+    every step is transformers', tfbuilder fed the tokens transformers drew."""
     ids, real = decoding.prompt_batch(model, ROWS)
     warpers = {"temperature": 0.7, "top_k": 20, "top_p": 0.9}
     torch.manual_seed(0)
-    theirs = hf_generate(ref, model, ids, real, max_new_tokens=8, do_sample=True, output_scores=True, **warpers)
+    theirs = hf_generate(ref, model, ids, real, max_new_tokens=max_new, do_sample=True, output_scores=True, **warpers)
     drawn = theirs.sequences[:, ids.shape[1] :]
     ours: list[torch.Tensor] = []
 
@@ -115,13 +115,18 @@ def test_sampling_draws_from_generates_distributions(pairs, family, end):
         ours.append(distribution(logp, **warpers))
         return drawn[:, len(ours) - 1]
 
-    decoding.continue_prompts(model, ids, forced, max_new=8, attention_mask=real)
+    decoding.continue_prompts(model, ids, forced, max_new=max_new, attention_mask=real)
     live = torch.ones(len(ROWS), dtype=torch.bool)
     for step, probs in enumerate(ours):
         want = theirs.scores[step].double().softmax(-1)
         torch.testing.assert_close(probs[live], want[live], atol=1e-5, rtol=1e-5)
         live &= drawn[:, step] != model.specials.end
     assert len(ours) >= 2
+
+
+@pytest.mark.parametrize("family, end", CASES)
+def test_sampling_draws_from_generates_distributions(pairs, family, end):
+    assert_sampling_distributions(*pairs[family, end], max_new=8)
 
 
 def test_minimum_length_bans_the_end_at_the_first_step(pairs):

@@ -98,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     args.argv = argv  # the command as typed (a sweep's report quotes it)
+    args.main = main  # what a launched sweep's jobs run (tfbuilder.use.launch.Entry)
     try:
         if args.plugins:
             plugins.load(args.plugins)

@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tfbuilder.cli.arguments import EXIT_USAGE, add_set, beam, count, directory_arg, seeds
+from tfbuilder.cli.launching import add_launcher, check, launch
 from tfbuilder.cli.recipes import preflight
 from tfbuilder.errors import RecipeError, TfbuilderError, printable
 
@@ -50,6 +51,7 @@ def add_sweep(sub: Subparsers) -> None:
         "--report-only", action="store_true", help="train nothing: write the report from the runs finished so far"
     )
     add_set(w)
+    add_launcher(w)
     w.set_defaults(run=cmd_sweep)
 
 
@@ -82,6 +84,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             problems += exc.problems
     if problems:
         raise RecipeError(problems)
+    check(args)
     if args.out:
         directory_arg(args.out, "--out")
     command = "tfbuilder " + shlex.join(args.argv)
@@ -110,6 +113,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for index, run in enumerate(sweep.runs):
             print(f"{index:>4}  {run.status:>9}  {run.dir}")
         return 0
+    if args.launcher is not None:
+        return _launched(args, sweep, command)
     from tfbuilder.train.progress import global_rank  # deferred: start-up time
     from tfbuilder.train.trainer import quiet_lightning
 
@@ -120,6 +125,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if global_rank() != 0:
         return 0  # another rank of a DDP sweep: rank 0 writes the report
     return _report(args, sweep, diverged, elsewhere, command)
+
+
+def _launched(args: argparse.Namespace, sweep: Sweep, command: str) -> int:
+    """One job per entry through submitit; once every job has ended, the report from the finished runs
+    (the worker that finished the last run wrote it already, unless a run diverged or a job failed)."""
+    from tfbuilder.use import sweeps  # deferred: start-up time
+
+    sweeps.write_plan(sweep)
+    ended = launch(args, sweep)
+    if ended is None:  # --no-wait
+        return 0
+    diverged, failed = ended
+    args.report_only = True
+    code = _report(args, sweep, diverged, [], command)
+    return max(code, 1) if failed else code
 
 
 def _report(

@@ -445,6 +445,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("layer positions: a none layer keeps the model's", B, "out.append(module if isinstance(module, AttentionPosition) else None)", "out.append(module if isinstance(module, AttentionPosition) else shared)", LP),
     Mutation("layer positions: additive model position accepted", ST, "if not acts_in_attention(base.type):", "if False:", LP),
     Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions) if positions else None", "self.positions = None", LP),
+    # --- sweeps launched through submitit, and docs/gpu.md's SLURM job-array script
+    Mutation("sweep launch: a job runs the next entry", "tfbuilder/use/launch.py", 'self.command([*self.argv, "--entry", str(self.index)])', 'self.command([*self.argv, "--entry", str(self.index + 1)])', ("tests/test_sweep_launch.py", "-k", "requeues_as_itself")),
+    Mutation("sweep launch: a stopped job not requeued", "tfbuilder/use/launch.py", "        return DelayedSubmission(self)", "        return None  # type: ignore[return-value]", ("tests/test_sweep_launch.py", "-k", "requeues_as_itself")),
+    Mutation("sweep launch: a requeued job starts another entry", "tfbuilder/use/launch.py", "        return DelayedSubmission(self)", "        return DelayedSubmission(Entry(self.command, self.argv, 0))", ("tests/test_sweep_launch.py", "-k", "requeues_as_itself")),
+    Mutation("sweep launch: entries numbered from 1", "tfbuilder/cli/launching.py", "for index in range(len(sweep.runs))]", "for index in range(1, len(sweep.runs) + 1)]", ("tests/test_sweep_launch.py", "-k", "local_launch")),
+    Mutation("sweep launch: returns without waiting", "tfbuilder/cli/launching.py", "    if args.no_wait:", "    if True:", ("tests/test_sweep_launch.py", "-k", "local_launch")),
+    Mutation("slurm script: every array task runs entry 0", "docs/gpu.md", 'srun "${sweep[@]}" --entry "$SLURM_ARRAY_TASK_ID"', 'srun "${sweep[@]}" --entry 0', ("tests/test_sweep_launch.py", "-k", "documented")),
+    Mutation("slurm script: the report waits for no job", "docs/gpu.md", '--dependency=afterany:"$job"', '--dependency=afterany:"${SLURM_JOB_ID:-}"', ("tests/test_sweep_launch.py", "-k", "documented")),
 ]
 
 

@@ -1,5 +1,5 @@
-"""``tfbuilder sweep --launcher submitit|local``: the options, and the jobs' states as they end (the
-submitting and waiting are :mod:`tfbuilder.use.launch`'s)."""
+"""``tfbuilder sweep --launcher``: its options, and the jobs' states as they end (the submitting and
+waiting are :mod:`tfbuilder.use.launch`'s)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ def add_launcher(w: argparse.ArgumentParser) -> None:
     w.add_argument("--slurm-gpus-per-node", type=positive_int, metavar="N", help="GPUs for each job")
     w.add_argument("--slurm-cpus-per-task", type=positive_int, metavar="N", help="CPU cores for each job")
     w.add_argument(
-        "--slurm-time", type=positive_int, metavar="MIN", help="each job's time limit in minutes (then requeued)"
+        "--slurm-time",
+        type=positive_int,
+        metavar="MIN",
+        help="each job's time limit in minutes, after which it is requeued and continues (default 1440, a day)",
     )
     w.add_argument("--slurm-array-parallelism", type=positive_int, metavar="K", help="run at most K entries at once")
     w.add_argument(
@@ -84,7 +87,7 @@ def launch(args: argparse.Namespace, sweep: Sweep) -> tuple[dict[Path, str], int
         partition=args.slurm_partition,
         gpus_per_node=args.slurm_gpus_per_node,
         cpus_per_task=args.slurm_cpus_per_task,
-        timeout_min=args.slurm_time,
+        timeout_min=args.slurm_time or launching.DAY_MIN,
         array_parallelism=args.slurm_array_parallelism,
     )
     folder = sweep.dir / "jobs"  # submitit's scripts, pickled entries, results and logs

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from submitit.helpers import DelayedSubmission
 
 Launcher = Literal["submitit", "local"]
+DAY_MIN = 24 * 60  # each job's time limit unless told: then submitit requeues it (3 times at most)
 INSTALL = "pip install 'tfbuilder[slurm]'"
 
 
@@ -59,12 +60,12 @@ class Entry:
 
 @dataclass(frozen=True)
 class Resources:
-    """What each job asks of the cluster (None: the cluster's default); ignored by local jobs but time."""
+    """What each job asks of the cluster (None: the cluster's default); local jobs heed only the time."""
 
     partition: str | None = None
     gpus_per_node: int | None = None
     cpus_per_task: int | None = None
-    timeout_min: int | None = None
+    timeout_min: int = DAY_MIN  # submitit's own default is 5 minutes on SLURM, 2 for local jobs
     array_parallelism: int | None = None  # at most this many entries run at once
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import csv
 import os
 import pickle
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,14 @@ def test_no_wait_prints_the_job_ids_and_the_report_command(recipes, tmp_path):  
     assert lines[0].endswith(str(out / "runs" / "tiny-post" / "seed-0"))
     assert lines[-1].startswith("tfbuilder sweep ") and lines[-1].endswith(" --report-only")
     assert f"--out {out}" in lines[-1] and "--set trainer.max_steps=12" in lines[-1]
+    job = lines[0].split()[2]  # the job goes on after the command returned: wait for it, then the report
+    deadline = time.monotonic() + 300
+    while not (out / "jobs" / f"{job}_0_result.pkl").exists():
+        assert time.monotonic() < deadline, "the local job did not end"
+        time.sleep(1)
+    report = tfbuilder(*shlex.split(lines[-1])[1:], cwd=tmp_path)
+    assert report.returncode == 0 and "| tiny-post |" in report.stdout, report.stderr[-3000:]
+    assert trained_once(out) == {"tiny-post/seed-0": 1}
 
 
 def test_without_submitit_the_launcher_exits_2_saying_what_to_install(recipes, tmp_path, monkeypatch, capsys):  # noqa: F811

@@ -453,6 +453,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("sweep launch: returns without waiting", "tfbuilder/cli/launching.py", "    if args.no_wait:", "    if True:", ("tests/test_sweep_launch.py", "-k", "local_launch")),
     Mutation("slurm script: every array task runs entry 0", "docs/gpu.md", 'srun "${sweep[@]}" --entry "$SLURM_ARRAY_TASK_ID"', 'srun "${sweep[@]}" --entry 0', ("tests/test_sweep_launch.py", "-k", "documented")),
     Mutation("slurm script: the report waits for no job", "docs/gpu.md", '--dependency=afterany:"$job"', '--dependency=afterany:"${SLURM_JOB_ID:-}"', ("tests/test_sweep_launch.py", "-k", "documented")),
+    Mutation("sweep launch: --slurm-array-parallelism dropped", "tfbuilder/use/launch.py", "        slurm_array_parallelism=resources.array_parallelism,\n", "", ("tests/test_sweep_launch.py", "-k", "on_slurm")),
+    Mutation("sweep launch: --slurm-time ignored", "tfbuilder/use/launch.py", "        timeout_min=resources.timeout_min,", "        timeout_min=DAY_MIN,", ("tests/test_sweep_launch.py", "-k", "on_slurm")),
 ]
 
 

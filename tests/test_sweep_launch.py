@@ -98,6 +98,9 @@ def test_an_entry_job_runs_its_entry_and_requeues_as_itself(monkeypatch):
     assert again.result() == 0 and CALLS == [CALLS[0], CALLS[0]]
     with pytest.raises(LaunchError, match="entry 1: tfbuilder sweep exited 2"):
         Entry(record, ("sweep", "a.yaml", "--exit", "2"), 1)()
+    with pytest.raises(LaunchError, match="entry 2: stopped by signal 15; the same sweep command continues"):
+        Entry(record, ("sweep", "a.yaml", "--exit", "143"), 2)()
+    assert Entry(record, ("sweep", "a.yaml", "--exit", "1"), 0)() == 1  # diverged: in the report, not a failure
 
 
 CALLS: list[list[str]] = []  # what record() was called with (a picklable stand-in for the CLI's main)
@@ -105,7 +108,7 @@ CALLS: list[list[str]] = []  # what record() was called with (a picklable stand-
 
 def record(argv: list[str]) -> int:
     CALLS.append(argv)
-    return 2 if "--exit" in argv else 0
+    return int(argv[argv.index("--exit") + 1]) if "--exit" in argv else 0
 
 
 # --- docs/gpu.md's SLURM job-array script, verbatim, with stand-ins for sbatch, srun and scontrol -------
@@ -171,3 +174,31 @@ def test_the_documented_slurm_script_trains_each_entry_once_then_reports(tmp_pat
     with open(out / "report.csv", newline="") as f:
         assert [(row["recipe"], row["seeds"]) for row in csv.DictReader(f)] == [("tiny-post", "2")]
     assert not Path(f"{log}.scontrol").exists()  # no task was stopped: nothing requeued
+
+
+def test_on_slurm_the_options_become_one_job_array(recipes, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """submitit finds SLURM by ``srun`` on PATH; a stand-in ``sbatch`` keeps the script it is given."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "sweep"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    keep = tmp_path / "submitted.sh"
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {keep}\necho "Submitted batch job 4242"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    for name in [n for n in os.environ if n.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    options = ["--slurm-partition", "gpu", "--slurm-gpus-per-node", "1", "--slurm-cpus-per-task", "4"]
+    options += ["--slurm-time", "30", "--slurm-array-parallelism", "3"]
+    argv = ["sweep", *map(str, recipes), "--seeds", "2", "--out", str(out), *TINY, "--launcher", "submitit"]
+    assert main([*argv, *options, "--no-wait"]) == 0
+    captured = capsys.readouterr()
+    shown = [line.split()[:3] for line in captured.out.splitlines()[:4]]
+    assert shown == [[str(i), "job", f"4242_{i}"] for i in range(4)]  # one array task per entry
+    assert "4 jobs submitted (slurm)" in captured.err
+    script = keep.read_text()
+    for line in ("--array=0-3%3", "--partition=gpu", "--gpus-per-node=1", "--cpus-per-task=4", "--time=30",
+                 "--signal=USR2@90", "--job-name=tfbuilder-sweep"):  # fmt: skip
+        assert f"#SBATCH {line}\n" in script, line
+    assert f"--output={out / 'jobs'}" in script and "srun" in script and "submitit.core._submit" in script
+    assert not (out / "runs").exists()  # nothing trained here: the jobs would

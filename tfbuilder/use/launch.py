@@ -46,6 +46,10 @@ class Entry:
 
     def __call__(self) -> int:
         code = self.command([*self.argv, "--entry", str(self.index)])
+        if code > 128:  # Ctrl-C, SIGTERM, SIGUSR1 (tfbuilder.runs.checkpoints.Interrupted): a checkpoint was kept
+            raise LaunchError(
+                f"entry {self.index}: stopped by signal {code - 128}; the same sweep command continues its run"
+            )
         if code not in (0, 1):  # 1: its run diverged, which the sweep's report says; anything else failed
             raise LaunchError(f"entry {self.index}: tfbuilder sweep exited {code} (see this job's log)")
         return code

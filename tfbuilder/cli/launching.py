@@ -60,6 +60,10 @@ def check(args: argparse.Namespace) -> None:
             raise TfbuilderError(f"{', '.join(given)} only applies with --launcher submitit or local")
     elif args.entry is not None or args.report_only:
         raise TfbuilderError("--launcher submits every entry as its own job: leave out --entry and --report-only")
+    else:
+        from tfbuilder.use.launch import require  # deferred: start-up time
+
+        require(args.launcher)
 
 
 def worker_argv(args: argparse.Namespace, sweep: Sweep) -> list[str]:

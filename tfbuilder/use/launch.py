@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Literal
 from tfbuilder.errors import TfbuilderError
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from submitit import AutoExecutor, Job
     from submitit.helpers import DelayedSubmission
 
@@ -85,12 +87,19 @@ class Outcome:
     error: str = ""
 
 
-def executor(launcher: Launcher, folder: Path, resources: Resources) -> AutoExecutor:
-    """submitit's ``AutoExecutor``: the cluster it finds (SLURM where ``srun`` is on PATH), or local processes."""
+def require(launcher: Launcher) -> ModuleType:
+    """submitit itself, or a :class:`LaunchError` naming what to install (checked before the sweep's
+    directory is made, so a refused launch leaves nothing behind)."""
     try:
         import submitit  # deferred: optional, and only a launched sweep needs it
     except ImportError:
         raise LaunchError(f"--launcher {launcher} needs submitit: {INSTALL}") from None
+    return submitit
+
+
+def executor(launcher: Launcher, folder: Path, resources: Resources) -> AutoExecutor:
+    """submitit's ``AutoExecutor``: the cluster it finds (SLURM where ``srun`` is on PATH), or local processes."""
+    submitit = require(launcher)
     try:
         chosen = submitit.AutoExecutor(folder=folder, cluster="local" if launcher == "local" else None)
     except RuntimeError as exc:  # no cluster submitit knows

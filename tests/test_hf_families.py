@@ -72,6 +72,21 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=12, attention_bias=True, sliding_window=4, num_local_experts=4, num_experts_per_tok=3,
         moe_intermediate_size=20, norm_topk_prob=True, tie_word_embeddings=True, rope_parameters=ROPE)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(  # latent attention, sigmoid-routed experts
+        num_key_value_heads=4,  # latent attention: every head its own keys (refused otherwise)
+        q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=8,
+        rope_interleave=False,  # (default true: test_deepseek_v3_variants_give_the_reference_logits)
+        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=1.7,
+        norm_topk_prob=False, n_shared_experts=2, moe_intermediate_size=20, first_k_dense_replace=1,
+        tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.8, "mscale_all_dim": 0.5})),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(  # a gated shared expert, dense layers 0 and 2
+        qkv_bias=False, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+        layer_types=["sliding_attention", "full_attention", "full_attention"], num_experts=4,
+        num_experts_per_tok=3, moe_intermediate_size=20, shared_expert_intermediate_size=24, norm_topk_prob=True,
+        decoder_sparse_step=2, mlp_only_layers=[2], router_aux_loss_coef=0.01, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 300.0, "factor": 2.0})),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
         attention_bias=True, tie_word_embeddings=True, rope_parameters={  # 13 tokens: the short factors
             "rope_type": "longrope", "rope_theta": 300.0, "original_max_position_embeddings": 16, "factor": 4.0,
@@ -95,6 +110,11 @@ NOT_READ = {
     "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
     "qwen3_moe": {"output_router_logits", "use_sliding_window",  # training only; transformers' model ignores it
                   "decoder_sparse_step", "mlp_only_layers"},  # read, refused unless every layer is sparse
+    "deepseek_v3": {"output_router_logits",  # training only
+                    "pretraining_tp", "attention_bias",  # read, refused unless 1 and false
+                    "head_dim", "qk_head_dim",  # DeepseekV3Config derives them from qk_rope/nope_head_dim
+                    "num_nextn_predict_layers"},  # multi-token prediction: not imported (not in transformers' logits)
+    "qwen2_moe": {"output_router_logits", "use_sliding_window", "max_window_layers"},  # layer_types are read
 }
 TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
 FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
@@ -109,6 +129,9 @@ def reference(family: str, path) -> tuple[torch.nn.Module, dict]:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's (a buffer: zero as built)
+                b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(path)
     return model, json.loads((path / "config.json").read_text())
 

@@ -62,6 +62,7 @@ OBJ = ("tests/test_objectives.py",)
 TRAIN_METRICS = ("tests/test_training_metrics.py",)
 HFC = ("tests/test_hf_configs.py",)
 HD, HFF = "tfbuilder/interop/hf/decoders.py", ("tests/test_hf_families.py",)
+HS, HW = "tfbuilder/interop/hf/sparse.py", "tfbuilder/interop/hf/weights.py"
 HR = "tfbuilder/interop/hf/rope.py"
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
@@ -445,6 +446,26 @@ MUTATIONS: list[Mutation] = [
     Mutation("layer positions: a none layer keeps the model's", B, "out.append(module if isinstance(module, AttentionPosition) else None)", "out.append(module if isinstance(module, AttentionPosition) else shared)", LP),
     Mutation("layer positions: additive model position accepted", ST, "if not acts_in_attention(base.type):", "if False:", LP),
     Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions) if positions else None", "self.positions = None", LP),
+    # --- DeepSeek-V3 and Qwen2-MoE as Hugging Face families (interop/hf/sparse.py, weights.py, convert.py)
+    Mutation("hf deepseek: rope_interleave ignored", HS, 'model["position"]["pairing"] = "interleaved" if interleave else "half"', 'model["position"]["pairing"] = "half"', HFF + ("-k", "deepseek_v3_variants")),
+    Mutation("hf deepseek: export writes rope_interleave true", HS, '"rope_interleave": pairing == "interleaved",', '"rope_interleave": True,', HFF + ("-k", "round_trips and deepseek_v3")),
+    Mutation("hf deepseek: q_lora_rank null read as the default", HS, 'None if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None else ', "", HFF + ("-k", "deepseek_v3_variants")),
+    Mutation("hf deepseek: correction bias not loaded", HW, 'out.append((f"{ours}.correction_bias", (f"{sparse}.gate.e_score_correction_bias",), "copy"))', "pass", HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: n_group ignored", HS, '"groups": read_int(cfg, "n_group", 8),', '"groups": 1,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: topk_group ignored", HS, '"top_groups": read_int(cfg, "topk_group", 4),', '"top_groups": 4,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: routed_scaling_factor ignored", HS, '"routed_scale": read_float(cfg, "routed_scaling_factor", 2.5),', '"routed_scale": 1.0,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: norm_topk_prob ignored", HS, '"normalize": _flag(cfg, "norm_topk_prob", True),', '"normalize": True,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: first_k_dense_replace off by one", HS, "return list(range(min(first, layers)))", "return list(range(min(first + 1, layers)))", HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: shared experts' names", "tfbuilder/interop/hf/families.py", 'shared_name="shared_experts",', 'shared_name="shared_expert",', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: export compares aux_weight", "tfbuilder/interop/hf/convert.py", 'ffn.pop("aux_weight", None)', "pass", HFF + ("-k", "architecture_recipe and deepseek")),
+    Mutation("hf deepseek: export compares an unresolved normalize", "tfbuilder/interop/hf/convert.py", 'ffn["normalize"] = moe.normalizes()', "pass", HFF + ("-k", "architecture_recipe and deepseek")),
+    Mutation("hf deepseek: export compares an unresolved shared_hidden", "tfbuilder/interop/hf/convert.py", 'ffn["shared_hidden"] = moe.shared_hidden or moe.hidden * moe.shared_experts', "pass", HFF + ("-k", "architecture_recipe and deepseek")),
+    Mutation("hf qwen2-moe: shared expert gate not loaded", HW, 'out.append((f"{ours}.shared_gate.weight", (f"{sparse}.shared_expert_gate.weight",), "copy"))', "pass", HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: shared expert ungated", HS, 'model["ffn"]["shared_gate"] = True', 'model["ffn"]["shared_gate"] = False', HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: decoder_sparse_step ignored", HS, "return [i for i in range(layers) if i in only or (i + 1) % step]", "return [i for i in range(layers) if i in only]", HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: qkv_bias ignored", HS, 'model["attention"]["bias"] = "qkv" if _flag(cfg, "qkv_bias", True) else False', 'model["attention"]["bias"] = "qkv"', HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: export writes no mlp_only_layers", HS, "out.update(decoder_sparse_step=1, mlp_only_layers=dense)", "out.update(decoder_sparse_step=1, mlp_only_layers=[])", HFF + ("-k", "round_trips and qwen2_moe")),
+    Mutation("hf qwen2-moe: export writes num_local_experts", HD, '{fam.experts_field: ffn.get("experts")', '{"num_local_experts": ffn.get("experts")', HFF + ("-k", "round_trips and qwen2_moe")),
 ]
 
 

@@ -1,5 +1,5 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE; YaRN and LongRoPE rope types) are transformers' models
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen2-MoE; YaRN and LongRoPE rope types) are transformers' models
 exactly: a tiny random model with every field the importer reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
@@ -243,6 +243,15 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
         ("qwen2", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
         ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
         ("mistral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("deepseek_v3", {"num_key_value_heads": 2}, "num_key_value_heads"),  # latent attention: every head its keys
+        ("deepseek_v3", {"attention_bias": True}, "attention_bias"),  # biases on some latent projections only
+        ("deepseek_v3", {"qk_rope_head_dim": 5}, "qk_rope_head_dim"),
+        ("deepseek_v3", {"first_k_dense_replace": -1}, "first_k_dense_replace"),
+        ("deepseek_v3", {"rope_interleave": "yes"}, "rope_interleave"),
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+         "rope_parameters.rope_type"),  # DeepSeek's attention rescales by YaRN's mscale_all_dim under any type
+        ("qwen2_moe", {"mlp_only_layers": [True]}, "mlp_only_layers"),
+        ("qwen2_moe", {"layer_types": None}, "use_sliding_window"),  # Qwen2MoeConfig's own derivation: refused
         ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
         ("qwen3_moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
     ],
@@ -303,6 +312,44 @@ def test_qwen3_moe_configs_on_the_hub_read_the_same(saved):
     assert from_config(old)[1]["ffn"]["experts"] == 4
 
 
+@pytest.mark.parametrize("changes", [{"rope_interleave": True, "q_lora_rank": None}, {"rope_interleave": True}])
+def test_deepseek_v3_variants_give_the_reference_logits(changes, tmp_path):
+    """DeepSeek-V3's defaults beside the CONFIGS one: rotary pairs interleaved (x_2i, x_2i+1), queries from
+    q_proj (q_lora_rank null); the multi-token prediction module a released checkpoint stores after the last
+    layer (model.layers.{num_hidden_layers}, num_nextn_predict_layers 1) is left out, as transformers' model
+    leaves it out of its logits."""
+    from safetensors.torch import load_file, save_file
+
+    config_class, model_class, fields = CONFIGS["deepseek_v3"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(CONFIGS, "deepseek_v3", (config_class, model_class, {**fields, **changes}))
+        ref, cfg = reference("deepseek_v3", tmp_path / "hf")
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["rope_interleave"] is True
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    weights["model.layers.3.eh_proj.weight"] = torch.randn(40, 80)  # the MTP module's projection
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    loaded = load_checkpoint(import_hf(tmp_path / "hf", tmp_path / "run"))
+    assert loaded.recipe.model.position.pairing == "interleaved"
+    ids, mask = batch()
+    compare(our_logits(loaded.model, ids), their_logits(ref, ids, mask), mask, "deepseek_v3")
+    export(tmp_path / "run" / "checkpoints" / "last.ckpt", format="hf", out=tmp_path / "out")
+    back = type(ref).from_pretrained(tmp_path / "out")
+    assert back.config.q_lora_rank == changes.get("q_lora_rank", 12) and back.config.num_nextn_predict_layers == 0
+    compare(their_logits(back, ids, mask), their_logits(ref, ids, mask), mask, "deepseek_v3")
+
+
+def test_deepseek_v3_dense_layers_and_qwen2_moe_mlp_only_layers_are_overrides(saved):
+    """The dense layers among the sparse ones: DeepSeek-V3's first first_k_dense_replace; Qwen2-MoE's in
+    mlp_only_layers or off decoder_sparse_step (layer 0 of three with step 2, and layer 2 by the list)."""
+    dense = {"type": "swiglu", "hidden": 56, "bias": False}
+    model = from_config(saved["deepseek_v3"][2])[1]
+    assert model["decoder"]["overrides"] == {0: {"ffn": dense}}
+    assert model["ffn"]["router"] == "sigmoid" and model["ffn"]["correction_bias"] is True
+    model = from_config(saved["qwen2_moe"][2])[1]
+    assert model["decoder"]["overrides"] == {0: {"ffn": dense}, 2: {"ffn": dense}}
+    assert model["ffn"]["shared_gate"] is True and model["ffn"]["shared_hidden"] == 24
+
+
 def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
     model = from_config(saved["gemma2"][2])[1]
     assert model["decoder"]["pattern"] == ["global", "local"]
@@ -312,8 +359,11 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
-SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
+        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral",
+        "deepseek-v3-small": "deepseek_v3", "qwen2-moe-small": "qwen2_moe"}
+SHRINK = {"mistral-small": ["model.attention.window=4"],
+          # the defaults a DeepSeek-V3 config spells out: sigmoid routing renormalises, one shared expert as wide
+          "deepseek-v3-small": ["model.ffn.normalize=null", "model.ffn.shared_hidden=48"], "phi3-small": ["model.attention.window=5"],
           "gemma2-small": ["model.decoder.kinds.local.attention.window=4"],
           "gemma3-small": ["model.decoder.kinds.local.attention.window=4", "model.decoder.pattern=[local, global]"]}
 

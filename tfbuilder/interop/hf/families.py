@@ -65,6 +65,7 @@ SANDWICH_NORMS = (
     ("ffn.norm_out", "post_feedforward_layernorm"),
 )
 
+MLP_EXPERTS = ("mlp", "gate_proj", "up_proj", "down_proj")  # mlp.experts.e.gate_proj, ... (Qwen-MoE, DeepSeek)
 OUTPUT_NORMS = (("self_attn.norm", "post_attention_layernorm"), ("ffn.norm", "post_feedforward_layernorm"))
 PLACEMENTS = {PRE_NORMS: "pre", SANDWICH_NORMS: "sandwich", OUTPUT_NORMS: "output"}
 
@@ -202,7 +203,7 @@ FAMILY_LIST = (
         refused=(("pretraining_tp", (1, None), 1), ("attention_bias", (False,), False)),
         source="DeepSeek-AI 2024, DeepSeek-V3 technical report, arXiv:2412.19437; MLA: DeepSeek-V2, arXiv:2405.04434",
         rope_types=("default", "yarn"),  # DeepSeek's attention rescales its scores by YaRN's mscale_all_dim alone
-        expert_names=("mlp", "gate_proj", "up_proj", "down_proj"),
+        expert_names=MLP_EXPERTS,
         moe_hidden="moe_intermediate_size",
         moe_normalize="norm_topk_prob",
         experts_field="n_routed_experts",
@@ -213,7 +214,7 @@ FAMILY_LIST = (
         "Qwen2MoeForCausalLM",
         frozenset({QKV_BIAS_FLAG, LAYER_TYPES, MOE, SHARED_GATE, SPARSE_STEP}),
         source="Qwen1.5-MoE (Qwen Team 2024, qwenlm.github.io/blog/qwen-moe); Qwen2 (arXiv:2407.10671)",
-        expert_names=("mlp", "gate_proj", "up_proj", "down_proj"),
+        expert_names=MLP_EXPERTS,
         moe_hidden="moe_intermediate_size",
         moe_normalize="norm_topk_prob",
         experts_field="num_experts",

@@ -465,6 +465,10 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf qwen2-moe: decoder_sparse_step ignored", HS, "return [i for i in range(layers) if i in only or (i + 1) % step]", "return [i for i in range(layers) if i in only]", HFF + ("-k", "import_gives and qwen2_moe")),
     Mutation("hf qwen2-moe: qkv_bias ignored", HS, 'model["attention"]["bias"] = "qkv" if _flag(cfg, "qkv_bias", True) else False', 'model["attention"]["bias"] = "qkv"', HFF + ("-k", "import_gives and qwen2_moe")),
     Mutation("hf qwen2-moe: export writes no mlp_only_layers", HS, "out.update(decoder_sparse_step=1, mlp_only_layers=dense)", "out.update(decoder_sparse_step=1, mlp_only_layers=[])", HFF + ("-k", "round_trips and qwen2_moe")),
+    Mutation("hf bert head: pooler without tanh", "tfbuilder/model/heads.py", "pooled = torch.tanh(self.pooler(pooled))", "pooled = self.pooler(pooled)", HFF + ("-k", "bert_with_a_sequence_head")),
+    Mutation("hf bert head: classifier bias not written", "tfbuilder/interop/hf/classify.py", '("head.out.bias", ("classifier.bias",), "copy"),', "", HFF + ("-k", "bert_with_a_sequence_head")),
+    Mutation("hf bert head: pooler names", "tfbuilder/interop/hf/classify.py", '("head.pooler.weight", ("bert.pooler.dense.weight",), "copy"),', '("head.pooler.weight", ("bert.pooler.weight",), "copy"),', HFF + ("-k", "bert_with_a_sequence_head")),
+    Mutation("hf bert head: a head without pooler accepted", "tfbuilder/interop/hf/classify.py", '("pooler", head.pooler, True)', '("pooler", True, True)', HFF + ("-k", "bert_head_transformers")),
     Mutation("hf qwen2-moe: export writes num_local_experts", HD, '{fam.experts_field: ffn.get("experts")', '{"num_local_experts": ffn.get("experts")', HFF + ("-k", "round_trips and qwen2_moe")),
 ]
 

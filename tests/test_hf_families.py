@@ -445,10 +445,62 @@ def test_a_sequence_head_exports_as_for_sequence_classification(name, tmp_path):
 
 @pytest.mark.parametrize(
     "changes, key",
-    [(["model.head.bias=true"], "model.head.bias"), (["model.head.pooling=mean"], "model.head.pooling")],
+    [(["model.head.bias=true"], "model.head.bias"), (["model.head.pooling=mean"], "model.head.pooling"),
+     (["model.head.pooler=true"], "model.head.pooler")],
 )
 def test_a_sequence_head_transformers_does_not_compute_is_refused(changes, key, tmp_path, capsys):
     classifier("llama-small", tmp_path, *changes)
+    assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+def bert_classifier(tmp_path, *changes: str):
+    """recipes/architectures/bert-base.yaml (shrunk) with a three-class head read through BERT's pooler,
+    every weight perturbed, saved."""
+    from conftest import ROOT
+
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=64", "model.attention.heads=4", "model.encoder.layers=2", "model.ffn.hidden=48",
+                 f"model.vocab_size={V}", "model.head={type: classify, labels: [neg, neu, pos], pooler: true}", *changes]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / "bert-base.yaml", overrides)
+    torch.manual_seed(0)
+    model = build_model(recipe).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    return model
+
+
+def test_bert_with_a_sequence_head_exports_as_bert_for_sequence_classification(tmp_path):
+    """BertForSequenceClassification: the [CLS] state through the pooler, tanh(W h + b), then the classifier
+    with its bias (pooling: cls, pooler: true); padding (pad id 0) masked as the attention mask masks it."""
+    model = bert_classifier(tmp_path)
+    export(tmp_path / "x.ckpt", format="hf", out=tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == ["BertForSequenceClassification"] and cfg["id2label"]["2"] == "pos"
+    ref = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    ids, mask = batch()
+    ids[ids == 0] = 1
+    ids[mask == 0] = 0  # right padding with the pad id
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits
+        got = model(ids)
+    assert got.shape == want.shape == (3, 3)
+    assert (got - want).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("change, key", [("model.head.pooler=false", "model.head.pooler"),
+                                         ("model.head.pooling=mean", "model.head.pooling"),
+                                         ("model.head.bias=false", "model.head.bias")])
+def test_a_bert_head_transformers_does_not_compute_is_refused(change, key, tmp_path, capsys):
+    bert_classifier(tmp_path, change)
     assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
     assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()
 

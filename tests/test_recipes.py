@@ -177,6 +177,7 @@ def analytic_parameters(spec) -> int:
         total += (spec.src_vocab_size or spec.vocab_size) * d
     if spec.head is not None:  # a sequence head replaces the output: one linear layer to its outputs
         total += d * spec.head.outputs + (spec.head.outputs if spec.head.bias else 0)
+        total += d * d + d if spec.head.pooler else 0  # BERT's pooler: a dense layer before it
     elif not spec.tie_output:
         total += spec.vocab_size * d
     if spec.position.type == "learned":

@@ -342,7 +342,7 @@ def _export_hf(loaded: Loaded, family: str, out: Path) -> list[Path]:
     body = model_section if head is None else classify.body(model_section)
     rules = weights.rules(family, body)
     if head is not None:
-        rules = classify.rules(rules)
+        rules = classify.rules(rules, family)
     tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
     atomic.write_by_name(
         out / "model.safetensors",

@@ -1,5 +1,6 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen2-MoE; YaRN and LongRoPE rope types) are transformers' models
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen2-MoE; YaRN and LongRoPE rope types)
+are transformers' models
 exactly: a tiny random model with every field the importer reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
@@ -362,8 +363,9 @@ ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": 
         "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral",
         "deepseek-v3-small": "deepseek_v3", "qwen2-moe-small": "qwen2_moe"}
 SHRINK = {"mistral-small": ["model.attention.window=4"],
-          # the defaults a DeepSeek-V3 config spells out: sigmoid routing renormalises, one shared expert as wide
-          "deepseek-v3-small": ["model.ffn.normalize=null", "model.ffn.shared_hidden=48"], "phi3-small": ["model.attention.window=5"],
+          # the defaults a DeepSeek-V3 config spells out: sigmoid routing renormalises, a shared expert as wide
+          "deepseek-v3-small": ["model.ffn.normalize=null",
+                                "model.ffn.shared_hidden=48"], "phi3-small": ["model.attention.window=5"],
           "gemma2-small": ["model.decoder.kinds.local.attention.window=4"],
           "gemma3-small": ["model.decoder.kinds.local.attention.window=4", "model.decoder.pattern=[local, global]"]}
 
@@ -466,7 +468,8 @@ def bert_classifier(tmp_path, *changes: str):
     from tfbuilder.spec.recipe import load_recipe
 
     overrides = ["model.d_model=64", "model.attention.heads=4", "model.encoder.layers=2", "model.ffn.hidden=48",
-                 f"model.vocab_size={V}", "model.head={type: classify, labels: [neg, neu, pos], pooler: true}", *changes]
+                 f"model.vocab_size={V}", "model.head={type: classify, labels: [neg, neu, pos], pooler: true}",
+                 *changes]
     recipe = load_recipe(ROOT / "recipes" / "architectures" / "bert-base.yaml", overrides)
     torch.manual_seed(0)
     model = build_model(recipe).eval()

@@ -469,6 +469,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf bert head: classifier bias not written", "tfbuilder/interop/hf/classify.py", '("head.out.bias", ("classifier.bias",), "copy"),', "", HFF + ("-k", "bert_with_a_sequence_head")),
     Mutation("hf bert head: pooler names", "tfbuilder/interop/hf/classify.py", '("head.pooler.weight", ("bert.pooler.dense.weight",), "copy"),', '("head.pooler.weight", ("bert.pooler.weight",), "copy"),', HFF + ("-k", "bert_with_a_sequence_head")),
     Mutation("hf bert head: a head without pooler accepted", "tfbuilder/interop/hf/classify.py", '("pooler", head.pooler, True)', '("pooler", True, True)', HFF + ("-k", "bert_head_transformers")),
+    Mutation("hf deepseek: quantized weights read as plain ones", HD, 'require(cfg, "quantization_config", (None,), None)', "pass", HFF + ("-k", "cannot_express and deepseek_v3")),
     Mutation("hf qwen2-moe: export writes num_local_experts", HD, '{fam.experts_field: ffn.get("experts")', '{"num_local_experts": ffn.get("experts")', HFF + ("-k", "round_trips and qwen2_moe")),
 ]
 

@@ -118,7 +118,8 @@ NOT_READ = {
     "qwen2_moe": {"output_router_logits", "use_sliding_window", "max_window_layers"},  # layer_types are read
 }
 TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
-FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
+FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor",
+         "quantization_config"}  # read, refused unless null
 
 
 def reference(family: str, path) -> tuple[torch.nn.Module, dict]:
@@ -249,6 +250,8 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
         ("deepseek_v3", {"qk_rope_head_dim": 5}, "qk_rope_head_dim"),
         ("deepseek_v3", {"first_k_dense_replace": -1}, "first_k_dense_replace"),
         ("deepseek_v3", {"rope_interleave": "yes"}, "rope_interleave"),
+        ("deepseek_v3", {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+         "quantization_config"),  # DeepSeek-V3's released weights: fp8 blocks and their scales
         ("deepseek_v3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
          "rope_parameters.rope_type"),  # DeepSeek's attention rescales by YaRN's mscale_all_dim under any type
         ("qwen2_moe", {"mlp_only_layers": [True]}, "mlp_only_layers"),

@@ -74,6 +74,8 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     """The model section (plain data) of a ``config.json`` of ``fam``."""
     for name, allowed, default in fam.refused:
         require(cfg, name, allowed, default)
+    # quantized weights (DeepSeek-V3's released fp8 blocks with their scales) are no plain weights to copy
+    require(cfg, "quantization_config", (None,), None)
     require(cfg, fam.activation[0], (fam.activation[1],), fam.activation[1])
     ropes = rope_by_layer_type(cfg) if LAYER_ROPE in fam.features else {}
     position = ropes.get("full_attention") or rope_position(

@@ -62,6 +62,7 @@ OBJ = ("tests/test_objectives.py",)
 TRAIN_METRICS = ("tests/test_training_metrics.py",)
 HFC = ("tests/test_hf_configs.py",)
 HD, HFF = "tfbuilder/interop/hf/decoders.py", ("tests/test_hf_families.py",)
+HS, HW = "tfbuilder/interop/hf/sparse.py", "tfbuilder/interop/hf/weights.py"
 HR = "tfbuilder/interop/hf/rope.py"
 SCHED = ("tests/test_schedules.py",)  # schedules' reference tests
 DATA = ("tests/test_data.py", "tests/test_batching.py")
@@ -455,6 +456,31 @@ MUTATIONS: list[Mutation] = [
     Mutation("slurm script: the report waits for no job", "docs/gpu.md", '--dependency=afterany:"$job"', '--dependency=afterany:"${SLURM_JOB_ID:-}"', ("tests/test_sweep_launch.py", "-k", "documented")),
     Mutation("sweep launch: --slurm-array-parallelism dropped", "tfbuilder/use/launch.py", "        slurm_array_parallelism=resources.array_parallelism,\n", "", ("tests/test_sweep_launch.py", "-k", "on_slurm")),
     Mutation("sweep launch: --slurm-time ignored", "tfbuilder/use/launch.py", "        timeout_min=resources.timeout_min,", "        timeout_min=DAY_MIN,", ("tests/test_sweep_launch.py", "-k", "on_slurm")),
+    # --- DeepSeek-V3 and Qwen2-MoE as Hugging Face families (interop/hf/sparse.py, weights.py, convert.py)
+    Mutation("hf deepseek: rope_interleave ignored", HS, 'model["position"]["pairing"] = "interleaved" if interleave else "half"', 'model["position"]["pairing"] = "half"', HFF + ("-k", "deepseek_v3_variants")),
+    Mutation("hf deepseek: export writes rope_interleave true", HS, '"rope_interleave": pairing == "interleaved",', '"rope_interleave": True,', HFF + ("-k", "round_trips and deepseek_v3")),
+    Mutation("hf deepseek: q_lora_rank null read as the default", HS, 'None if "q_lora_rank" in cfg and cfg["q_lora_rank"] is None else ', "", HFF + ("-k", "deepseek_v3_variants")),
+    Mutation("hf deepseek: correction bias not loaded", HW, 'out.append((f"{ours}.correction_bias", (f"{sparse}.gate.e_score_correction_bias",), "copy"))', "pass", HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: n_group ignored", HS, '"groups": read_int(cfg, "n_group", 8),', '"groups": 1,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: topk_group ignored", HS, '"top_groups": read_int(cfg, "topk_group", 4),', '"top_groups": 4,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: routed_scaling_factor ignored", HS, '"routed_scale": read_float(cfg, "routed_scaling_factor", 2.5),', '"routed_scale": 1.0,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: norm_topk_prob ignored", HS, '"normalize": _flag(cfg, "norm_topk_prob", True),', '"normalize": True,', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: first_k_dense_replace off by one", HS, "return list(range(min(first, layers)))", "return list(range(min(first + 1, layers)))", HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: shared experts' names", "tfbuilder/interop/hf/families.py", 'shared_name="shared_experts",', 'shared_name="shared_expert",', HFF + ("-k", "import_gives and deepseek_v3")),
+    Mutation("hf deepseek: export compares aux_weight", "tfbuilder/interop/hf/convert.py", 'ffn.pop("aux_weight", None)', "pass", HFF + ("-k", "architecture_recipe and deepseek")),
+    Mutation("hf deepseek: export compares an unresolved normalize", "tfbuilder/interop/hf/convert.py", 'ffn["normalize"] = moe.normalizes()', "pass", HFF + ("-k", "architecture_recipe and deepseek")),
+    Mutation("hf deepseek: export compares an unresolved shared_hidden", "tfbuilder/interop/hf/convert.py", 'ffn["shared_hidden"] = moe.shared_hidden or moe.hidden * moe.shared_experts', "pass", HFF + ("-k", "architecture_recipe and deepseek")),
+    Mutation("hf qwen2-moe: shared expert gate not loaded", HW, 'out.append((f"{ours}.shared_gate.weight", (f"{sparse}.shared_expert_gate.weight",), "copy"))', "pass", HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: shared expert ungated", HS, 'model["ffn"]["shared_gate"] = True', 'model["ffn"]["shared_gate"] = False', HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: decoder_sparse_step ignored", HS, "return [i for i in range(layers) if i in only or (i + 1) % step]", "return [i for i in range(layers) if i in only]", HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: qkv_bias ignored", HS, 'model["attention"]["bias"] = "qkv" if _flag(cfg, "qkv_bias", True) else False', 'model["attention"]["bias"] = "qkv"', HFF + ("-k", "import_gives and qwen2_moe")),
+    Mutation("hf qwen2-moe: export writes no mlp_only_layers", HS, "out.update(decoder_sparse_step=1, mlp_only_layers=dense)", "out.update(decoder_sparse_step=1, mlp_only_layers=[])", HFF + ("-k", "round_trips and qwen2_moe")),
+    Mutation("hf bert head: pooler without tanh", "tfbuilder/model/heads.py", "pooled = torch.tanh(self.pooler(pooled))", "pooled = self.pooler(pooled)", HFF + ("-k", "bert_with_a_sequence_head")),
+    Mutation("hf bert head: classifier bias not written", "tfbuilder/interop/hf/classify.py", '("head.out.bias", ("classifier.bias",), "copy"),', "", HFF + ("-k", "bert_with_a_sequence_head")),
+    Mutation("hf bert head: pooler names", "tfbuilder/interop/hf/classify.py", '("head.pooler.weight", ("bert.pooler.dense.weight",), "copy"),', '("head.pooler.weight", ("bert.pooler.weight",), "copy"),', HFF + ("-k", "bert_with_a_sequence_head")),
+    Mutation("hf bert head: a head without pooler accepted", "tfbuilder/interop/hf/classify.py", '("pooler", head.pooler, True)', '("pooler", True, True)', HFF + ("-k", "bert_head_transformers")),
+    Mutation("hf deepseek: quantized weights read as plain ones", HD, 'require(cfg, "quantization_config", (None,), None)', "pass", HFF + ("-k", "cannot_express and deepseek_v3")),
+    Mutation("hf qwen2-moe: export writes num_local_experts", HD, '{fam.experts_field: ffn.get("experts")', '{"num_local_experts": ffn.get("experts")', HFF + ("-k", "round_trips and qwen2_moe")),
 ]
 
 

@@ -69,6 +69,17 @@ def reference_count(name: str) -> int:
             hidden_size=512, intermediate_size=1792, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
             head_dim=64, num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, rms_norm_eps=1e-5,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+        "deepseek-v3-small": lambda: T.DeepseekV3ForCausalLM(T.DeepseekV3Config(
+            hidden_size=256, intermediate_size=704, moe_intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
+            qk_rope_head_dim=16,
+            v_head_dim=32, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, n_shared_experts=1,
+            routed_scaling_factor=2.5, first_k_dense_replace=1, norm_topk_prob=True, vocab_size=32000,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rope_interleave=True)),
+        "qwen2-moe-small": lambda: T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(
+            hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, shared_expert_intermediate_size=1024,
+            num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, vocab_size=32000, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
     }[name]
     with torch.device("meta"):
         model = build()
@@ -78,7 +89,7 @@ def reference_count(name: str) -> int:
 
 REFERENCED = ["gpt2-small", "bert-base", "t5-small", "llama-small", "llama3.1-small", "mistral-small", "qwen2.5-small",
               "qwen3-small", "phi3-small", "gemma2-small", "gemma3-small", "olmo2-small",
-              "mixtral-small", "qwen3-moe-small"]
+              "mixtral-small", "qwen3-moe-small", "deepseek-v3-small", "qwen2-moe-small"]
 
 
 @pytest.mark.parametrize("name", REFERENCED)

@@ -233,7 +233,7 @@ def _hf_dir(saved, tmp_path, family: str, **changes) -> str:
         ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
         ("t5", {"feed_forward_proj": "gated-gelu"}, "feed_forward_proj"),
         ("llama", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
-        ("llama", {"architectures": ["DeepseekV3ForCausalLM"]}, "architectures"),
+        ("llama", {"architectures": ["MambaForCausalLM"]}, "architectures"),
     ],
 )
 def test_unsupported_config_exits_2_naming_the_field(saved, tmp_path, capsys, family, changes, field):

@@ -83,6 +83,7 @@ TRAINING_ONLY = {"resid_pdrop", "attn_pdrop", "initializer_range", "hidden_dropo
 REFUSED_UNLESS_DEFAULT = {
     "architectures", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention", "position_embedding_type",
     "is_decoder", "hidden_act", "feed_forward_proj", "rope_scaling", "pretraining_tp", "scale_decoder_outputs",
+    "quantization_config",
 }
 REFUSED_UNLESS_DEFAULT_IN = {"t5": {"tie_word_embeddings"}}  # before transformers 5: whether the output is scaled
 

@@ -1,5 +1,6 @@
 """The decoder families of ``tfbuilder/interop/hf/families.py`` (Llama 3.1, Mistral, Qwen2.5, Qwen3,
-Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE; YaRN and LongRoPE rope types) are transformers' models
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen2-MoE; YaRN and LongRoPE rope types)
+are transformers' models
 exactly: a tiny random model with every field the importer reads set off its default gives the reference logits after `import-hf` (float32, 1e-4, right-padded
 rows compared on their real tokens), its export reads back to the same recipe and weights and loads in
 transformers with the same logits, and what a recipe cannot express is refused by name."""
@@ -72,6 +73,21 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         head_dim=12, attention_bias=True, sliding_window=4, num_local_experts=4, num_experts_per_tok=3,
         moe_intermediate_size=20, norm_topk_prob=True, tie_word_embeddings=True, rope_parameters=ROPE)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(  # latent attention, sigmoid-routed experts
+        num_key_value_heads=4,  # latent attention: every head its own keys (refused otherwise)
+        q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=8,
+        rope_interleave=False,  # (default true: test_deepseek_v3_variants_give_the_reference_logits)
+        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, routed_scaling_factor=1.7,
+        norm_topk_prob=False, n_shared_experts=2, moe_intermediate_size=20, first_k_dense_replace=1,
+        tie_word_embeddings=True, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 300.0, "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 8.0, "beta_slow": 2.0, "mscale": 0.8, "mscale_all_dim": 0.5})),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(  # a gated shared expert, dense layers 0 and 2
+        qkv_bias=False, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+        layer_types=["sliding_attention", "full_attention", "full_attention"], num_experts=4,
+        num_experts_per_tok=3, moe_intermediate_size=20, shared_expert_intermediate_size=24, norm_topk_prob=True,
+        decoder_sparse_step=2, mlp_only_layers=[2], router_aux_loss_coef=0.01, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "linear", "rope_theta": 300.0, "factor": 2.0})),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
         attention_bias=True, tie_word_embeddings=True, rope_parameters={  # 13 tokens: the short factors
             "rope_type": "longrope", "rope_theta": 300.0, "original_max_position_embeddings": 16, "factor": 4.0,
@@ -95,9 +111,15 @@ NOT_READ = {
     "mixtral": {"output_router_logits", "router_jitter_noise"},  # training only
     "qwen3_moe": {"output_router_logits", "use_sliding_window",  # training only; transformers' model ignores it
                   "decoder_sparse_step", "mlp_only_layers"},  # read, refused unless every layer is sparse
+    "deepseek_v3": {"output_router_logits",  # training only
+                    "pretraining_tp", "attention_bias",  # read, refused unless 1 and false
+                    "head_dim", "qk_head_dim",  # DeepseekV3Config derives them from qk_rope/nope_head_dim
+                    "num_nextn_predict_layers"},  # multi-token prediction: not imported (not in transformers' logits)
+    "qwen2_moe": {"output_router_logits", "use_sliding_window", "max_window_layers"},  # layer_types are read
 }
 TRAINING_ONLY = {"initializer_range", "attention_dropout", "resid_pdrop", "router_aux_loss_coef"}
-FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor"}
+FIXED = {"architectures", "hidden_act", "hidden_activation", "rope_scaling", "rope_theta", "partial_rotary_factor",
+         "quantization_config"}  # read, refused unless null
 
 
 def reference(family: str, path) -> tuple[torch.nn.Module, dict]:
@@ -109,6 +131,9 @@ def reference(family: str, path) -> tuple[torch.nn.Module, dict]:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's (a buffer: zero as built)
+                b.add_(torch.randn_like(b) * 0.1)
     model.save_pretrained(path)
     return model, json.loads((path / "config.json").read_text())
 
@@ -220,6 +245,17 @@ def _with(saved, tmp_path, family: str, **changes) -> str:
         ("qwen2", {"layer_types": ["full_attention", "chunked_attention", "full_attention"]}, "layer_types"),
         ("qwen2", {"layer_types": ["full_attention"]}, "layer_types"),
         ("mistral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("deepseek_v3", {"num_key_value_heads": 2}, "num_key_value_heads"),  # latent attention: every head its keys
+        ("deepseek_v3", {"attention_bias": True}, "attention_bias"),  # biases on some latent projections only
+        ("deepseek_v3", {"qk_rope_head_dim": 5}, "qk_rope_head_dim"),
+        ("deepseek_v3", {"first_k_dense_replace": -1}, "first_k_dense_replace"),
+        ("deepseek_v3", {"rope_interleave": "yes"}, "rope_interleave"),
+        ("deepseek_v3", {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}},
+         "quantization_config"),  # DeepSeek-V3's released weights: fp8 blocks and their scales
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}},
+         "rope_parameters.rope_type"),  # DeepSeek's attention rescales by YaRN's mscale_all_dim under any type
+        ("qwen2_moe", {"mlp_only_layers": [True]}, "mlp_only_layers"),
+        ("qwen2_moe", {"layer_types": None}, "use_sliding_window"),  # Qwen2MoeConfig's own derivation: refused
         ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
         ("qwen3_moe", {"mlp_only_layers": [0]}, "mlp_only_layers"),
     ],
@@ -280,6 +316,44 @@ def test_qwen3_moe_configs_on_the_hub_read_the_same(saved):
     assert from_config(old)[1]["ffn"]["experts"] == 4
 
 
+@pytest.mark.parametrize("changes", [{"rope_interleave": True, "q_lora_rank": None}, {"rope_interleave": True}])
+def test_deepseek_v3_variants_give_the_reference_logits(changes, tmp_path):
+    """DeepSeek-V3's defaults beside the CONFIGS one: rotary pairs interleaved (x_2i, x_2i+1), queries from
+    q_proj (q_lora_rank null); the multi-token prediction module a released checkpoint stores after the last
+    layer (model.layers.{num_hidden_layers}, num_nextn_predict_layers 1) is left out, as transformers' model
+    leaves it out of its logits."""
+    from safetensors.torch import load_file, save_file
+
+    config_class, model_class, fields = CONFIGS["deepseek_v3"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(CONFIGS, "deepseek_v3", (config_class, model_class, {**fields, **changes}))
+        ref, cfg = reference("deepseek_v3", tmp_path / "hf")
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["rope_interleave"] is True
+    weights = load_file(tmp_path / "hf" / "model.safetensors")
+    weights["model.layers.3.eh_proj.weight"] = torch.randn(40, 80)  # the MTP module's projection
+    save_file(weights, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    loaded = load_checkpoint(import_hf(tmp_path / "hf", tmp_path / "run"))
+    assert loaded.recipe.model.position.pairing == "interleaved"
+    ids, mask = batch()
+    compare(our_logits(loaded.model, ids), their_logits(ref, ids, mask), mask, "deepseek_v3")
+    export(tmp_path / "run" / "checkpoints" / "last.ckpt", format="hf", out=tmp_path / "out")
+    back = type(ref).from_pretrained(tmp_path / "out")
+    assert back.config.q_lora_rank == changes.get("q_lora_rank", 12) and back.config.num_nextn_predict_layers == 0
+    compare(their_logits(back, ids, mask), their_logits(ref, ids, mask), mask, "deepseek_v3")
+
+
+def test_deepseek_v3_dense_layers_and_qwen2_moe_mlp_only_layers_are_overrides(saved):
+    """The dense layers among the sparse ones: DeepSeek-V3's first first_k_dense_replace; Qwen2-MoE's in
+    mlp_only_layers or off decoder_sparse_step (layer 0 of three with step 2, and layer 2 by the list)."""
+    dense = {"type": "swiglu", "hidden": 56, "bias": False}
+    model = from_config(saved["deepseek_v3"][2])[1]
+    assert model["decoder"]["overrides"] == {0: {"ffn": dense}}
+    assert model["ffn"]["router"] == "sigmoid" and model["ffn"]["correction_bias"] is True
+    model = from_config(saved["qwen2_moe"][2])[1]
+    assert model["decoder"]["overrides"] == {0: {"ffn": dense}, 2: {"ffn": dense}}
+    assert model["ffn"]["shared_gate"] is True and model["ffn"]["shared_hidden"] == 24
+
+
 def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
     model = from_config(saved["gemma2"][2])[1]
     assert model["decoder"]["pattern"] == ["global", "local"]
@@ -289,8 +363,12 @@ def test_every_other_layer_slides_by_a_pattern_of_kinds(saved):
 
 ARCH = {"llama3.1-small": "llama", "mistral-small": "mistral", "qwen2.5-small": "qwen2", "qwen3-small": "qwen3",
         "phi3-small": "mistral",  # Phi-3 computes what Mistral does: the first family in the table that fits is written
-        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral"}
-SHRINK = {"mistral-small": ["model.attention.window=4"], "phi3-small": ["model.attention.window=5"],
+        "gemma2-small": "gemma2", "gemma3-small": "gemma3", "qwen3-moe-small": "qwen3_moe", "olmo2-small": "olmo2", "mixtral-small": "mixtral",
+        "deepseek-v3-small": "deepseek_v3", "qwen2-moe-small": "qwen2_moe"}
+SHRINK = {"mistral-small": ["model.attention.window=4"],
+          # the defaults a DeepSeek-V3 config spells out: sigmoid routing renormalises, a shared expert as wide
+          "deepseek-v3-small": ["model.ffn.normalize=null",
+                                "model.ffn.shared_hidden=48"], "phi3-small": ["model.attention.window=5"],
           "gemma2-small": ["model.decoder.kinds.local.attention.window=4"],
           "gemma3-small": ["model.decoder.kinds.local.attention.window=4", "model.decoder.pattern=[local, global]"]}
 
@@ -372,10 +450,63 @@ def test_a_sequence_head_exports_as_for_sequence_classification(name, tmp_path):
 
 @pytest.mark.parametrize(
     "changes, key",
-    [(["model.head.bias=true"], "model.head.bias"), (["model.head.pooling=mean"], "model.head.pooling")],
+    [(["model.head.bias=true"], "model.head.bias"), (["model.head.pooling=mean"], "model.head.pooling"),
+     (["model.head.pooler=true"], "model.head.pooler")],
 )
 def test_a_sequence_head_transformers_does_not_compute_is_refused(changes, key, tmp_path, capsys):
     classifier("llama-small", tmp_path, *changes)
+    assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
+    assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()
+
+
+def bert_classifier(tmp_path, *changes: str):
+    """recipes/architectures/bert-base.yaml (shrunk) with a three-class head read through BERT's pooler,
+    every weight perturbed, saved."""
+    from conftest import ROOT
+
+    from tfbuilder.data.prepare import Vocab
+    from tfbuilder.data.tokenizers import HFTokenizer
+    from tfbuilder.interop.hf.convert import checkpoint_dict
+    from tfbuilder.model.builder import build_model
+    from tfbuilder.spec.recipe import load_recipe
+
+    overrides = ["model.d_model=64", "model.attention.heads=4", "model.encoder.layers=2", "model.ffn.hidden=48",
+                 f"model.vocab_size={V}", "model.head={type: classify, labels: [neg, neu, pos], pooler: true}",
+                 *changes]
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / "bert-base.yaml", overrides)
+    torch.manual_seed(0)
+    model = build_model(recipe).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    tok = HFTokenizer.ids(V)
+    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
+    return model
+
+
+def test_bert_with_a_sequence_head_exports_as_bert_for_sequence_classification(tmp_path):
+    """BertForSequenceClassification: the [CLS] state through the pooler, tanh(W h + b), then the classifier
+    with its bias (pooling: cls, pooler: true); padding (pad id 0) masked as the attention mask masks it."""
+    model = bert_classifier(tmp_path)
+    export(tmp_path / "x.ckpt", format="hf", out=tmp_path / "hf")
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert cfg["architectures"] == ["BertForSequenceClassification"] and cfg["id2label"]["2"] == "pos"
+    ref = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    ids, mask = batch()
+    ids[ids == 0] = 1
+    ids[mask == 0] = 0  # right padding with the pad id
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=mask).logits
+        got = model(ids)
+    assert got.shape == want.shape == (3, 3)
+    assert (got - want).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("change, key", [("model.head.pooler=false", "model.head.pooler"),
+                                         ("model.head.pooling=mean", "model.head.pooling"),
+                                         ("model.head.bias=false", "model.head.bias")])
+def test_a_bert_head_transformers_does_not_compute_is_refused(change, key, tmp_path, capsys):
+    bert_classifier(tmp_path, change)
     assert main(["export", str(tmp_path / "x.ckpt"), "--format", "hf", "--out", str(tmp_path / "hf")]) == 2
     assert key in capsys.readouterr().err and not (tmp_path / "hf").exists()
 

@@ -157,10 +157,14 @@ def analytic_parameters(spec) -> int:
     def ffn(p) -> int:
         if p.type == "mlp":
             return mlp(p.hidden or 4 * d, p.bias)
-        if p.type == "moe":  # a router, then mlp experts or gated (three-matrix) ones
+        if p.type == "moe":  # a router, then mlp experts or gated (three-matrix) ones; shared ones, their gate
             hidden = p.hidden or 4 * d
-            glu = 3 * d * hidden + (2 * hidden + d if p.bias else 0)
-            return d * p.experts + p.experts * (mlp(hidden, p.bias) if p.expert == "mlp" else glu)
+
+            def expert(width: int) -> int:
+                return mlp(width, p.bias) if p.expert == "mlp" else 3 * d * width + (2 * width + d if p.bias else 0)
+
+            shared = expert(p.shared_hidden or hidden * p.shared_experts) if p.shared_experts else 0
+            return d * p.experts + p.experts * expert(hidden) + shared + (d if p.shared_gate else 0)
         hidden = p.hidden or (-(-(8 * d) // 3 // 8) * 8 if p.match_params else 4 * d)  # GLU variants
         return 3 * d * hidden + (2 * hidden + d if p.bias else 0)
 
@@ -173,6 +177,7 @@ def analytic_parameters(spec) -> int:
         total += (spec.src_vocab_size or spec.vocab_size) * d
     if spec.head is not None:  # a sequence head replaces the output: one linear layer to its outputs
         total += d * spec.head.outputs + (spec.head.outputs if spec.head.bias else 0)
+        total += d * d + d if spec.head.pooler else 0  # BERT's pooler: a dense layer before it
     elif not spec.tie_output:
         total += spec.vocab_size * d
     if spec.position.type == "learned":
@@ -193,6 +198,8 @@ def analytic_parameters(spec) -> int:
         if sublayers == 3:
             per_layer += attention(cross, cross=True)
         total += stack.layers * per_layer + (stack_norm if spec.uses_final_norm else 0)
+        for i in stack.overrides:  # a layer whose feed-forward differs (DeepSeek-V3's dense first layers)
+            total += ffn(spec.layer_components(part, i)["ffn"]) - ffn(stack.ffn or spec.ffn)
         if part == "decoder" and spec.mtp is not None:  # per depth: two norms, W_k (2d x d), one layer (and its final norm)
             total += spec.mtp.depth * (2 * stack_norm + 2 * d * d + per_layer + (stack_norm if spec.uses_final_norm else 0))
         if getattr(attn, "value_residual", "none") == "learnable":  # two lambdas in every self-attention but the first

@@ -224,6 +224,7 @@ class _Builder:
             dropout=dropout,
             pad_id=spec.pad_id,
             bias=head.bias,
+            pooler=head.pooler,
         )
 
     def model(self) -> Model:

@@ -44,23 +44,38 @@ class SequenceHead(nn.Module):
     """One prediction per text: pool, dropout, linear (b, n, d) -> (b, c)."""
 
     def __init__(
-        self, *, d_model: int, outputs: int, pooling: Pooling, dropout: float, pad_id: int | None, bias: bool = True
+        self,
+        *,
+        d_model: int,
+        outputs: int,
+        pooling: Pooling,
+        dropout: float,
+        pad_id: int | None,
+        bias: bool = True,
+        pooler: bool = False,
     ):
         super().__init__()
         self.pooling = pooling
         self.pad_id = pad_id
+        # BERT's pooler (Devlin et al. 2019, arXiv:1810.04805): tanh(W h + b) of the pooled state
+        self.pooler = nn.Linear(d_model, d_model) if pooler else None
         self.drop = Dropout(dropout)
         self.out = nn.Linear(d_model, outputs, bias=bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.out.weight, std=INIT_STD)
-        if self.out.bias is not None:
-            nn.init.zeros_(self.out.bias)
+        for linear in (self.pooler, self.out):
+            if linear is not None:
+                nn.init.normal_(linear.weight, std=INIT_STD)
+                if linear.bias is not None:
+                    nn.init.zeros_(linear.bias)
 
     def forward(self, hidden: Tensor, *, tokens: Tensor) -> Tensor:
         """``hidden`` (b, n, d) of ``tokens`` (b, n) -> (b, c) logits (or, c = 1, the predicted number)."""
-        return self.out(self.drop(pool(hidden, tokens, pooling=self.pooling, pad_id=self.pad_id)))
+        pooled = pool(hidden, tokens, pooling=self.pooling, pad_id=self.pad_id)
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.out(self.drop(pooled))
 
     def extra_repr(self) -> str:
         return f"pooling={self.pooling}"

@@ -49,6 +49,11 @@ class HeadSection(Section):
     dropout: float | None = Field(
         None, ge=0.0, lt=1.0, description="dropout on the pooled state; default model.dropout"
     )
+    pooler: bool = Field(
+        False,
+        description="a d_model x d_model dense layer and tanh on the pooled state before the output (BERT's pooler, "
+        "Devlin et al. 2019, arXiv:1810.04805, as BertForSequenceClassification computes)",
+    )
     bias: bool = Field(
         True,
         description="learn a bias on the output layer; false: none, as transformers' *ForSequenceClassification "

@@ -1,5 +1,5 @@
 """Hugging Face interchange: GPT-2, BERT, T5 and the Llama-like decoders (Llama 3.1, Mistral, Qwen2, Qwen3,
-Phi-3, Gemma 2, OLMo 2, Mixtral) as tfbuilder recipes, exactly.
+Phi-3, Gemma 2, Gemma 3, OLMo 2, Mixtral, Qwen3-MoE, DeepSeek-V3, Qwen2-MoE) as tfbuilder recipes, exactly.
 
 ``configs`` maps a ``config.json`` onto a recipe's model section and back, ``weights`` maps state
 dicts, ``convert`` reads and writes model directories and run directories. No Lightning here; the

@@ -30,6 +30,7 @@ from tfbuilder.interop.hf.specials import config_ids, special_ids
 from tfbuilder.interop.onnx import export_onnx
 from tfbuilder.model.builder import build_model
 from tfbuilder.model.components.ffn import GEGLU, ReGLU, SwiGLU, glu_hidden
+from tfbuilder.model.components.moe import MixtureOfExperts
 from tfbuilder.model.model import AuxiliaryLosses
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.runs import vocab_files
@@ -274,6 +275,12 @@ def _comparable(model_section: ModelSection) -> dict:
     elif isinstance(glu := model_section.ffn, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):
         ffn["hidden"] = glu_hidden(glu, d)
         ffn.pop("match_params", None)
+    elif isinstance(moe := model_section.ffn, MixtureOfExperts.Params):
+        ffn.pop("aux_weight", None)  # training only, as bias_update (DeepSeek-V3's config holds neither)
+        ffn.pop("bias_update", None)
+        ffn["normalize"] = moe.normalizes()
+        if moe.shared_experts and moe.hidden is not None:  # the shared experts' default width, as resolved
+            ffn["shared_hidden"] = moe.shared_hidden or moe.hidden * moe.shared_experts
     return data
 
 
@@ -335,7 +342,7 @@ def _export_hf(loaded: Loaded, family: str, out: Path) -> list[Path]:
     body = model_section if head is None else classify.body(model_section)
     rules = weights.rules(family, body)
     if head is not None:
-        rules = classify.rules(rules)
+        rules = classify.rules(rules, family)
     tensors = weights.to_hf(rules, model.state_dict(), weights.split_sizes(model, family))
     atomic.write_by_name(
         out / "model.safetensors",

@@ -10,10 +10,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfbuilder.contracts import default_head_dim
+from tfbuilder.interop.hf import sparse
 from tfbuilder.interop.hf.families import (
     ATTENTION_BIAS,
     DROPOUTS,
+    FIRST_DENSE,
     GEMMA,
+    LATENT,
     LAYER_ROPE,
     LAYER_TYPES,
     MLP_BIAS,
@@ -23,6 +26,10 @@ from tfbuilder.interop.hf.families import (
     QK_NORM,
     QK_NORM_ALL,
     QKV_BIAS,
+    QKV_BIAS_FLAG,
+    SHARED_GATE,
+    SIGMOID_MOE,
+    SPARSE_STEP,
     WINDOW,
     DecoderFamily,
 )
@@ -67,6 +74,8 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     """The model section (plain data) of a ``config.json`` of ``fam``."""
     for name, allowed, default in fam.refused:
         require(cfg, name, allowed, default)
+    # quantized weights (DeepSeek-V3's released fp8 blocks with their scales) are no plain weights to copy
+    require(cfg, "quantization_config", (None,), None)
     require(cfg, fam.activation[0], (fam.activation[1],), fam.activation[1])
     ropes = rope_by_layer_type(cfg) if LAYER_ROPE in fam.features else {}
     position = ropes.get("full_attention") or rope_position(
@@ -86,8 +95,11 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
     }
     for name, path, reader, default in SHARED:
         _put(model, path, reader(cfg, name, default))
-    _shape(cfg, model)
     model["position"] = position
+    if LATENT in fam.features:
+        sparse.read_latent(cfg, model)
+    else:
+        _shape(cfg, model)
     for feature, reader in READERS.items():
         if feature in fam.features:
             reader(cfg, model)
@@ -95,8 +107,11 @@ def from_config(cfg: dict, fam: DecoderFamily) -> dict:
         _layer_types({**cfg, "layer_types": _pattern_types(cfg, model, fam)}, model)
     if ropes:
         _layer_positions(model, ropes)
+    if MOE in fam.features:
+        _moe(cfg, model, fam)
     if MOE in fam.features and fam.moe_hidden:
         _moe_fields(cfg, model, fam)
+    _sparse_fields(cfg, model, fam)
     if not fam.attn_softcap:  # as transformers computes: the field is held, never applied
         model["attention"].pop("softcap", None)
     if not model["attention"]["dropout"]:
@@ -200,12 +215,12 @@ def _gemma(cfg: dict, model: dict) -> None:
         model["logit_softcap"] = read_float(cfg, "final_logit_softcapping", 0.0)
 
 
-def _moe(cfg: dict, model: dict) -> None:
+def _moe(cfg: dict, model: dict, fam: DecoderFamily) -> None:
     """Mixtral's sparse block (Jiang et al. 2024, arXiv:2401.04088): a softmax over the experts, the top
     k kept and renormalised to sum to one, each a SwiGLU without biases."""
     model["ffn"] = {
         "type": "moe",
-        "experts": read_int(cfg, "num_local_experts", 8),
+        "experts": read_int(cfg, fam.experts_field, 8),
         "top_k": read_int(cfg, "num_experts_per_tok", 2),
         "expert": "swiglu",
         "hidden": model["ffn"]["hidden"],
@@ -220,10 +235,22 @@ def _moe_fields(cfg: dict, model: dict, fam: DecoderFamily) -> None:
     """Qwen2-MoE and Qwen3-MoE (Yang et al. 2025, arXiv:2505.09388): experts of ``moe_intermediate_size``,
     the top k renormalised only if ``norm_topk_prob`` (default false)."""
     ffn = model["ffn"]
-    if cfg.get("num_local_experts") is None:  # the Hub's configs name it num_experts (transformers maps it)
+    if fam.experts_field == "num_local_experts" and cfg.get("num_local_experts") is None:  # Qwen3-MoE on the Hub
         ffn["experts"] = read_int(cfg, "num_experts", 8)
     ffn["hidden"] = read_int(cfg, fam.moe_hidden)
     ffn["normalize"] = _flag(cfg, fam.moe_normalize, False)
+
+
+def _sparse_fields(cfg: dict, model: dict, fam: DecoderFamily) -> None:
+    """Qwen2-MoE's shared expert and q/k/v biases; the dense layers of DeepSeek-V3 and Qwen2-MoE."""
+    if SHARED_GATE in fam.features:
+        sparse.read_shared_gate(cfg, model)
+    if QKV_BIAS_FLAG in fam.features:
+        sparse.read_qkv_bias_flag(cfg, model)
+    if SPARSE_STEP in fam.features and cfg.get("layer_types") is None:  # Qwen2MoeConfig derives them otherwise
+        require(cfg, "use_sliding_window", (False,), False)
+    if fam.features & {FIRST_DENSE, SPARSE_STEP}:
+        sparse.read_dense_layers(cfg, model, fam)
 
 
 def _dropouts(cfg: dict, model: dict) -> None:
@@ -240,7 +267,7 @@ READERS: dict[str, Callable[[dict, dict], None]] = {
     QK_NORM_ALL: _qk_norm_all,
     GEMMA: _gemma,
     DROPOUTS: _dropouts,
-    MOE: _moe,
+    SIGMOID_MOE: sparse.read_sigmoid_moe,
 }
 
 
@@ -274,13 +301,26 @@ def to_config(m: ModelSection, fam: DecoderFamily) -> dict:
     if DROPOUTS in fam.features:
         cfg["resid_pdrop"] = cfg["embd_pdrop"] = m.dropout
     if MOE in fam.features:
-        cfg.update(num_local_experts=ffn.get("experts"), num_experts_per_tok=ffn.get("top_k"))
+        cfg.update({fam.experts_field: ffn.get("experts"), "num_experts_per_tok": ffn.get("top_k")})
         cfg["router_aux_loss_coef"] = ffn.get("aux_weight")
         if fam.moe_hidden:
             cfg.update({fam.moe_hidden: ffn.get("hidden"), fam.moe_normalize: ffn.get("normalize")})
+    cfg.update(_sparse_config(m, fam))
     glu = m.ffn
     if isinstance(glu, (SwiGLU.Params, GEGLU.Params, ReGLU.Params)):  # its width as resolved (match_params)
         cfg["intermediate_size"] = glu_hidden(glu, m.d_model)
+    return cfg
+
+
+def _sparse_config(m: ModelSection, fam: DecoderFamily) -> dict:
+    """The fields of :mod:`.sparse`'s features (they override the shared ones they restate)."""
+    cfg: dict = {}
+    for feature, writer in ((LATENT, sparse.write_latent), (SIGMOID_MOE, sparse.write_sigmoid_moe),
+                            (SHARED_GATE, sparse.write_shared_gate), (QKV_BIAS_FLAG, sparse.write_qkv_bias_flag)):
+        if feature in fam.features:
+            cfg.update(writer(m))
+    if fam.features & {FIRST_DENSE, SPARSE_STEP}:
+        cfg.update(sparse.write_dense_layers(m, fam))
     return cfg
 
 

@@ -20,6 +20,12 @@ qwen3_moe  Qwen3MoeForCausalLM         Qwen3 with a mixture of SwiGLU experts of
                                        router, top k renormalised if norm_topk_prob), a window on every layer
 olmo2      Olmo2ForCausalLM            norms on the sub-layers' outputs only; q and k normalised over all heads
 mixtral    MixtralForCausalLM          Mistral with a mixture of SwiGLU experts (softmax router, top-k renormalised)
+deepseek   DeepseekV3ForCausalLM       multi-head latent attention (rotary pairs interleaved by rope_interleave),
+_v3                                    sigmoid-routed experts with a choice-only correction bias, group-limited
+                                       routing, routed_scaling_factor and shared experts; the first
+                                       first_k_dense_replace layers dense
+qwen2_moe  Qwen2MoeForCausalLM         Qwen2 (qkv_bias) with softmax-routed experts and one shared expert scaled
+                                       by a sigmoid gate; dense layers by decoder_sparse_step and mlp_only_layers
 =========  ==========================  =====================================================================
 """
 
@@ -44,6 +50,12 @@ MOE = "moe"  # num_local_experts, num_experts_per_tok: a softmax-routed mixture 
 ORIGINAL_MAX = "original_max"  # original_max_position_embeddings at the top level, over rope_parameters' (Phi-3)
 LAYER_ROPE = "layer_rope"  # rope_parameters per layer type, or rope_theta and rope_local_base_freq (Gemma 3)
 PARTIAL_ROTARY = "partial_rotary"  # rope_parameters.partial_rotary_factor: rotate that fraction of each head
+LATENT = "latent"  # q_lora_rank, kv_lora_rank, qk_nope/rope_head_dim, v_head_dim, rope_interleave (DeepSeek's MLA)
+SIGMOID_MOE = "sigmoid_moe"  # DeepSeek-V3's experts: sigmoid router, correction bias, groups, shared experts
+FIRST_DENSE = "first_dense"  # first_k_dense_replace: the first k layers dense (DeepSeek-V3)
+SHARED_GATE = "shared_gate"  # shared_expert_intermediate_size: one shared expert scaled by a sigmoid gate
+SPARSE_STEP = "sparse_step"  # decoder_sparse_step, mlp_only_layers: which layers are dense (Qwen2-MoE)
+QKV_BIAS_FLAG = "qkv_bias_flag"  # qkv_bias: biases on q, k and v (none on o), or none (Qwen2-MoE)
 
 PRE_NORMS = (("self_attn.norm", "input_layernorm"), ("ffn.norm", "post_attention_layernorm"))
 SANDWICH_NORMS = (
@@ -53,6 +65,7 @@ SANDWICH_NORMS = (
     ("ffn.norm_out", "post_feedforward_layernorm"),
 )
 
+MLP_EXPERTS = ("mlp", "gate_proj", "up_proj", "down_proj")  # mlp.experts.e.gate_proj, ... (Qwen-MoE, DeepSeek)
 OUTPUT_NORMS = (("self_attn.norm", "post_attention_layernorm"), ("ffn.norm", "post_feedforward_layernorm"))
 PLACEMENTS = {PRE_NORMS: "pre", SANDWICH_NORMS: "sandwich", OUTPUT_NORMS: "output"}
 
@@ -81,6 +94,8 @@ class DecoderFamily:
     expert_names: tuple[str, str, str, str] = ("block_sparse_moe", "w1", "w3", "w2")
     moe_hidden: str = ""
     moe_normalize: str = ""
+    experts_field: str = "num_local_experts"  # the field of the routed experts' count, as save_pretrained writes it
+    shared_name: str = ""  # the shared expert's module in the sparse block (DeepSeek's shared_experts)
 
     @property
     def model_type(self) -> str:
@@ -179,6 +194,31 @@ FAMILY_LIST = (
         ids={"bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1},
         norms=OUTPUT_NORMS,
         source="OLMo et al. 2024, 2 OLMo 2 Furious, arXiv:2501.00656",
+    ),
+    DecoderFamily(
+        "deepseek_v3",
+        "DeepseekV3ForCausalLM",
+        frozenset({LATENT, SIGMOID_MOE, FIRST_DENSE}),
+        ids={"bos_token_id": 0, "eos_token_id": 1},
+        refused=(("pretraining_tp", (1, None), 1), ("attention_bias", (False,), False)),
+        source="DeepSeek-AI 2024, DeepSeek-V3 technical report, arXiv:2412.19437; MLA: DeepSeek-V2, arXiv:2405.04434",
+        rope_types=("default", "yarn"),  # DeepSeek's attention rescales its scores by YaRN's mscale_all_dim alone
+        expert_names=MLP_EXPERTS,
+        moe_hidden="moe_intermediate_size",
+        moe_normalize="norm_topk_prob",
+        experts_field="n_routed_experts",
+        shared_name="shared_experts",
+    ),
+    DecoderFamily(
+        "qwen2_moe",
+        "Qwen2MoeForCausalLM",
+        frozenset({QKV_BIAS_FLAG, LAYER_TYPES, MOE, SHARED_GATE, SPARSE_STEP}),
+        source="Qwen1.5-MoE (Qwen Team 2024, qwenlm.github.io/blog/qwen-moe); Qwen2 (arXiv:2407.10671)",
+        expert_names=MLP_EXPERTS,
+        moe_hidden="moe_intermediate_size",
+        moe_normalize="norm_topk_prob",
+        experts_field="num_experts",
+        shared_name="shared_expert",
     ),
 )
 DECODERS = {f.name: f for f in FAMILY_LIST}

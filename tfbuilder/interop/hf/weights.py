@@ -16,9 +16,10 @@ from torch import Tensor, nn
 
 from tfbuilder.contracts import ComponentParams
 from tfbuilder.interop.hf.configs import UnsupportedConfig, ffn_bias, stack_layers
-from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, MOE, QK_NORM, QK_NORM_ALL, DecoderFamily
+from tfbuilder.interop.hf.families import DECODERS, FUSED, GEMMA, LATENT, QK_NORM, QK_NORM_ALL, DecoderFamily
 from tfbuilder.model.blocks import Residual
 from tfbuilder.model.components.attention import MultiHeadParams
+from tfbuilder.model.components.latent_attention import LatentAttention
 from tfbuilder.model.components.moe import MixtureOfExperts
 
 if TYPE_CHECKING:
@@ -133,18 +134,21 @@ def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
     out.append(("head.weight", ("model.embed_tokens.weight" if m.tie_output else "lm_head.weight",), "copy"))
     attention: ComponentParams = m.attention
     bias = attention.bias if isinstance(attention, MultiHeadParams) else False
-    mlp_bias = ffn_bias(m.ffn)
     norm_op = "plus1" if GEMMA in fam.features else "copy"
     for i in range(stack_layers(m, "decoder")):
         ours, theirs = f"decoder.layers.{i}", f"model.layers.{i}"
         sa, mlp = f"{theirs}.self_attn", f"{theirs}.mlp"
-        if FUSED in fam.features:
-            out += _linear(f"{ours}.self_attn.inner.to_qkv", f"{sa}.qkv_proj", bias=bool(bias))
+        if LATENT in fam.features and isinstance(attention, LatentAttention.Params):
+            out += _latent(f"{ours}.self_attn.inner", sa, q_rank=attention.q_rank)
         else:
-            qkv = [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"]
-            out += _fused(f"{ours}.self_attn.inner.to_qkv", qkv, bias=bool(bias))
-        out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
-        out += _decoder_ffn(fam, m, f"{ours}.ffn.inner", mlp, bias=mlp_bias)
+            if FUSED in fam.features:
+                out += _linear(f"{ours}.self_attn.inner.to_qkv", f"{sa}.qkv_proj", bias=bool(bias))
+            else:
+                qkv = [f"{sa}.q_proj", f"{sa}.k_proj", f"{sa}.v_proj"]
+                out += _fused(f"{ours}.self_attn.inner.to_qkv", qkv, bias=bool(bias))
+            out += _linear(f"{ours}.self_attn.inner.to_out", f"{sa}.o_proj", bias=bias is True)
+        ffn = m.layer_components("decoder", i)["ffn"]  # dense layers among sparse ones (DeepSeek-V3, Qwen2-MoE)
+        out += _decoder_ffn(fam, ffn, f"{ours}.ffn.inner", mlp, bias=ffn_bias(ffn))
         if fam.features & {QK_NORM, QK_NORM_ALL}:
             qk = ("q_norm", "k_norm")
             out += [(f"{ours}.self_attn.inner.{n}.weight", (f"{sa}.{n}.weight",), norm_op) for n in qk]
@@ -153,11 +157,28 @@ def _decoder(fam: DecoderFamily, m: ModelSection) -> list[Rule]:
     return out
 
 
-def _decoder_ffn(fam: DecoderFamily, m: ModelSection, ours: str, theirs: str, *, bias: bool) -> list[Rule]:
+def _latent(ours: str, theirs: str, *, q_rank: int | None) -> list[Rule]:
+    """DeepSeek's latent attention (transformers' ``DeepseekV3Attention``), each projection as stored:
+    the query latent ``q_a_proj``, its norm and ``q_b_proj`` (``q_proj`` without ``q_lora_rank``), the
+    key/value latent beside the shared rotary key ``kv_a_proj_with_mqa``, its norm, every head's keys beside
+    its values ``kv_b_proj``, and ``o_proj``."""
+    out: list[Rule]
+    if q_rank:
+        out = [(f"{ours}.to_q_latent.weight", (f"{theirs}.q_a_proj.weight",), "copy")]
+        out.append((f"{ours}.norm_q.weight", (f"{theirs}.q_a_layernorm.weight",), "copy"))
+        out.append((f"{ours}.to_q.weight", (f"{theirs}.q_b_proj.weight",), "copy"))
+    else:
+        out = [(f"{ours}.to_q.weight", (f"{theirs}.q_proj.weight",), "copy")]
+    out.append((f"{ours}.to_kv_latent.weight", (f"{theirs}.kv_a_proj_with_mqa.weight",), "copy"))
+    out.append((f"{ours}.norm_kv.weight", (f"{theirs}.kv_a_layernorm.weight",), "copy"))
+    out.append((f"{ours}.to_kv.weight", (f"{theirs}.kv_b_proj.weight",), "copy"))
+    return out + [(f"{ours}.to_out.weight", (f"{theirs}.o_proj.weight",), "copy")]
+
+
+def _decoder_ffn(fam: DecoderFamily, ffn: ComponentParams, ours: str, theirs: str, *, bias: bool) -> list[Rule]:
     """The feed-forward: a gated one (gate and up fused in Phi-3), or (Mixtral) a router and SwiGLU experts,
     as ``save_pretrained`` writes them: ``block_sparse_moe.experts.e.w1`` (gate), ``w3`` (up), ``w2`` (down)."""
-    ffn: ComponentParams = m.ffn
-    if MOE in fam.features and isinstance(ffn, MixtureOfExperts.Params):
+    if isinstance(ffn, MixtureOfExperts.Params):
         block, gate, up, down = fam.expert_names
         sparse = theirs.replace(".mlp", f".{block}")
         out: list[Rule] = [(f"{ours}.router.weight", (f"{sparse}.gate.weight",), "copy")]
@@ -165,12 +186,27 @@ def _decoder_ffn(fam: DecoderFamily, m: ModelSection, ours: str, theirs: str, *,
             expert = f"{sparse}.experts.{e}"
             out += _fused(f"{ours}.experts.{e}.ff_in", [f"{expert}.{gate}", f"{expert}.{up}"], bias=False)
             out += _linear(f"{ours}.experts.{e}.ff_out", f"{expert}.{down}", bias=False)
-        return out
+        return out + _shared(fam, ffn, ours, sparse)
     if FUSED in fam.features:
         out = _linear(f"{ours}.ff_in", f"{theirs}.gate_up_proj", bias=bias)
     else:
         out = _fused(f"{ours}.ff_in", [f"{theirs}.gate_proj", f"{theirs}.up_proj"], bias=bias)
     return out + _linear(f"{ours}.ff_out", f"{theirs}.down_proj", bias=bias)
+
+
+def _shared(fam: DecoderFamily, ffn: MixtureOfExperts.Params, ours: str, sparse: str) -> list[Rule]:
+    """DeepSeek-V3's selection-only ``gate.e_score_correction_bias``; the shared expert (DeepSeek-V3's
+    ``shared_experts``, Qwen2-MoE's ``shared_expert``) and Qwen2-MoE's ``shared_expert_gate``."""
+    out: list[Rule] = []
+    if ffn.correction_bias:
+        out.append((f"{ours}.correction_bias", (f"{sparse}.gate.e_score_correction_bias",), "copy"))
+    if ffn.shared_experts:
+        shared = f"{sparse}.{fam.shared_name or 'shared_expert'}"
+        out += _fused(f"{ours}.shared.ff_in", [f"{shared}.gate_proj", f"{shared}.up_proj"], bias=False)
+        out += _linear(f"{ours}.shared.ff_out", f"{shared}.down_proj", bias=False)
+    if ffn.shared_gate:
+        out.append((f"{ours}.shared_gate.weight", (f"{sparse}.shared_expert_gate.weight",), "copy"))
+    return out
 
 
 def _sources(rule: Rule, theirs: Mapping[str, object], file: str) -> tuple[str, ...]:

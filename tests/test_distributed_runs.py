@@ -1,0 +1,176 @@
+"""Runs of two processes that a cluster launcher starts, stopped and started again: torchrun restarting a
+worker killed with kill -9, SIGTERM to torchrun, SLURM's SIGUSR1 and requeue, and refusals that every
+rank reports. Each continues from the last checkpoint with the same command and ends bit-equal to an
+uninterrupted run of two processes.
+
+Real processes joined by gloo on loopback (two torchrun "nodes" on one machine where the test is
+about nodes), with the tiny quick-start run; SLURM is simulated (its variables, one process per task
+as ``srun`` starts them, and a stand-in ``scontrol`` on PATH). Every process has a timeout: a hang fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import QUICKSTART, ROOT, ddp_env
+from tfbuilder.runs.checkpoints import read_checkpoint
+
+# One worker keeps the group's reference run and spares the two cores the others' processes.
+pytestmark = pytest.mark.xdist_group("distributed_runs")
+
+TIMEOUT = 300  # seconds for one command: two processes start and train in about 20 s on 2 busy cores
+# The tiny run of test_faults.py, with enough validation examples for two ranks' batches.
+TINY = [
+    "trainer.progress=false", "data.train_size=300", "data.val_size=60", "data.lengths=[1, 6]", "data.max_tokens=64",
+    "trainer.val_every=4", "trainer.log_every=2", "trainer.keep_last=3", "trainer.max_steps=16", "trainer.threads=1",
+    "model.d_model=16", "model.attention.heads=2", "model.attention.key_dim=8", "model.attention.value_dim=8",
+    "model.ffn.hidden=16", "model.encoder.layers=1", "model.decoder.layers=1",
+    "model.dropout=0.1", "trainer.deterministic=true",  # random draws too must continue where they were
+    "trainer.strategy=ddp", "trainer.accelerator=cpu",
+]  # fmt: skip
+TWO_NODES = ["trainer.devices=1", "trainer.num_nodes=2"]  # one process on each of two machines
+ONE_NODE = ["trainer.devices=2", "trainer.num_nodes=1"]  # two processes on one machine
+
+# `tfbuilder fit` with two test hooks, each on one rank, at one step, once (a marker file remembers):
+# CRASH=rank:step:marker kills the process there with SIGKILL, as kill -9 would; PAUSE=rank:step:marker
+# writes the marker and waits there until a signal has reached the training loop's handler, so the
+# test strikes during training, never before it or after it.
+DRIVER = r"""
+import os, signal, sys, time
+from pathlib import Path
+from tfbuilder.train import callbacks
+from tfbuilder.train.task import Task
+from tfbuilder.cli.commands import main
+
+signalled = []
+on_signal = callbacks.RunGuard._on_signal
+def remember(self, *args):
+    signalled.append(True)
+    on_signal(self, *args)
+callbacks.RunGuard._on_signal = remember
+
+def hook(name):
+    if not os.environ.get(name):
+        return None
+    rank, step, marker = os.environ[name].split(":", 2)
+    return int(rank), int(step), Path(marker)
+
+crash, pause = hook("CRASH"), hook("PAUSE")
+step_end = Task.on_train_batch_end
+def strike(self, *args):
+    step_end(self, *args)
+    here = (self.global_rank, self.global_step)
+    if crash and here == crash[:2] and not crash[2].exists():
+        crash[2].write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    if pause and here == pause[:2] and not pause[2].exists():
+        pause[2].write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while not signalled and time.monotonic() < deadline:
+            time.sleep(0.05)
+Task.on_train_batch_end = strike
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def driver(tmp_path: Path) -> Path:
+    path = tmp_path / "fit_driver.py"
+    path.write_text(DRIVER)
+    return path
+
+
+def fit_args(tmp_path: Path, run_dir: Path, *more: str) -> list[str]:
+    sets = [f"trainer.output={tmp_path / 'runs'}", *TINY, *more]
+    return [str(driver(tmp_path)), "fit", str(QUICKSTART), "--run-dir", str(run_dir), *sum((["--set", s] for s in sets), [])]
+
+
+def launcher_env(**extra: str) -> tuple[dict[str, str], int]:
+    """The environment for torchrun (no MASTER_ADDR/PORT: torchrun sets them) and a free port for its rendezvous.
+    PyTorch's agents share one store across restarts by default, and a restarted worker may then read a
+    dead worker's address from it (pytorch/pytorch#135712): TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as docs/gpu.md says."""
+    env = ddp_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **extra)
+    port = int(env.pop("MASTER_PORT"))
+    env.pop("MASTER_ADDR")
+    env.pop("TFBUILDER_CACHE", None)
+    return env, port
+
+
+def torchrun(nnodes: int, nproc: int, port: int, *, restarts: int = 0) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+        "--max-restarts", str(restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+
+
+def finished(procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> list[tuple[int, str]]:
+    """Each process's exit status and output, once all have ended; a process still running at the
+    timeout is killed and fails the test."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"a process was still running after {timeout} s: {proc.args}")
+        results.append((proc.returncode, out))
+    return results
+
+
+def start(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(marker: Path, procs: list[subprocess.Popen], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            pytest.fail(f"{marker.name} never appeared: {[p.communicate()[0][-3000:] for p in procs]}")
+        time.sleep(0.1)
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
+
+
+def assert_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The final weights of an uninterrupted run of two processes (torchrun, one machine)."""
+    tmp_path = tmp_path_factory.mktemp("reference")
+    env, port = launcher_env()
+    cmd = [*torchrun(1, 2, port), *fit_args(tmp_path, tmp_path / "run", *ONE_NODE)]
+    ((rc, out),) = finished([start(cmd, env, tmp_path)])
+    assert rc == 0, out[-3000:]
+    assert read_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")["global_step"] == 16
+    return weights(tmp_path / "run")
+
+
+def test_torchrun_restarts_both_workers_after_kill_9_and_the_run_ends_bit_equal(tmp_path, reference):
+    """Two torchrun agents (two "nodes" on loopback), --max-restarts 1: rank 1 is killed at step 10;
+    torchrun starts both workers again with the same command, and they continue from step 8."""
+    run_dir, marker = tmp_path / "run", tmp_path / "killed"
+    env, port = launcher_env(CRASH=f"1:10:{marker}")
+    cmd = [*torchrun(2, 1, port, restarts=1), *fit_args(tmp_path, run_dir, *TWO_NODES)]
+    results = finished([start(cmd, env, tmp_path), start(cmd, env, tmp_path)])
+    assert marker.exists()  # the worker was killed
+    assert [rc for rc, _ in results] == [0, 0], "\n".join(out[-3000:] for _, out in results)
+    both = "".join(out for _, out in results)
+    assert "exitcode: -9" in both and both.count("training from step 8 to at most 16 steps") == 1, both[-3000:]
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 16
+    assert_bit_equal(weights(run_dir), reference)

@@ -10,7 +10,6 @@ as ``srun`` starts them, and a stand-in ``scontrol`` on PATH). Every process has
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import QUICKSTART, ROOT, ddp_env
+
 from tfbuilder.runs.checkpoints import read_checkpoint
 
 # One worker keeps the group's reference run and spares the two cores the others' processes.
@@ -42,7 +41,7 @@ ONE_NODE = ["trainer.devices=2", "trainer.num_nodes=1"]  # two processes on one 
 # `tfbuilder fit` with two test hooks, each on one rank, at one step, once (a marker file remembers):
 # CRASH=rank:step:marker kills the process there with SIGKILL, as kill -9 would; PAUSE=rank:step:marker
 # writes the marker and waits there until a signal has reached the training loop's handler, so the
-# test strikes during training, never before it or after it.
+# test strikes during training, never before it or after it. EXITS=folder: each rank writes its exit status there.
 DRIVER = r"""
 import os, signal, sys, time
 from pathlib import Path
@@ -77,7 +76,11 @@ def strike(self, *args):
         while not signalled and time.monotonic() < deadline:
             time.sleep(0.05)
 Task.on_train_batch_end = strike
-sys.exit(main(sys.argv[1:]))
+code = main(sys.argv[1:])
+if os.environ.get("EXITS"):  # each rank's exit status, where a launcher reports none
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    Path(os.environ["EXITS"], f"rank-{rank}").write_text(str(code))
+sys.exit(code)
 """
 
 
@@ -89,13 +92,15 @@ def driver(tmp_path: Path) -> Path:
 
 def fit_args(tmp_path: Path, run_dir: Path, *more: str) -> list[str]:
     sets = [f"trainer.output={tmp_path / 'runs'}", *TINY, *more]
-    return [str(driver(tmp_path)), "fit", str(QUICKSTART), "--run-dir", str(run_dir), *sum((["--set", s] for s in sets), [])]
+    overrides = sum((["--set", s] for s in sets), [])
+    return [str(driver(tmp_path)), "fit", str(QUICKSTART), "--run-dir", str(run_dir), *overrides]
 
 
 def launcher_env(**extra: str) -> tuple[dict[str, str], int]:
     """The environment for torchrun (no MASTER_ADDR/PORT: torchrun sets them) and a free port for its rendezvous.
     PyTorch's agents share one store across restarts by default, and a restarted worker may then read a
-    dead worker's address from it (pytorch/pytorch#135712): TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as docs/gpu.md says."""
+    dead worker's address from it (pytorch/pytorch#135712): TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as
+    docs/gpu.md says."""
     env = ddp_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **extra)
     port = int(env.pop("MASTER_PORT"))
     env.pop("MASTER_ADDR")
@@ -144,6 +149,10 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
 
 
+def exits(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(folder.glob("rank-*"))}
+
+
 def assert_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
@@ -173,4 +182,30 @@ def test_torchrun_restarts_both_workers_after_kill_9_and_the_run_ends_bit_equal(
     both = "".join(out for _, out in results)
     assert "exitcode: -9" in both and both.count("training from step 8 to at most 16 steps") == 1, both[-3000:]
     assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 16
+    assert_bit_equal(weights(run_dir), reference)
+
+
+def test_sigterm_to_torchrun_checkpoints_and_the_same_command_finishes_bit_equal(tmp_path, reference):
+    """torchrun passes SIGTERM on to its workers: they stop together after validating and checkpointing
+    the step, each exits 143, only rank 0 speaks of the checkpoint, and torchrun reports a failure.
+    The same command run again continues from that checkpoint."""
+    run_dir, marker = tmp_path / "run", tmp_path / "paused"
+    env, port = launcher_env(PAUSE=f"0:6:{marker}", EXITS=str(tmp_path))
+    cmd = [*torchrun(1, 2, port), *fit_args(tmp_path, run_dir, *ONE_NODE)]
+    proc = start(cmd, env, tmp_path)
+    wait_for(marker, [proc])
+    proc.send_signal(signal.SIGTERM)
+    ((rc, out),) = finished([proc])
+    assert rc == 1 and "SignalException: Process" in out, out[-3000:]  # torchrun's own status: a failure
+    assert exits(tmp_path) == {"rank-0": "143", "rank-1": "143"}, out[-3000:]
+    # Every rank stops at the same step (8: the first step the ranks compare after the signal).
+    assert "SIGTERM: training stopped at step 8; checkpoints/last.ckpt holds step 8" in out, out[-3000:]
+    assert "SIGTERM: rank 1 stopped at step 8 with every rank; rank 0 says what was checkpointed" in out
+    assert "No checkpoint was written" not in out and out.count("last.ckpt holds") == 1
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 8
+    env, port = launcher_env()
+    cmd = [*torchrun(1, 2, port), *fit_args(tmp_path, run_dir, *ONE_NODE)]
+    ((rc, again),) = finished([start(cmd, env, tmp_path)])
+    assert rc == 0, again[-3000:]
+    assert "training from step 8 to at most 16 steps" in again, again[-3000:]
     assert_bit_equal(weights(run_dir), reference)

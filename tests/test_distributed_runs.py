@@ -209,3 +209,47 @@ def test_sigterm_to_torchrun_checkpoints_and_the_same_command_finishes_bit_equal
     assert rc == 0, again[-3000:]
     assert "training from step 8 to at most 16 steps" in again, again[-3000:]
     assert_bit_equal(weights(run_dir), reference)
+
+
+def slurm_tasks(tmp_path: Path, **extra: str) -> list[dict[str, str]]:
+    """The environments of a SLURM job's two tasks on two nodes, as srun starts them (one port for the
+    job, as Lightning derives it from the job id), with a stand-in scontrol on PATH that appends its
+    arguments to ``scontrol.calls``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "scontrol.calls"}\n')
+    scontrol.chmod(0o755)
+    job = ddp_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PATH=f"{bin_dir}:/usr/bin:/bin", **extra)
+    job.pop("TFBUILDER_CACHE", None)
+    job.update(SLURM_JOB_ID="4242", SLURM_JOB_NAME="train", SLURM_NTASKS="2", SLURM_NNODES="2")
+    job.update(SLURM_NTASKS_PER_NODE="1")
+    return [{**job, "SLURM_PROCID": str(r), "SLURM_NODEID": str(r), "SLURM_LOCALID": "0"} for r in (0, 1)]
+
+
+def test_sigusr1_under_slurm_checkpoints_and_requeues_once_and_the_requeued_job_ends_bit_equal(tmp_path, reference):
+    """SLURM's warning (SIGUSR1) to both tasks during training: one checkpoint, one ``scontrol requeue``
+    (rank 0's), both tasks exit 138; the requeued job (the same command and variables) continues from
+    the checkpoint on both ranks and ends bit-equal to an uninterrupted run."""
+    run_dir, marker, calls = tmp_path / "run", tmp_path / "paused", tmp_path / "scontrol.calls"
+    cmd = [sys.executable, *fit_args(tmp_path, run_dir, *TWO_NODES)]
+    tasks = slurm_tasks(tmp_path, PAUSE=f"0:6:{marker}")
+    procs = [start(cmd, env, tmp_path) for env in tasks]
+    wait_for(marker, procs)
+    for proc in procs:
+        proc.send_signal(signal.SIGUSR1)
+    results = finished(procs)
+    out = "".join(o for _, o in results)
+    assert [rc for rc, _ in results] == [138, 138], out[-3000:]
+    assert "SIGUSR1: training stopped at step 8; checkpoints/last.ckpt holds step 8" in out, out[-3000:]
+    assert "SLURM job 4242 requeued" in out and "SIGUSR1: rank 1 stopped at step 8 with every rank" in out
+    assert calls.read_text() == "requeue 4242\n"  # once, by rank 0
+    assert read_checkpoint(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 8
+    assert not list(run_dir.rglob("hpc_ckpt*"))
+
+    procs = [start(cmd, env, tmp_path) for env in slurm_tasks(tmp_path)]  # the requeued job
+    results = finished(procs)
+    assert [rc for rc, _ in results] == [0, 0], "".join(o[-3000:] for _, o in results)
+    assert "training from step 8 to at most 16 steps" in results[0][1]
+    assert calls.read_text() == "requeue 4242\n"
+    assert_bit_equal(weights(run_dir), reference)

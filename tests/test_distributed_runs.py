@@ -10,6 +10,7 @@ as ``srun`` starts them, and a stand-in ``scontrol`` on PATH). Every process has
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -253,3 +254,38 @@ def test_sigusr1_under_slurm_checkpoints_and_requeues_once_and_the_requeued_job_
     assert "training from step 8 to at most 16 steps" in results[0][1]
     assert calls.read_text() == "requeue 4242\n"
     assert_bit_equal(weights(run_dir), reference)
+
+
+HOLD = """import sys, time
+from tfbuilder.runs.checkpoints import RunLock
+RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("case", ["lock held by another job", "corrupt last.ckpt"])
+def test_a_refusal_on_rank_0_is_a_refusal_on_every_rank_and_none_waits(tmp_path, case):
+    """Both tasks of a SLURM job exit 2 with the reason, in seconds: none waits for a rank 0 that refused."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    holder = None
+    if case == "corrupt last.ckpt":
+        (run_dir / "recipe.yaml").write_text((ROOT / "recipes" / "quickstart.yaml").read_text())
+        (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"not a checkpoint")
+        reason = "last.ckpt"
+    else:  # another job trains there: a live process holds the lock
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=env, stdout=subprocess.PIPE,
+                                  text=True)
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        reason = f"{run_dir} is in use: a fit is training there (pid {holder.pid} on"
+    try:
+        cmd = [sys.executable, *fit_args(tmp_path, run_dir, *TWO_NODES)]
+        results = finished([start(cmd, env, tmp_path) for env in slurm_tasks(tmp_path)], timeout=120)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait(timeout=30)
+    for rc, out in results:
+        assert rc == 2 and reason in out and "Traceback" not in out, out[-3000:]

@@ -21,7 +21,8 @@ import pytest
 import torch
 from conftest import QUICKSTART, ROOT, ddp_env
 
-from tfbuilder.runs.checkpoints import read_checkpoint
+from tfbuilder.runs import joblock
+from tfbuilder.runs.checkpoints import RunLock, read_checkpoint
 
 # One worker keeps the group's reference run and spares the two cores the others' processes.
 pytestmark = pytest.mark.xdist_group("distributed_runs")
@@ -289,3 +290,41 @@ def test_a_refusal_on_rank_0_is_a_refusal_on_every_rank_and_none_waits(tmp_path,
             holder.wait(timeout=30)
     for rc, out in results:
         assert rc == 2 and reason in out and "Traceback" not in out, out[-3000:]
+
+
+@pytest.fixture
+def no_job(monkeypatch):
+    """A process of no launcher's job: neither SLURM's variables nor a rendezvous address."""
+    for name in [n for n in os.environ if n.startswith("SLURM_")] + ["MASTER_ADDR", "MASTER_PORT"]:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_the_lock_names_its_job_and_another_rank_of_the_job_sees_it_is_its_own(tmp_path, no_job):
+    assert joblock.held_by_another(tmp_path) is None  # no lock yet
+    no_job.setenv("SLURM_JOB_ID", "4242")
+    lock = RunLock(tmp_path).acquire()
+    try:
+        assert (tmp_path / "fit.lock").read_text().endswith(" job slurm 4242\n")
+        assert joblock.held_by_another(tmp_path) is None  # this job's rank 0 holds it
+        no_job.setenv("SLURM_JOB_ID", "4243")  # another job's rank looks at it
+        assert joblock.held_by_another(tmp_path) == (tmp_path / "fit.lock").read_text().strip()
+        no_job.delenv("SLURM_JOB_ID")
+        no_job.setenv("MASTER_ADDR", "127.0.0.1")
+        no_job.setenv("MASTER_PORT", "29500")
+        assert joblock.job() == "rendezvous 127.0.0.1:29500"
+        assert joblock.held_by_another(tmp_path) is not None
+    finally:
+        lock.release()
+    assert joblock.held_by_another(tmp_path) is None  # let go: free, whatever its line says
+
+
+def test_a_lock_held_without_a_job_is_another_process_unless_it_is_the_parent(tmp_path, no_job):
+    lock = RunLock(tmp_path).acquire()
+    try:
+        assert joblock.job() == "" and " job " not in (tmp_path / "fit.lock").read_text()
+        assert joblock.held_by_another(tmp_path) is not None  # this process is not its own parent
+        no_job.setattr(os, "getppid", os.getpid)  # as Lightning's launcher starts rank 1: rank 0's child
+        assert joblock.held_by_another(tmp_path) is None
+    finally:
+        lock.release()

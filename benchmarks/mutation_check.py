@@ -80,6 +80,7 @@ SK = "tfbuilder/data/storelock.py"
 TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
 RS, SCALING = "tfbuilder/model/components/rotary_scaling.py", ("tests/test_rotary_scaling.py",)
 LP, B = ("tests/test_layer_positions.py",), "tfbuilder/model/builder.py"
+JL, DR = "tfbuilder/runs/joblock.py", "tests/test_distributed_runs.py"
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -481,6 +482,14 @@ MUTATIONS: list[Mutation] = [
     Mutation("hf bert head: a head without pooler accepted", "tfbuilder/interop/hf/classify.py", '("pooler", head.pooler, True)', '("pooler", True, True)', HFF + ("-k", "bert_head_transformers")),
     Mutation("hf deepseek: quantized weights read as plain ones", HD, 'require(cfg, "quantization_config", (None,), None)', "pass", HFF + ("-k", "cannot_express and deepseek_v3")),
     Mutation("hf qwen2-moe: export writes num_local_experts", HD, '{fam.experts_field: ffn.get("experts")', '{"num_local_experts": ffn.get("experts")', HFF + ("-k", "round_trips and qwen2_moe")),
+    # --- runs under a cluster launcher (torchrun, SLURM): every rank refuses what rank 0 refuses
+    Mutation("distributed runs: its own job's lock taken for another's", JL, "(ours and tag == ours)", "(ours and tag != ours)", (DR, "-k", "lock_names")),
+    Mutation("distributed runs: the parent's lock taken for another's", JL, "pid == os.getppid()", "pid == os.getpid()", (DR, "-k", "parent")),
+    Mutation("distributed runs: a held lock seen as free", JL, "            return _other(fd)", "            return None", (DR, "-k", "lock_names")),
+    Mutation("distributed runs: the SLURM job not named", JL, 'return f"slurm {slurm}"', 'return ""', (DR, "-k", "lock_names")),
+    Mutation("distributed runs: the lock's line names no job", "tfbuilder/runs/checkpoints.py", 'tag = f" job {joblock.job()}" if joblock.job() else ""', 'tag = ""', (DR, "-k", "lock_names")),
+    Mutation("distributed runs: rank 1 never refuses a lock another job holds", "tfbuilder/train/lifecycle.py", "            if holder is not None:\n                raise in_use(", "            if False:\n                raise in_use(", (DR, "-k", "refusal and lock")),
+    Mutation("distributed runs: every rank speaks of the checkpoint", "tfbuilder/train/trainer.py", "if not self.trainer.is_global_zero:", "if False:", (DR, "-k", "sigterm")),
 ]
 
 

@@ -44,6 +44,7 @@ from tfbuilder.model.builder import build_model
 from tfbuilder.model.model import Model
 from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.registry import missing
+from tfbuilder.runs import joblock
 from tfbuilder.runs.archive import ArchiveError, check_archive
 from tfbuilder.spec.recipe import Recipe, recipe_from_dict
 from tfbuilder.specials import OWN, SpecialIds
@@ -416,22 +417,18 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         fd = self._open()
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not _take(fd):
             holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
             os.close(fd)
-            raise RunInUse(
-                f"{self.path.parent} is in use: a fit is training there ({holder}); "
-                "wait for it, or choose another directory"
-            ) from None
+            raise in_use(self.path.parent, holder)
         held = os.pread(fd, 4097, 0)
         if held and (len(held) > 4096 or not _HOLDER.fullmatch(held)):  # not a line a fit wrote: not ours
             os.close(fd)
             raise RunDirError(f"{self.path} holds something other than a fit's lock line: {_LOCK_ADVICE}")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode())
+        tag = f" job {joblock.job()}" if joblock.job() else ""  # the other ranks of this job see it is theirs
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}{tag}\n".encode())
         self._fd = fd
         return self
 
@@ -451,6 +448,26 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def in_use(run_dir: Path, holder: str) -> RunInUse:
+    """The refusal of a run directory another fit trains in (on rank 0, and on every rank of a job)."""
+    return RunInUse(
+        f"{run_dir} is in use: a fit is training there ({holder}); wait for it, or choose another directory"
+    )
+
+
+def _take(fd: int, tries: int = 5) -> bool:
+    """The lock taken, trying again for a moment: another rank of this job may be testing it
+    (:func:`tfbuilder.runs.joblock.held_by_another` holds a shared lock for an instant)."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if attempt + 1 < tries:
+                time.sleep(0.05)
+    return False
 
 
 _HOLDER = re.compile(rb"pid \d+ on [^\n]* since [^\n]*\n?")

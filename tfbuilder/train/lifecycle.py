@@ -22,8 +22,8 @@ from tfbuilder import atomic
 from tfbuilder.data.prepare import Vocab
 from tfbuilder.model.builder import build_model
 from tfbuilder.model.model import Model
+from tfbuilder.runs import joblock, vocab_files
 from tfbuilder.runs import steps as numbering
-from tfbuilder.runs import vocab_files
 from tfbuilder.runs.checkpoints import (
     RUN_DIR_ENV,
     CheckpointError,
@@ -35,6 +35,7 @@ from tfbuilder.runs.checkpoints import (
     find_checkpoint,
     finite_weights,
     fits,
+    in_use,
     is_empty,
     new_run_dir,
     read_checkpoint,
@@ -146,6 +147,11 @@ class Claim:
         self.rank_zero = global_rank() == 0
         if self.rank_zero and origin.run_dir is not None and (origin.resumed or origin.run_dir.is_dir()):
             self.lock = RunLock(origin.run_dir).acquire()
+        elif origin.run_dir is not None and origin.run_dir.is_dir():
+            # Every rank refuses what rank 0 refuses: a rank that waited for rank 0 would wait forever.
+            holder = joblock.held_by_another(origin.run_dir)
+            if holder is not None:
+                raise in_use(origin.run_dir, holder)
         if self.rank_zero:  # room for the checkpoints, before anything is prepared or trained
             target = origin.run_dir if origin.run_dir is not None else Path(recipe.trainer.output) / recipe.name
             diskspace.check_free(recipe, target, resumed=origin.resumed)

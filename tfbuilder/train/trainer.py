@@ -109,14 +109,24 @@ class Training:
                 os.environ.pop(RUN_DIR_ENV, None)
             loggers.finish(self.own_loggers)
         if guard.signum is not None:
-            requeued = stopping.requeue(guard.signum) if self.trainer.is_global_zero else None
-            raise Interrupted(
-                f"{stopping.name(guard.signum)}: training stopped at step {self.trainer.global_step}; {guard.kept()} "
-                f"Continue with: tfbuilder fit --resume {run_dir}" + (f". {requeued}" if requeued else ""),
-                guard.signum,
-            )
+            raise Interrupted(self._stopped_by(guard.signum), guard.signum)
         self.stopped = guard.stopped or ("max_steps" if self.trainer.global_step >= self.max_steps else "max_minutes")
         guard.record["stopped"] = self.stopped  # this invocation's record in the run's history
+
+    def _stopped_by(self, signum: int) -> str:
+        """What a signal stopped, said by rank 0 (which wrote the checkpoint, and asks SLURM to requeue
+        the job); every other rank says only that it stopped with the others."""
+        name, step = stopping.name(signum), self.trainer.global_step
+        if not self.trainer.is_global_zero:
+            return (
+                f"{name}: rank {self.trainer.global_rank} stopped at step {step} with every rank; "
+                "rank 0 says what was checkpointed"
+            )
+        requeued = stopping.requeue(signum)
+        return (
+            f"{name}: training stopped at step {step}; {self.guard.kept()} "
+            f"Continue with: tfbuilder fit --resume {self.run_dir}" + (f". {requeued}" if requeued else "")
+        )
 
 
 def _disk_full(path: Path, recipe: Recipe, run_dir: Path, guard: RunGuard) -> str:

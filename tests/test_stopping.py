@@ -70,6 +70,26 @@ def test_sigusr1_checkpoints_requeues_once_and_the_same_command_finishes_bit_equ
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_sigusr2_submitits_notice_checkpoints_without_asking_slurm(tmp_path, slurm, monkeypatch, capsys):
+    """submitit's jobs are told of their time limit (and of preemption) with SIGUSR2: a stop like
+    SIGTERM's, status 140; submitit's handler requeues (tfbuilder.use.launch.Entry), so tfbuilder does not."""
+
+    def escaped(signum, frame):
+        raise Escaped(signal.Signals(signum).name)
+
+    here = tmp_path / "job"
+    previous = signal.signal(signal.SIGUSR2, escaped)
+    try:
+        with monkeypatch.context() as patch:
+            signal_at(patch, Task, "on_train_batch_end", signal.SIGUSR2, step=6)
+            outcome = run_cli(["fit", str(QUICKSTART), "--run-dir", str(here), *tiny(tmp_path, *EXACT)], capsys)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert outcome.rc == 128 + signal.SIGUSR2, outcome.err
+    assert "SIGUSR2: training stopped at step 7; checkpoints/last.ckpt holds step 7" in outcome.err
+    assert not slurm.exists()  # no scontrol requeue
+
+
 def test_requeue_asks_only_after_sigusr1_in_a_slurm_job(slurm, monkeypatch):
     assert stopping.requeue(signal.SIGTERM) is None and not slurm.exists()
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "7")

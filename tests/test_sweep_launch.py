@@ -7,6 +7,7 @@ import csv
 import os
 import pickle
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +102,25 @@ def test_an_entry_job_runs_its_entry_and_requeues_as_itself(monkeypatch):
     with pytest.raises(LaunchError, match="entry 2: stopped by signal 15; the same sweep command continues"):
         Entry(record, ("sweep", "a.yaml", "--exit", "143"), 2)()
     assert Entry(record, ("sweep", "a.yaml", "--exit", "1"), 0)() == 1  # diverged: in the report, not a failure
+
+
+def test_an_entry_stopped_by_submitits_signal_hands_it_back_to_submitit(monkeypatch):
+    """submitit's jobs get SIGUSR2 before their time limit (or when preempted). tfbuilder takes it as a
+    stop (the step checkpointed, exit 140); the entry then raises it again for submitit's own handler,
+    which calls ``checkpoint()`` and requeues the job (and exits it)."""
+    from tfbuilder.use.launch import Entry, LaunchError
+
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))  # submitit's, here
+    try:
+        with pytest.raises(LaunchError, match="stopped by signal 12"):  # a handler that did not exit the job
+            Entry(record, ("sweep", "a.yaml", "--exit", str(128 + signal.SIGUSR2)), 4)()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert seen == [signal.SIGUSR2]
+    with pytest.raises(LaunchError, match="stopped by signal 15"):
+        Entry(record, ("sweep", "a.yaml", "--exit", "143"), 2)()
+    assert seen == [signal.SIGUSR2]  # SIGTERM is not submitit's notice: nothing raised again
 
 
 CALLS: list[list[str]] = []  # what record() was called with (a picklable stand-in for the CLI's main)

@@ -1,7 +1,7 @@
 """Ctrl-C and SIGTERM outside the training loop: start-up unwinds cleanly (no Lightning here).
 
 While a fit prepares (reads checkpoints, prepares data, sets up its run directory) the first SIGINT,
-SIGTERM or SIGUSR1 raises :class:`Stop`, which unwinds what was under way (atomic writes remove their
+SIGTERM, SIGUSR1 or SIGUSR2 raises :class:`Stop`, which unwinds what was under way (atomic writes remove their
 temporary files, the run's lock is released) and becomes an exit status of 128 + the signal with a
 message saying what was kept. Further signals while it unwinds are ignored. Once training starts,
 the training loop's own handler (callbacks.RunGuard) takes over: it validates and checkpoints the
@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 """Ctrl-C; a scheduler's notice (SIGTERM); SLURM's warning before a time limit (``--signal=USR1@90``),
-which also asks for a requeue (:func:`requeue`)."""
+which also asks for a requeue (:func:`requeue`); submitit's warning (its jobs' ``--signal=USR2@90``),
+after which submitit's own handler requeues the job (:class:`tfbuilder.use.launch.Entry`)."""
 REQUEUE_SIGNAL = signal.SIGUSR1
 
 

@@ -13,6 +13,7 @@ submitit is optional (``pip install 'tfbuilder[slurm]'``) and imported only here
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,11 @@ class Entry:
 
     def __call__(self) -> int:
         code = self.command([*self.argv, "--entry", str(self.index)])
+        if code == 128 + signal.SIGUSR2:
+            # submitit's notice before the time limit, which tfbuilder took as a stop: the step was
+            # checkpointed, and the handler submitit installed in the job (given back when training
+            # ended) now requeues this entry, which continues its run (it exits the job itself).
+            signal.raise_signal(signal.SIGUSR2)
         if code > 128:  # Ctrl-C, SIGTERM, SIGUSR1 (tfbuilder.runs.checkpoints.Interrupted): a checkpoint was kept
             raise LaunchError(
                 f"entry {self.index}: stopped by signal {code - 128}; the same sweep command continues its run"

@@ -79,6 +79,9 @@ SK = "tfbuilder/data/storelock.py"
 TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
 RS, SCALING = "tfbuilder/model/components/rotary_scaling.py", ("tests/test_rotary_scaling.py",)
 LP, B = ("tests/test_layer_positions.py",), "tfbuilder/model/builder.py"
+BA, TK = "tfbuilder/data/batching.py", "tfbuilder/train/task.py"
+RANKS = ("tests/test_data.py", "-k", "global or world or rank")
+RANKS_DDP = ("tests/test_ranks.py", "-k", "global_order")  # two processes: about 2 minutes
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -186,7 +189,7 @@ MUTATIONS: list[Mutation] = [
     # --- data: batching and collation
     Mutation("token budget: a full batch may not reach the budget", "tfbuilder/data/batching.py", "count * longest_src > max_tokens", "count * longest_src >= max_tokens", DATA),
     Mutation("sentence batches one too large", "tfbuilder/data/batching.py", "np.arange(0, n, batch_size, dtype=np.int64)", "np.arange(0, n, batch_size + 1, dtype=np.int64)", DATA),
-    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "picks = picks[: count // self.world * self.world]", "picks = picks[:count]", DATA),
+    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "end = done + (count - done) // world * world if even else count", "end = count", DATA),
     Mutation("collate: </s> over the last token", "tfbuilder/data/collate.py", "out[r, start + len(row)] = end", "out[r, start + len(row) - 1] = end", DATA),
     Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True, ids=ids)", "\"tgt_out\": pad(tgt, bos=True, ids=ids)", DATA),
     Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "(LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)", "(LANGUAGE_MODEL_ADDED - 1, LANGUAGE_MODEL_ADDED - 1)", DATA),
@@ -445,6 +448,17 @@ MUTATIONS: list[Mutation] = [
     Mutation("layer positions: a none layer keeps the model's", B, "out.append(module if isinstance(module, AttentionPosition) else None)", "out.append(module if isinstance(module, AttentionPosition) else shared)", LP),
     Mutation("layer positions: additive model position accepted", ST, "if not acts_in_attention(base.type):", "if False:", LP),
     Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions) if positions else None", "self.positions = None", LP),
+    # --- ranks: the global data position, train_loss reduced over ranks, the world-size check
+    Mutation("ranks: position off by one", BA, "return epoch, done + steps * world", "return epoch, done + steps * world + 1", RANKS),
+    Mutation("ranks: position without the world-size factor", BA, "return epoch, done + steps * world", "return epoch, done + steps", RANKS),
+    Mutation("ranks: next epoch's position without the world-size factor", BA, "steps % per_epoch * world", "steps % per_epoch", RANKS),
+    Mutation("ranks: steps left in the epoch not counted", BA, "left = (count - done) // world", "left = count // world", RANKS),
+    Mutation("ranks: a rank's share ignores the position", BA, "return slice(done + rank, end, world)", "return slice(rank, end, world)", RANKS),
+    Mutation("ranks: train_loss summed over ranks", TK, "self.last_train_loss = total / count.clamp(min=1)", "self.last_train_loss = total", RANKS_DDP),
+    Mutation("ranks: train_loss not weighted by tokens", TK, "weighted = torch.stack([loss.detach().double() * tokens, tokens.double()])", "weighted = torch.stack([loss.detach().double(), torch.ones_like(tokens).double()])", RANKS_DDP),
+    Mutation("ranks: train_loss rank 0's own", TK, "total, count = self.trainer.strategy.reduce(weighted, reduce_op=\"sum\")", "total, count = weighted", RANKS_DDP),
+    Mutation("ranks: a global position refused on another world size", "tfbuilder/train/fit.py", 'origin.source is None or "data_position" in origin.source["tfbuilder"]:', "origin.source is None:", RANKS_DDP),
+    Mutation("ranks: launched processes without a run directory not refused", "tfbuilder/train/fit.py", "if world > 1 and launched and origin.run_dir is None:", "if False:", ("tests/test_ranks.py", "-k", "need_one_run_directory")),
 ]
 
 

@@ -148,7 +148,8 @@ class Task(L.LightningModule):
         token-weighted mean over all ranks' batches (the loss of one batch made of them all), reduced only
         on the steps whose metrics reach the loggers (every ``trainer.log_every`` steps, and the last): a
         collective on the device, no host sync, and none on the other steps."""
-        several = torch.distributed.is_available() and torch.distributed.is_initialized()  # (none: no trainer needed)
+        # No process group: one process (or a step driven without a Trainer, as tests do).
+        several = torch.distributed.is_available() and torch.distributed.is_initialized()
         if not several or torch.distributed.get_world_size() == 1:
             self.last_train_loss = loss.detach()
             self.log("train_loss", loss, prog_bar=True, batch_size=size)

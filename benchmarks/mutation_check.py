@@ -81,6 +81,9 @@ TP, FW = "tfbuilder/data/pretrained.py", ("tests/test_faults_weights.py",)
 RS, SCALING = "tfbuilder/model/components/rotary_scaling.py", ("tests/test_rotary_scaling.py",)
 LP, B = ("tests/test_layer_positions.py",), "tfbuilder/model/builder.py"
 JL, DR = "tfbuilder/runs/joblock.py", "tests/test_distributed_runs.py"
+BA, TK = "tfbuilder/data/batching.py", "tfbuilder/train/task.py"
+RANKS = ("tests/test_data.py", "-k", "global or world or rank")
+RANKS_DDP = ("tests/test_ranks.py", "-k", "global_order")  # two processes: about 2 minutes
 
 MUTATIONS: list[Mutation] = [
     # --- positions (Vaswani et al. 2017 sec. 3.5; Su et al. 2021; Press et al. 2022; Raffel et al. 2020)
@@ -188,7 +191,7 @@ MUTATIONS: list[Mutation] = [
     # --- data: batching and collation
     Mutation("token budget: a full batch may not reach the budget", "tfbuilder/data/batching.py", "count * longest_src > max_tokens", "count * longest_src >= max_tokens", DATA),
     Mutation("sentence batches one too large", "tfbuilder/data/batching.py", "np.arange(0, n, batch_size, dtype=np.int64)", "np.arange(0, n, batch_size + 1, dtype=np.int64)", DATA),
-    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "picks = picks[: count // self.world * self.world]", "picks = picks[:count]", DATA),
+    Mutation("ranks: uneven batches kept", "tfbuilder/data/batching.py", "end = done + (count - done) // world * world if even else count", "end = count", DATA),
     Mutation("collate: </s> over the last token", "tfbuilder/data/collate.py", "out[r, start + len(row)] = end", "out[r, start + len(row) - 1] = end", DATA),
     Mutation("collate: tgt_out starts with <s>", "tfbuilder/data/collate.py", "\"tgt_out\": pad(tgt, eos=True, ids=ids)", "\"tgt_out\": pad(tgt, bos=True, ids=ids)", DATA),
     Mutation("lengths: no room for both specials", "tfbuilder/data/collate.py", "(LANGUAGE_MODEL_ADDED, LANGUAGE_MODEL_ADDED)", "(LANGUAGE_MODEL_ADDED - 1, LANGUAGE_MODEL_ADDED - 1)", DATA),
@@ -318,7 +321,9 @@ MUTATIONS: list[Mutation] = [
     Mutation("run dir: a stopped-early run not started over", "tfbuilder/train/fit.py", "    restart = r.restart or (origin.run_dir is not None and not origin.resumed)", "    restart = r.restart", ("tests/test_faults_runs.py", "-k", "same_command")),
     Mutation("run dir: continued from other weights than it began from", "tfbuilder/train/lifecycle.py", "        if not isinstance(began, str) or Path(began).resolve() != wanted:", "        if not isinstance(began, str):", ("tests/test_faults_runs.py", "-k", "same_command")),
     Mutation("run dir: a run held is started again, not continued", "tfbuilder/train/lifecycle.py", "        if holds_run(shared, restart=True):", "        if False:", ("tests/test_faults_runs.py", "-k", "same_command")),
-    Mutation("preemption: SIGUSR1 not handled", "tfbuilder/train/stopping.py", "SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)", "SIGNALS = (signal.SIGINT, signal.SIGTERM)", ("tests/test_stopping.py",)),
+    Mutation("preemption: SIGUSR1 not handled", "tfbuilder/train/stopping.py", "SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)", "SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)", ("tests/test_stopping.py",)),
+    Mutation("preemption: SIGUSR2 not handled", "tfbuilder/train/stopping.py", "SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)", "SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)", ("tests/test_stopping.py", "-k", "sigusr2")),
+    Mutation("sweep launch: submitit's notice not handed back", "tfbuilder/use/launch.py", "            signal.raise_signal(signal.SIGUSR2)", "            pass", ("tests/test_sweep_launch.py", "-k", "notice or submitits_signal")),
     Mutation("preemption: requeued after SIGTERM too", "tfbuilder/train/stopping.py", "    if signum != REQUEUE_SIGNAL or not job_id:", "    if not job_id:", ("tests/test_stopping.py",)),
     Mutation("preemption: Lightning's requeue left on", "tfbuilder/train/trainer.py", "    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []", "    return []", ("tests/test_stopping.py",)),
     Mutation("sweep: a worker reports before every run finished", "tfbuilder/cli/sweeps.py", "    if unfinished and not args.report_only:", "    if False:", ("tests/test_sweeps.py", "-k", "workers or entry")),
@@ -490,6 +495,17 @@ MUTATIONS: list[Mutation] = [
     Mutation("distributed runs: the lock's line names no job", "tfbuilder/runs/checkpoints.py", 'tag = f" job {joblock.job()}" if joblock.job() else ""', 'tag = ""', (DR, "-k", "lock_names")),
     Mutation("distributed runs: rank 1 never refuses a lock another job holds", "tfbuilder/train/lifecycle.py", "            if holder is not None:\n                raise in_use(", "            if False:\n                raise in_use(", (DR, "-k", "refusal and lock")),
     Mutation("distributed runs: every rank speaks of the checkpoint", "tfbuilder/train/trainer.py", "if not self.trainer.is_global_zero:", "if False:", (DR, "-k", "sigterm")),
+    # --- ranks: the global data position, train_loss reduced over ranks, the world-size check
+    Mutation("ranks: position off by one", BA, "return epoch, done + steps * world", "return epoch, done + steps * world + 1", RANKS),
+    Mutation("ranks: position without the world-size factor", BA, "return epoch, done + steps * world", "return epoch, done + steps", RANKS),
+    Mutation("ranks: next epoch's position without the world-size factor", BA, "steps % per_epoch * world", "steps % per_epoch", RANKS),
+    Mutation("ranks: steps left in the epoch not counted", BA, "left = (count - done) // world", "left = count // world", RANKS),
+    Mutation("ranks: a rank's share ignores the position", BA, "return slice(done + rank, end, world)", "return slice(rank, end, world)", RANKS),
+    Mutation("ranks: train_loss summed over ranks", TK, "self.last_train_loss = total / count.clamp(min=1)", "self.last_train_loss = total", RANKS_DDP),
+    Mutation("ranks: train_loss not weighted by tokens", TK, "weighted = torch.stack([loss.detach().double() * tokens, tokens.double()])", "weighted = torch.stack([loss.detach().double(), torch.ones_like(tokens).double()])", RANKS_DDP),
+    Mutation("ranks: train_loss rank 0's own", TK, "total, count = self.trainer.strategy.reduce(weighted, reduce_op=\"sum\")", "total, count = weighted", RANKS_DDP),
+    Mutation("ranks: a global position refused on another world size", "tfbuilder/train/fit.py", 'origin.source is None or "data_position" in origin.source["tfbuilder"]:', "origin.source is None:", RANKS_DDP),
+    Mutation("ranks: launched processes without a run directory not refused", "tfbuilder/train/fit.py", "if world > 1 and launched and origin.run_dir is None:", "if False:", ("tests/test_ranks.py", "-k", "need_one_run_directory")),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import multi30k_or_fixture
 from tfbuilder.data import synthetic, text
-from tfbuilder.data.batching import BucketBatchSampler, pack
+from tfbuilder.data.batching import BucketBatchSampler, advance, pack, share
 from tfbuilder.data.collate import Collate, pad
 from tfbuilder.data.prepare import Split, Vocab
 from tfbuilder.data.tokenizers import BOS, EOS, PAD, BPETokenizer, CharTokenizer, DataError, from_json
@@ -115,7 +115,7 @@ def test_infinite_sampler_resumes_at_any_position():
     per_epoch = sampler.batches_per_epoch
     straight = [b.tolist() for b in itertools.islice(iter(sampler), 3 * per_epoch)]
     resumed = BucketBatchSampler(src, tgt, max_tokens=400, seed=5, infinite=True)
-    resumed.start = lambda: per_epoch + 3
+    resumed.start = lambda: (1, 3)
     assert [b.tolist() for b in itertools.islice(iter(resumed), 2 * per_epoch - 3)] == straight[per_epoch + 3 :]
 
 
@@ -180,3 +180,71 @@ def test_a_data_file_that_is_not_a_file_is_named_for_what_it_is(tmp_path):
     os.mkfifo(tmp_path / "train.de")
     with pytest.raises(DataError, match=r"train.de: not a regular file \(a FIFO\)"):
         list(text.lines(tmp_path / "train.de"))
+
+
+# --- the global data position: a resume on another number of ranks continues the global order --------
+def stepped(world: int, start: tuple[int, int], steps: int, **kw) -> list[list[int]]:
+    """The batches ``world`` ranks train in ``steps`` steps from ``start``, step by step, rank by rank."""
+    ranks = [BucketBatchSampler(**kw, infinite=True, rank=r, world=world) for r in range(world)]
+    for sampler in ranks:
+        sampler.start = lambda: start
+    return [b.tolist() for step in zip(*(itertools.islice(iter(s), steps) for s in ranks), strict=True) for b in step]
+
+
+def uninterrupted(world: int, start: tuple[int, int], batches: int, **kw) -> list[list[int]]:
+    """The definition: each epoch's global order from ``start``, as many batches of it as ``world`` ranks
+    can share evenly (the few left at its end are not trained), epoch after epoch; the first ``batches``."""
+    whole = BucketBatchSampler(**kw)
+    out: list[list[int]] = []
+    epoch, done = start
+    while len(out) < batches:
+        order = [b.tolist() for b in whole.whole(epoch)]
+        out += order[done : done + (len(order) - done) // world * world]
+        epoch, done = epoch + 1, 0
+    return out[:batches]
+
+
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2), (2, 3), (3, 2)])
+@pytest.mark.parametrize("steps", [0, 1, 3, 4, 7, 9, 13])
+def test_a_resume_on_another_world_size_continues_the_global_order(before, after, steps):
+    """An epoch of 9 batches; ``before`` ranks train ``steps`` steps, then ``after`` ranks resume at the
+    global position: each phase trains exactly what an uninterrupted run of its ranks trains from where
+    it starts (no batch twice, none of the global order skipped but the few at an epoch's end that its
+    ranks cannot share), and the resumed run starts at the first batch no rank trained."""
+    src, tgt = lengths(90, seed=4)
+    kw = dict(src_lens=src, tgt_lens=tgt, batch_size=10, seed=3)
+    count = BucketBatchSampler(**kw).batches_in_epoch
+    assert count == 9
+    first = stepped(before, (0, 0), steps, **kw)
+    assert first == uninterrupted(before, (0, 0), steps * before, **kw)
+    position = advance((0, 0), steps, count=count, world=before)
+    then = stepped(after, position, 6, **kw)
+    assert then == uninterrupted(after, position, 6 * after, **kw)
+    if position[0] == 0:  # a stop in the first epoch: both phases together follow its global order
+        rest = then[: (count - position[1]) // after * after]
+        assert first + rest == uninterrupted(1, (0, 0), len(first) + len(rest), **kw)
+
+
+def test_the_global_position_by_hand():
+    """9 batches an epoch: two ranks take 8 (4 steps), three take 9 (3 steps), four take 8 (2 steps)."""
+    assert advance((0, 0), 0, count=9, world=2) == (0, 0)
+    assert advance((0, 0), 3, count=9, world=2) == (0, 6)
+    assert advance((0, 0), 4, count=9, world=2) == (1, 0)  # the 9th batch is left: two ranks cannot share it
+    assert advance((0, 0), 5, count=9, world=2) == (1, 2)
+    assert advance((0, 6), 1, count=9, world=1) == (0, 7)
+    assert advance((0, 6), 3, count=9, world=1) == (1, 0)
+    assert advance((0, 7), 1, count=9, world=2) == (1, 0)  # 2 left: one step ends the epoch
+    assert advance((0, 7), 2, count=9, world=2) == (1, 2)
+    assert advance((0, 8), 1, count=9, world=2) == (1, 2)  # 1 left: not shared; the next epoch at once
+    assert advance((0, 3), 10, count=9, world=3) == (3, 6)  # 2 steps to the epoch's end, 2 epochs, 2 steps
+    assert advance((2, 0), 0, count=9, world=4) == (2, 0)
+    with pytest.raises(ValueError, match="smaller than the number of processes"):
+        advance((0, 0), 1, count=3, world=4)
+
+
+def test_each_rank_takes_every_world_th_batch_from_the_position():
+    assert share(9, 0, rank=0, world=2) == slice(0, 8, 2)
+    assert share(9, 0, rank=1, world=2) == slice(1, 8, 2)
+    assert share(9, 3, rank=1, world=2) == slice(4, 9, 2)
+    assert share(9, 3, rank=0, world=1) == slice(3, 9, 1)
+    assert share(9, 0, rank=1, world=2, even=False) == slice(1, 9, 2)  # validation: every batch, uneven

@@ -98,12 +98,40 @@ class Epoch:
         return [batch.tolist() for batch in self]
 
 
+Position = tuple[int, int]  # (epoch, batches of that epoch's global order consumed by all ranks together)
+
+
+def share(count: int, done: int, *, rank: int, world: int, even: bool = True) -> slice:
+    """The batches of an epoch's global order (``count`` batches, the first ``done`` already trained)
+    that ``rank`` of ``world`` takes: every world-th from ``done + rank``. ``even``: only as many as
+    every rank can take (``(count - done) // world`` each), so that all ranks step together; the few
+    left at the epoch's end (fewer than ``world``) are not trained in that epoch."""
+    end = done + (count - done) // world * world if even else count
+    return slice(done + rank, end, world)
+
+
+def advance(position: Position, steps: int, *, count: int, world: int) -> Position:
+    """The global position after each of ``world`` ranks trained ``steps`` more batches from
+    ``position``, epochs of ``count`` batches being shared as :func:`share` does. A resume on another
+    number of ranks continues from here: the first batch of the global order no rank trained yet."""
+    per_epoch = count // world
+    if per_epoch == 0:
+        raise ValueError("no training batches: the data is smaller than the number of processes")
+    epoch, done = position
+    left = (count - done) // world  # steps the ranks can still take together in this epoch
+    if steps < left:
+        return epoch, done + steps * world
+    steps -= left
+    return epoch + 1 + steps // per_epoch, steps % per_epoch * world
+
+
 class BucketBatchSampler:
     """Yields lists of example indices. Each epoch: shuffle, sort by length (ties in random order), pack,
-    shuffle the batches; rank ``r`` of ``world`` takes every world-th batch.
+    shuffle the batches (the epoch's global order); rank ``r`` of ``world`` takes every world-th batch.
 
-    Training samplers are ``infinite``: epochs follow each other, and the number of batches consumed
-    so far (``start()``, over all epochs) is all that resuming needs.
+    Training samplers are ``infinite``: epochs follow each other, and the global position (``start()``:
+    the epoch, and how many batches of its global order all ranks together trained) is all that resuming
+    needs, on any number of ranks (:func:`advance`).
     """
 
     def __init__(
@@ -127,11 +155,11 @@ class BucketBatchSampler:
         self.max_tokens, self.batch_size, self.extra = max_tokens, batch_size, extra
         self.seed, self.shuffle, self.infinite = seed, shuffle, infinite
         self.rank, self.world = rank, world
-        self.start: Callable[[], int] = lambda: 0  # batches consumed before this run (resume)
+        self.start: Callable[[], Position] = lambda: (0, 0)  # the global position before this run (resume)
         self._cache: tuple[int, Epoch] | None = None
 
-    def epoch(self, epoch: int) -> Epoch:
-        """This rank's batches of ``epoch``."""
+    def whole(self, epoch: int) -> Epoch:
+        """Every batch of ``epoch``, in the epoch's global order (all ranks')."""
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
         self._cache = None  # the previous epoch's arrays go before this one's are made
@@ -151,13 +179,20 @@ class BucketBatchSampler:
         )
         count = len(bounds) - 1
         picks = rng.permutation(count) if self.shuffle else np.arange(count)
-        if self.world > 1:
-            if self.infinite:  # every rank must take the same number of steps
-                picks = picks[: count // self.world * self.world]
-            picks = picks[self.rank :: self.world]
         batches = Epoch(order, bounds, picks)
         self._cache = (epoch, batches)
         return batches
+
+    def epoch(self, epoch: int, done: int = 0) -> Epoch:
+        """This rank's batches of ``epoch``, after the first ``done`` of its global order."""
+        whole = self.whole(epoch)
+        mine = share(len(whole), done, rank=self.rank, world=self.world, even=self.infinite)
+        return Epoch(whole.order, whole.bounds, whole.picks[mine])
+
+    @property
+    def batches_in_epoch(self) -> int:
+        """Batches in an epoch's global order, all ranks' (the same every epoch: the lengths sort alike)."""
+        return len(self.whole(0))
 
     @property
     def batches_per_epoch(self) -> int:
@@ -167,14 +202,12 @@ class BucketBatchSampler:
         if not self.infinite:
             yield from self.epoch(0)
             return
-        per_epoch = self.batches_per_epoch
-        if per_epoch == 0:
+        if self.batches_per_epoch == 0:
             raise ValueError("no training batches: the data is smaller than the number of processes")
-        position = self.start()  # read lazily, at the first batch: after a checkpoint has been restored
+        epoch, done = self.start()  # read lazily, at the first batch: after a checkpoint has been restored
         while True:
-            epoch, offset = divmod(position, per_epoch)
-            yield self.epoch(epoch)[offset]
-            position += 1
+            yield from self.epoch(epoch, done)
+            epoch, done = epoch + 1, 0
 
     def __len__(self) -> int:
         if self.infinite:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import lightning as L
 from torch.utils.data import DataLoader
 
-from tfbuilder.data.batching import BucketBatchSampler
+from tfbuilder.data.batching import BucketBatchSampler, Position
 from tfbuilder.data.collate import Collate, lengths
 from tfbuilder.data.packing import packed_splits
 from tfbuilder.data.prepare import Prepared
@@ -27,7 +27,7 @@ class DataModule(L.LightningDataModule):
         batch_size_default: int = 32,
         workers: int = 0,
         pin_memory: bool = False,
-        position_source: Callable[[], int] = lambda: 0,
+        position_source: Callable[[], Position] = lambda: (0, 0),
         causal: bool = True,
         specials: SpecialIds = OWN,
     ):
@@ -40,9 +40,10 @@ class DataModule(L.LightningDataModule):
         self.data = data
         self.seed = seed
         self.batch_size_default = batch_size_default
-        # Where training resumes (batches consumed so far): called when the first batch is drawn, after
-        # a checkpoint is restored.
+        # Where training resumes (the global position: epoch, batches of its order trained by all ranks):
+        # called when the first batch is drawn, after a checkpoint is restored.
         self.position_source = position_source
+        self._batches_in_epoch: int | None = None
 
     def sampler(self, split: str, *, train: bool) -> BucketBatchSampler:
         """The bucketing batch sampler of ``split``: shuffled and endless for training, this rank's
@@ -68,6 +69,12 @@ class DataModule(L.LightningDataModule):
             rank=rank,
             world=world,
         )
+
+    def batches_in_epoch(self) -> int:
+        """Batches in an epoch of the training split's global order (all ranks'), computed once."""
+        if self._batches_in_epoch is None:
+            self._batches_in_epoch = self.sampler("train", train=True).batches_in_epoch
+        return self._batches_in_epoch
 
     def loader(self, split: str, *, train: bool = False) -> DataLoader:
         sampler = self.sampler(split, train=train)

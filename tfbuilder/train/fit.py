@@ -20,7 +20,7 @@ from tfbuilder import torch_state
 from tfbuilder.data.prepare import PRETRAINED_WITHOUT_PATH, prepare
 from tfbuilder.data.settle import settle
 from tfbuilder.errors import TfbuilderError
-from tfbuilder.runs.checkpoints import Interrupted
+from tfbuilder.runs.checkpoints import RUN_DIR_ENV, Interrupted
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.spec.sections import DataSection
 from tfbuilder.train import preflight, stopping
@@ -80,17 +80,32 @@ def _refuse_untrainable(recipe: Recipe, *, resume: str | Path | None, init_from:
 
 
 def _same_world(origin: Origin, world: int) -> None:
-    """A resume runs with as many processes as the run had: each rank's data position is its own share
-    of the batches, so another number would replay some batches and skip others. (Checkpoints of runs
-    that do not record it were written by one process or by a run that had as many.)"""
-    if not origin.resumed or origin.source is None:
+    """A checkpoint that records the global data position resumes on any number of processes (the
+    global order of batches continues at the first one no rank trained). An older one holds each
+    rank's own count of batches: it resumes only with as many processes as the run had, since another
+    number would replay some batches and skip others. (Checkpoints of runs that do not record the
+    world size were written by one process or by a run that had as many.)"""
+    if not origin.resumed or origin.source is None or "data_position" in origin.source["tfbuilder"]:
         return
     saved = origin.source["tfbuilder"].get("world_size")
     if isinstance(saved, int) and saved != world:
         raise TfbuilderError(
             f"the run was trained by {saved} process{'es' if saved > 1 else ''} (world size {saved}); this resume "
-            f"would run {world}: each process's place in the data is its own share of the batches, so a resume "
-            f"continues exactly only with {saved} (trainer.devices x trainer.num_nodes)"
+            f"would run {world}: its checkpoint (from an older tfbuilder) holds each process's own place in the "
+            f"data, so a resume continues exactly only with {saved} (trainer.devices x trainer.num_nodes)"
+        )
+
+
+def _one_run_dir(origin: Origin, world: int, *, launched: bool) -> None:
+    """Processes that a launcher started (torchrun, SLURM's srun) each begin the fit on their own: without
+    one run directory named for all of them, each would claim a ``version_<n>`` of its own (rank 0's
+    trains, the others' stay empty). Refused on every rank, before anything is prepared or created.
+    (Processes that Lightning starts from the first one inherit its run directory.)"""
+    if world > 1 and launched and origin.run_dir is None:
+        raise TfbuilderError(
+            f"this process is one of {world} that a launcher started (torchrun, srun): give them all one run "
+            f"directory with --run-dir DIR or {RUN_DIR_ENV}=DIR (on a shared file system when they run on "
+            "several machines), or continue a run with --resume"
         )
 
 
@@ -136,7 +151,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     """The steps of a fit, in order."""
     r = request
     # 1. A Trainer this machine can run: accelerator, precision, strategy (the cheapest check first).
-    world = probe(r.recipe)
+    world, launched = probe(r.recipe)
     # 2. The model builds, steps and fits this machine, its data's files are there (the pre-flight),
     #    before any run directory exists. A resumed or initialised run takes its checkpoint's vocabulary.
     preflight.check_run(r.recipe, vocab_given=r.resume is not None or r.init_from is not None)
@@ -145,6 +160,7 @@ def _steps(request: FitRequest, claim: Claim) -> Summary:
     #    locked at once, and there must be room for the checkpoints.
     where = read_origin(r.recipe, resume=r.resume, init_from=r.init_from, run_dir=r.run_dir, force=r.force)
     _same_world(where, world)
+    _one_run_dir(where, world, launched=launched)
     origin = claim.hold(where, r.recipe)
     # 4. The data: every data problem surfaces here; labelled data gives the recipe its label ids.
     prepared = prepare(r.data, vocab=origin.vocab, model_vocab=r.recipe.model.vocab_size, say=say)

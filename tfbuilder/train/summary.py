@@ -48,6 +48,7 @@ class Summary:
         None  # this invocation's peak: GPU memory allocated, or the process's resident memory on a CPU
     )
     metrics_steps: str = numbering.LIGHTNING  # how metrics.csv numbers its rows (tfbuilder.runs.steps)
+    last_train_loss: float | None = None  # as last logged: on several processes, the mean over all ranks
 
     @classmethod
     def of(cls, recipe: Recipe, training: Training, task: Task) -> Summary:
@@ -76,6 +77,7 @@ class Summary:
             history=task.history + [{**task.invocation, "to_step": steps}],
             peak_memory_mb=memory.peak_mb(training.gpu),
             metrics_steps=task.metrics_steps,
+            last_train_loss=None if task.last_train_loss is None else float(task.last_train_loss),
             head_scores=None
             if recipe.model.head is None
             else {

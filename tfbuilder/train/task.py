@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
 import torch
 
 from tfbuilder import registry
+from tfbuilder.data import batching
 from tfbuilder.data.prepare import Prepared, Vocab
 from tfbuilder.errors import DataError
 from tfbuilder.inference.translate import translate
@@ -52,7 +54,12 @@ class Task(L.LightningModule):
         self.vocab_json = vocab_json
         self.vocab = vocab
         self.bleu_lines = bleu_lines  # (sources, references) translated at each validation
-        self.batches_seen = 0  # training batches consumed over the whole run (resume restarts here)
+        self.batches_seen = 0  # training batches this rank consumed over the whole run
+        # The global data position this invocation started from, and batches_seen then: with the
+        # batches per epoch (set by the data module) they give the position now (data_position).
+        self.data_start: batching.Position = (0, 0)
+        self.batches_at_start = 0
+        self.batches_in_epoch: Callable[[], int] = lambda: 1
         # Totals over the whole run, carried across resumes: target tokens and seconds of training
         # steps (validation excluded), and wall time.
         self.train_tokens = 0
@@ -70,6 +77,7 @@ class Task(L.LightningModule):
         self._tokens_per_s = 0.0
         self.ranks_agree: bool | None = None
         self.all_ranks: tuple[int, float] | None = None  # (target tokens, tokens/s) over every rank, at the end
+        self.last_train_loss: torch.Tensor | None = None  # train_loss as last logged (on the device)
         self.bad_step: torch.Tensor | None = None  # first step with a non-finite loss (0: none)
         self._window_tokens: torch.Tensor | int = 0  # target tokens of the micro-batches since the last step
         self.run_dir: str | None = None  # recorded in checkpoints: a resume elsewhere is refused
@@ -119,7 +127,7 @@ class Task(L.LightningModule):
         self.note_finite(result.loss)
         size = self._host_tokens
         self._batch_tokens = size
-        self.log("train_loss", result.loss, prog_bar=True, batch_size=size)
+        self.log_train_loss(result.loss, result.tokens, size)
         # Over the tokens the objective predicted (a masked LM: its masked share), as validation does;
         # tokens/s counts every target token the step read.
         predicted = result.tokens.clamp(min=1)
@@ -134,6 +142,25 @@ class Task(L.LightningModule):
             self._window_tokens = self._window_tokens + result.tokens
             return result.loss * result.tokens
         return result.loss
+
+    def log_train_loss(self, loss: torch.Tensor, tokens: torch.Tensor, size: int) -> None:
+        """Log ``train_loss``, a mean over the batch's predicted ``tokens``. On several processes it is the
+        token-weighted mean over all ranks' batches (the loss of one batch made of them all), reduced only
+        on the steps whose metrics reach the loggers (every ``trainer.log_every`` steps, and the last): a
+        collective on the device, no host sync, and none on the other steps."""
+        # No process group: one process (or a step driven without a Trainer, as tests do).
+        several = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if not several or torch.distributed.get_world_size() == 1:
+            self.last_train_loss = loss.detach()
+            self.log("train_loss", loss, prog_bar=True, batch_size=size)
+            return
+        step = self.global_step + 1  # every rank agrees on it: all take part in the reduction or none
+        if step % self.recipe.trainer.log_every and step != self.trainer.max_steps:
+            return
+        weighted = torch.stack([loss.detach().double() * tokens, tokens.double()])
+        total, count = self.trainer.strategy.reduce(weighted, reduce_op="sum")
+        self.last_train_loss = total / count.clamp(min=1)
+        self.log("train_loss", self.last_train_loss.float(), prog_bar=True, batch_size=size, sync_dist=False)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         # Once per optimizer step, after every micro-batch's forward: routing biases move by the step's
@@ -151,6 +178,13 @@ class Task(L.LightningModule):
         scale = self.trainer.accumulate_grad_batches * world / tokens.clamp(min=1)
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, scale.to(grads[0].dtype))
+
+    def data_position(self) -> batching.Position:
+        """The global data position: the epoch, and how many batches of its global order all ranks
+        together have trained (:func:`tfbuilder.data.batching.advance`)."""
+        steps = self.batches_seen - self.batches_at_start
+        count = self.batches_in_epoch()
+        return batching.advance(self.data_start, steps, count=count, world=self.trainer.world_size)
 
     def _sum_over_ranks(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(tensor, reduce_op="sum")
@@ -243,12 +277,23 @@ class Task(L.LightningModule):
             "components": registry.provenance([params for _, params in self.recipe.model.components()]),
             "specials": self.model.specials.to_dict(),
             numbering.KEY: self.metrics_steps,
-            "world_size": self.trainer.world_size,  # the data position is per rank: a resume needs as many
+            "world_size": self.trainer.world_size,
+            "data_position": self._saved_position(),  # global: a resume may run on another number of ranks
         }
+
+    def _saved_position(self) -> dict:
+        epoch, batch = self.data_position()
+        return {"epoch": epoch, "batch": batch, "seed": self.recipe.trainer.seed, "batches": self.batches_in_epoch()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved = checkpoint["tfbuilder"]
         self.batches_seen = int(saved["batches_seen"])
+        position = saved.get("data_position")
+        if position is not None:
+            self.data_start = (int(position["epoch"]), int(position["batch"]))
+            self.batches_at_start = self.batches_seen
+        else:  # an older checkpoint: batches_seen is this rank's count, on as many ranks (fit refuses another)
+            self.data_start, self.batches_at_start = (0, 0), 0
         self.train_tokens = int(saved.get("train_tokens", 0))
         self.train_seconds = float(saved.get("train_seconds", 0.0))
         self.elapsed_before = float(saved.get("elapsed", 0.0))

@@ -21,6 +21,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers.logger import Logger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import ParallelStrategy
 
 from tfbuilder import atomic, devices
 from tfbuilder.data.datamodule import DataModule
@@ -52,7 +53,7 @@ def world_size(recipe: Recipe) -> int:
 
 def data_module(recipe: Recipe, prepared: Prepared, task: Task) -> DataModule:
     """The batches of a run: on a GPU built in worker processes and pinned; the sampler resumes at the
-    task's count of batches seen."""
+    task's global data position."""
     assert recipe.data is not None  # FitRequest refuses a recipe without data
     on_accelerator = accelerated(recipe)
     asked = recipe.data.workers
@@ -60,16 +61,18 @@ def data_module(recipe: Recipe, prepared: Prepared, task: Task) -> DataModule:
         workers = min(4, max(1, (os.cpu_count() or 2) // 2)) if on_accelerator else 0
     else:
         workers = asked
-    return DataModule(
+    module = DataModule(
         prepared,
         recipe.data,
         seed=recipe.trainer.seed,
         workers=workers,
         pin_memory=on_accelerator,
-        position_source=lambda: task.batches_seen,
+        position_source=task.data_position,
         causal=recipe.model.kind == "decoder",
         specials=prepared.vocab.specials,
     )
+    task.batches_in_epoch = module.batches_in_epoch  # the task records the global data position
+    return module
 
 
 @dataclass
@@ -274,9 +277,10 @@ class StepHook(Callback):
         self.hook(trainer.global_step, trainer.max_steps)
 
 
-def probe(recipe: Recipe) -> int:
+def probe(recipe: Recipe) -> tuple[int, bool]:
     """Fail on an accelerator, precision or strategy this machine lacks before any run directory exists;
-    else the number of processes the run will have (its world size)."""
+    else the number of processes the run will have (its world size), and whether a launcher (torchrun,
+    SLURM's srun) started each of them, rather than Lightning starting them from this one."""
     t = recipe.trainer
     if isinstance(t.devices, list) and not accelerated(recipe):
         where = "accelerator: cpu" if t.accelerator == "cpu" else "this machine has no GPU"
@@ -298,7 +302,10 @@ def probe(recipe: Recipe) -> int:
         )
     except (TypeError, ValueError, RuntimeError, MisconfigurationException) as exc:
         raise TfbuilderError(f"trainer: {exc}") from None
-    return trial.world_size
+    strategy = trial.strategy  # only a strategy of several processes has a cluster environment
+    environment = strategy.cluster_environment if isinstance(strategy, ParallelStrategy) else None
+    external = environment is not None and environment.creates_processes_externally
+    return trial.world_size, external
 
 
 @contextmanager

@@ -169,6 +169,11 @@ class TrainerSection(Section):
     )
     strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
     num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each encoder/decoder layer's activations in the backward instead of keeping them "
+        "(less memory, about one more forward of compute); any strategy",
+    )
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
     compile: bool = Field(

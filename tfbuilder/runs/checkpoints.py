@@ -121,9 +121,9 @@ def check_foreign(run_dir: Path) -> None:
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run directory's ``checkpoints/last.ckpt``."""
+    """A checkpoint file or sharded checkpoint folder, or a run directory's ``checkpoints/last.ckpt``."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not is_sharded(path):
         for candidate in (path / "checkpoints" / "last.ckpt", path / "last.ckpt"):
             if present(candidate):
                 return candidate

@@ -20,6 +20,7 @@ import io
 import os
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,6 +36,8 @@ META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed ch
 INDEX = ".metadata"
 INDEX_LIMIT = 64 << 20  # bytes: an index larger than this is not one tfbuilder wrote
 WEIGHTS = "state_dict."  # the weights' prefix in the index (the optimizer's is optimizer_<i>.)
+OPTIMIZER = "optimizer_"
+SHARDED_OPTIMIZER = "optimizer_sharded"  # read_sharded's mark: the shards hold an optimizer state (a resume needs it)
 
 _ALLOWED = {
     ("torch.distributed.checkpoint.metadata", name)
@@ -109,17 +112,19 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def weights(folder: Path) -> dict[str, torch.Tensor]:
+def weights(folder: Path, index: dcp_metadata.Metadata) -> dict[str, torch.Tensor]:
     """The full (unsharded) weights a checkpoint folder holds, by their names in the Lightning
     ``state_dict`` (``model.…``), read in this process alone."""
     state: dict[str, torch.Tensor] = {}
-    for key, entry in read_index(folder).state_dict_metadata.items():
+    for key, entry in index.state_dict_metadata.items():
         if not key.startswith(WEIGHTS):
             continue
         if not isinstance(entry, dcp_metadata.TensorStorageMetadata):
             raise ShardedError(f"{folder}: {key} is not a tensor")
         state[key.removeprefix(WEIGHTS)] = torch.empty(entry.size, dtype=entry.properties.dtype)
-    dcp.load({"state_dict": state}, storage_reader=_SafeReader(folder), no_dist=True)
+    with warnings.catch_warnings():  # torch says it assumes one process: that is what is meant
+        warnings.filterwarnings("ignore", message=r".*assuming the intent is to load in a single process")
+        dcp.load({"state_dict": state}, storage_reader=_SafeReader(folder), no_dist=True)
     return state
 
 
@@ -129,7 +134,9 @@ def read_sharded(folder: Path) -> dict:
     meta = torch.load(folder / META, map_location="cpu", weights_only=True)
     if not isinstance(meta, dict):
         raise ShardedError(f"{folder / META} is not a checkpoint's metadata")
-    return {**meta, "state_dict": weights(folder)}
+    index = read_index(folder)
+    optimizer = any(key.startswith(OPTIMIZER) for key in index.state_dict_metadata)
+    return {**meta, "state_dict": weights(folder, index), SHARDED_OPTIMIZER: optimizer}
 
 
 def replace_folder(source: Path, target: Path) -> None:

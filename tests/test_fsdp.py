@@ -16,9 +16,9 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import QUICKSTART, ddp_env, short_run, tiny_model
 
 import tfbuilder
-from conftest import QUICKSTART, ddp_env, short_run, tiny_model
 from tfbuilder.cli.commands import main
 from tfbuilder.model.builder import build_model
 from tfbuilder.runs import sharded
@@ -27,7 +27,13 @@ from tfbuilder.train import sharding
 
 pytestmark = pytest.mark.xdist_group("fsdp")
 
-ONE_LAYER = ["model.d_model=32", "model.attention.heads=2", "model.ffn.hidden=32", "model.encoder.layers=2", "model.decoder.layers=1"]
+ONE_LAYER = [
+    "model.d_model=32",
+    "model.attention.heads=2",
+    "model.ffn.hidden=32",
+    "model.encoder.layers=2",
+    "model.decoder.layers=1",
+]
 
 # `tfbuilder fit` that also saves, per rank, the full weights gathered from the shards, each parameter's
 # local (shard) and full shape, which modules are FSDP units, and whether the output head is still
@@ -60,9 +66,19 @@ sys.exit(main(sys.argv[1:]))
 
 def overrides(tmp_path, *more: str) -> list[str]:
     return short_run(
-        tmp_path, *ONE_LAYER, "trainer.strategy=fsdp", "trainer.devices=2", "trainer.accelerator=cpu",
-        "trainer.threads=1", "trainer.val_every=2", "trainer.keep_last=2", "model.dropout=0.1", "data.max_tokens=200", *more,
-        train=1000, val=100,
+        tmp_path,
+        *ONE_LAYER,
+        "trainer.strategy=fsdp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.threads=1",
+        "trainer.val_every=2",
+        "trainer.keep_last=2",
+        "model.dropout=0.1",
+        "data.max_tokens=200",
+        *more,
+        train=1000,
+        val=100,
     )
 
 
@@ -107,9 +123,17 @@ def test_fsdp_on_two_cpu_processes_shards_every_layer_and_ranks_agree(fsdp_run):
             assert rank["local"][name][1:] == full[1:]
     assert all(torch.equal(ranks[0]["full"][k], ranks[1]["full"][k]) for k in ranks[0]["full"])
     last = run / "checkpoints" / "last.ckpt"
-    assert last.is_dir() and {p.name for p in last.iterdir()} == {".metadata", "meta.pt", "__0_0.distcp", "__1_0.distcp"}
+    assert last.is_dir() and {p.name for p in last.iterdir()} == {
+        ".metadata",
+        "meta.pt",
+        "__0_0.distcp",
+        "__1_0.distcp",
+    }
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        "best.ckpt", "last.ckpt", "step-00000002.ckpt", "step-00000004.ckpt"
+        "best.ckpt",
+        "last.ckpt",
+        "step-00000002.ckpt",
+        "step-00000004.ckpt",
     ]
 
 
@@ -140,7 +164,9 @@ def test_test_and_average_read_a_sharded_run(fsdp_run, capsys):
 
 def test_init_from_a_sharded_checkpoint(fsdp_run, tmp_path):
     run, _, _ = fsdp_run
-    recipe = tfbuilder.load_recipe(QUICKSTART, short_run(tmp_path, *ONE_LAYER, "trainer.max_steps=2", "trainer.val_every=2", train=300, val=30))
+    recipe = tfbuilder.load_recipe(
+        QUICKSTART, short_run(tmp_path, *ONE_LAYER, "trainer.max_steps=2", "trainer.val_every=2", train=300, val=30)
+    )
     summary = tfbuilder.fit(recipe, init_from=str(run / "checkpoints" / "last.ckpt"))
     assert summary.history[-1]["kind"] == "init_from" and summary.steps == 2
 
@@ -224,7 +250,11 @@ def test_shard_wraps_each_layer_then_the_root_with_float32_reduction(one_process
 
 @pytest.mark.parametrize(
     "precision, param, reduce",
-    [("bf16-mixed", torch.bfloat16, torch.float32), ("16-mixed", torch.float16, torch.float32), ("32-true", None, None)],
+    [
+        ("bf16-mixed", torch.bfloat16, torch.float32),
+        ("16-mixed", torch.float16, torch.float32),
+        ("32-true", None, None),
+    ],
 )
 def test_mixed_precision_computes_in_half_and_reduces_in_float32(precision, param, reduce):
     policy = sharding.mixed_precision(precision)
@@ -279,18 +309,33 @@ def test_the_recipe_switches_activation_checkpointing_on():
     Task(recipe, model, "{}").configure_model()
     assert all("forward" in vars(block) for block in sharding.blocks(model))
     off = build_model(tfbuilder.load_recipe(QUICKSTART, ONE_LAYER))
-    Task(recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"activation_checkpointing": False})}), off, "{}").configure_model()
+    Task(
+        recipe.model_copy(update={"trainer": recipe.trainer.model_copy(update={"activation_checkpointing": False})}),
+        off,
+        "{}",
+    ).configure_model()
     assert not any("forward" in vars(block) for block in sharding.blocks(off))
 
 
 @pytest.mark.gpu
 def test_fsdp_bf16_on_a_cuda_gpu(tmp_path):
     """One GPU: FSDP2 with bf16 compute and float32 reduction trains, and its checkpoint loads."""
-    recipe = tfbuilder.load_recipe(QUICKSTART, short_run(
-        tmp_path, *ONE_LAYER, "trainer.strategy=fsdp", "trainer.devices=1", "trainer.accelerator=gpu",
-        "trainer.precision=bf16-mixed", "trainer.max_steps=4", "trainer.val_every=2", "trainer.activation_checkpointing=true",
-        train=1000, val=100,
-    ))
+    recipe = tfbuilder.load_recipe(
+        QUICKSTART,
+        short_run(
+            tmp_path,
+            *ONE_LAYER,
+            "trainer.strategy=fsdp",
+            "trainer.devices=1",
+            "trainer.accelerator=gpu",
+            "trainer.precision=bf16-mixed",
+            "trainer.max_steps=4",
+            "trainer.val_every=2",
+            "trainer.activation_checkpointing=true",
+            train=1000,
+            val=100,
+        ),
+    )
     summary = tfbuilder.fit(recipe)
     assert summary.steps == 4
     loaded = load_checkpoint(summary.run_dir, checkpoint="last", device="cpu")

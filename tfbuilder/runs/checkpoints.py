@@ -155,7 +155,9 @@ def _read_sharded(path: Path) -> object:
     except ShardedError as exc:
         raise CheckpointError(str(exc)) from None
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path}: its meta.pt holds objects tfbuilder does not load: not a tfbuilder checkpoint") from None
+        raise CheckpointError(
+            f"{path}: its meta.pt holds objects tfbuilder does not load: not a tfbuilder checkpoint"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - damaged shards fail in many ways
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot read checkpoint {path}: damaged ({first})") from None

@@ -95,7 +95,7 @@ def checkpoint_activations(model: nn.Module) -> None:
                 return _inner(*args, **kwargs)
             return checkpoint(_inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
 
-        block.forward = forward  # type: ignore[method-assign]
+        block.forward = forward
 
 
 def digest(model: nn.Module) -> torch.Tensor:

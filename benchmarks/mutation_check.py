@@ -445,6 +445,16 @@ MUTATIONS: list[Mutation] = [
     Mutation("layer positions: a none layer keeps the model's", B, "out.append(module if isinstance(module, AttentionPosition) else None)", "out.append(module if isinstance(module, AttentionPosition) else shared)", LP),
     Mutation("layer positions: additive model position accepted", ST, "if not acts_in_attention(base.type):", "if False:", LP),
     Mutation("layer positions: not owned by the stack", "tfbuilder/model/blocks.py", "self.positions = nn.ModuleList(positions) if positions else None", "self.positions = None", LP),
+    # --- FSDP2 and activation checkpointing (tfbuilder/train/sharding.py, tfbuilder/runs/sharded.py)
+    Mutation("fsdp: only the root wrapped, not each layer", "tfbuilder/train/sharding.py", "        fully_shard(block, mesh=mesh, mp_policy=policy)\n", "        pass\n", ("tests/test_fsdp.py", "-k", "shard_wraps")),
+    Mutation("fsdp: gradients reduced in the compute dtype", "tfbuilder/train/sharding.py", "MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)", "MixedPrecisionPolicy(param_dtype=half, reduce_dtype=half)", ("tests/test_fsdp.py", "-k", "mixed_precision or shard_wraps")),
+    Mutation("fsdp: ranks compare their shards", "tfbuilder/train/sharding.py", "full = p.full_tensor() if isinstance(p, DTensor) else p", "full = p.to_local() if isinstance(p, DTensor) else p", ("tests/test_fsdp.py", "-k", "shards_every_layer")),
+    Mutation("activation checkpointing: never recomputes", "tfbuilder/train/sharding.py", "            if not (_block.training and torch.is_grad_enabled()):", "            if True:", ("tests/test_fsdp.py", "-k", "activation_checkpointing")),
+    Mutation("activation checkpointing: the recipe's switch ignored", "tfbuilder/train/task.py", "        if self.recipe.trainer.activation_checkpointing:", "        if False:", ("tests/test_fsdp.py", "-k", "activation_checkpointing")),
+    Mutation("sharded reader: the shards not read", "tfbuilder/runs/sharded.py", "        dcp.load({\"state_dict\": state}, storage_reader=_SafeReader(folder), no_dist=True)", "        pass", ("tests/test_fsdp.py", "-k", "loads_in_one_process")),
+    Mutation("sharded reader: the optimizer's tensors read as weights", "tfbuilder/runs/sharded.py", "        if not key.startswith(WEIGHTS):", "        if key.startswith(WEIGHTS):", ("tests/test_fsdp.py", "-k", "loads_in_one_process")),
+    Mutation("sharded reader: pieces outside the folder read", "tfbuilder/runs/sharded.py", "Path(name).name != name or ", "", ("tests/test_fsdp.py", "-k", "damaged_index")),
+    Mutation("sharded reader: the index unpickled unrestricted", "tfbuilder/runs/sharded.py", "        if (module, name) in _ALLOWED:", "        if True:", ("tests/test_fsdp.py", "-k", "damaged_index")),
 ]
 
 

@@ -151,8 +151,14 @@ def test_a_sharded_checkpoint_loads_in_one_process_with_the_full_weights(fsdp_ru
     assert all(torch.equal(loaded.model.state_dict()[k], full[k]) for k in full)
 
 
-def test_test_and_average_read_a_sharded_run(fsdp_run, capsys):
-    run, _, _ = fsdp_run
+def test_test_average_and_export_read_a_sharded_run(fsdp_run, capsys, tmp_path):
+    from safetensors.torch import load_file
+
+    run, ranks, _ = fsdp_run
+    assert main(["export", str(run), "--format", "safetensors", "--out", str(tmp_path / "st")]) == 0
+    exported = load_file(next((tmp_path / "st").glob("*.safetensors")))
+    key = "decoder.layers.0.ffn.inner.ff_out.weight"
+    assert torch.equal(exported[key], ranks[0]["full"][key])
     assert main(["test", str(run), "--checkpoint", "last", "--beam", "1"]) == 0
     assert "token accuracy" in capsys.readouterr().out
     assert main(["average", str(run), "--last", "2"]) == 0

@@ -205,7 +205,9 @@ def test_a_damaged_index_or_a_shard_outside_the_folder_is_refused(fsdp_run, tmp_
     shutil.copytree(run / "checkpoints" / "step-00000002.ckpt", copy_)
     index = sharded.read_index(copy_)
     first = next(iter(index.storage_data))
-    index.storage_data[first] = _StorageInfo("../../etc/passwd", 0, 8)
+    # A shard's name that leads out of the folder, to a file that is there (a copy of a real shard).
+    shutil.copy(copy_ / index.storage_data[first].relative_path, tmp_path / "outside.distcp")
+    index.storage_data[first] = _StorageInfo("../outside.distcp", 0, 8)
     (copy_ / ".metadata").write_bytes(pickle.dumps(index))
     with pytest.raises(CheckpointError, match="not a shard file of its folder"):
         read_checkpoint(copy_)

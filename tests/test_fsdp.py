@@ -349,3 +349,12 @@ def test_fsdp_bf16_on_a_cuda_gpu(tmp_path):
     assert summary.steps == 4
     loaded = load_checkpoint(summary.run_dir, checkpoint="last", device="cpu")
     assert (sharded.is_sharded(loaded.path)) and loaded.step == 4
+
+
+def test_a_sharded_checkpoint_left_half_written_is_cleared_like_a_temporary_file(tmp_path):
+    from tfbuilder import atomic
+
+    left = atomic.temp_path(tmp_path / "step-00000002.ckpt")
+    left.mkdir()
+    (left / "__0_0.distcp").write_bytes(b"part")
+    assert atomic.remove_temporaries(tmp_path) == [left] and not left.exists()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,12 @@ class ShardedStrategy(ModelParallelStrategy):
             )
         path = Path(self.broadcast(str(filepath)))
         tmp = Path(self.broadcast(str(atomic.temp_path(path))))  # rank 0's name: one folder for all
-        super().save_checkpoint(checkpoint, tmp, storage_options)
+        try:
+            super().save_checkpoint(checkpoint, tmp, storage_options)
+        except BaseException:
+            if self.global_rank == 0:  # the previous checkpoint stays; the half-written folder goes
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self.barrier("sharded checkpoint written")
         if self.global_rank == 0:
             for each in tmp.iterdir():

@@ -28,7 +28,7 @@ import torch
 
 from tfbuilder import atomic
 from tfbuilder.runs import sharded
-from tfbuilder.runs.checkpoints import RunDirError, display_path, step_checkpoints
+from tfbuilder.runs.checkpoints import RunDirError, display_path, present, step_checkpoints
 from tfbuilder.runs.steps import OPTIMIZER, offset
 
 ABANDONED = "abandoned"
@@ -80,7 +80,7 @@ def set_aside(
     later = [p for n, p in steps if n > step]
     for name in ("best.ckpt", "last.ckpt", "averaged.ckpt"):
         path = ckpt_dir / name
-        if path.exists() and not path.samefile(resumed):
+        if present(path) and not path.samefile(resumed):
             held = checkpoint_step(path, known)
             if held is not None and held > step:
                 later.append(path)
@@ -104,7 +104,7 @@ def set_aside(
         (sharded.link_folder if resumed.is_dir() else atomic.link)(resumed, ckpt_dir / "last.ckpt")
     if not (ckpt_dir / "best.ckpt").exists() and best_step is not None:
         best = resumed if best_step == step else ckpt_dir / f"step-{best_step:08d}.ckpt"
-        if best.exists() and best.parent == ckpt_dir:
+        if present(best) and best.parent == ckpt_dir:
             (sharded.link_folder if best.is_dir() else atomic.link)(best, ckpt_dir / "best.ckpt")
     return moved
 

@@ -37,6 +37,7 @@ from tfbuilder.runs.checkpoints import (
     fits,
     is_empty,
     new_run_dir,
+    present,
     read_checkpoint,
     run_dir_of,
     stored_vocab,
@@ -169,7 +170,7 @@ class Claim:
         name = stopping.name(signum)
         run_dir = self.run_dir or (self.origin.run_dir if self.origin is not None else None)
         last = run_dir / "checkpoints" / "last.ckpt" if run_dir is not None else None
-        if last is not None and last.exists():
+        if last is not None and present(last):
             step = checkpoint_step(last, {})
             held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
             return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"

@@ -358,3 +358,19 @@ def test_a_sharded_checkpoint_left_half_written_is_cleared_like_a_temporary_file
     left.mkdir()
     (left / "__0_0.distcp").write_bytes(b"part")
     assert atomic.remove_temporaries(tmp_path) == [left] and not left.exists()
+
+
+def test_a_resume_from_an_older_sharded_checkpoint_sets_the_later_ones_aside(fsdp_run, tmp_path):
+    """Resuming from step 2 moves the step-4 folder, and best.ckpt and last.ckpt that held step 4, into
+    abandoned/from-step-2/, whole; the run then trains steps 3-4 again."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(fsdp_run[0], run)
+    (run / "checkpoints" / "averaged.ckpt").unlink(missing_ok=True)
+    older = run / "checkpoints" / "step-00000002.ckpt"
+    fsdp_fit(tmp_path, ["fit", "--resume", str(older), "--force", *sets(["trainer.max_steps=4"])], tmp_path / "w")
+    aside = run / "abandoned" / "from-step-2" / "checkpoints"
+    assert sorted(p.name for p in aside.iterdir()) == ["best.ckpt", "last.ckpt", "step-00000004.ckpt"]
+    assert read_checkpoint(aside / "step-00000004.ckpt")["global_step"] == 4
+    assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 4  # trained again

@@ -331,7 +331,7 @@ MUTATIONS: list[Mutation] = [
     Mutation("sweep: --report-only trains", "tfbuilder/cli/sweeps.py", "    todo = [] if args.report_only else [", "    todo = [] if False else [", ("tests/test_sweeps.py", "-k", "workers or entry")),
     Mutation("ranks: the summary counts rank 0's tokens only", "tfbuilder/train/summary.py", "            train_tokens=task.all_ranks[0] if task.all_ranks else task.train_tokens,", "            train_tokens=task.train_tokens,", ("tests/test_training.py", "-k", "ddp")),
     Mutation("ranks: a resume on another world size allowed", "tfbuilder/train/fit.py", "    if isinstance(saved, int) and saved != world:", "    if False:", ("tests/test_faults_runs.py", "-k", "another_number")),
-    Mutation("validate: fsdp on the CPU passes", "tfbuilder/train/preflight.py", '    if t.strategy != "fsdp":\n        return []', '    if t.strategy == "fsdp":\n        return []', ("tests/test_preflight.py", "-k", "fsdp")),
+    Mutation("validate: fsdp on an Apple GPU passes", "tfbuilder/train/preflight.py", 'if t.strategy != "fsdp" or t.accelerator != "mps":', "if True:", ("tests/test_preflight.py", "-k", "fsdp")),
     Mutation("geglu: the tanh form ignored", "tfbuilder/model/components/ffn.py", '        if params.approximate == "tanh":\n            self.act = ACTIVATIONS["gelu_tanh"]()', '        if params.approximate == "none":\n            self.act = ACTIVATIONS["gelu_tanh"]()', ("tests/test_ffn.py", "-k", "geglu")),
     Mutation("qk rms: not applied in self-attention", A, "        q, k = self._rms_qk(q, k)\n        if self._shared:", "        if self._shared:", ("tests/test_attention.py", "-k", "rms")),
     Mutation("qk rms: keys not normalised", A, "        return self._normed(self.q_norm, q), self._normed(self.k_norm, k)", "        return self._normed(self.q_norm, q), k", ("tests/test_attention.py", "-k", "rms")),
@@ -506,6 +506,16 @@ MUTATIONS: list[Mutation] = [
     Mutation("ranks: train_loss rank 0's own", TK, "total, count = self.trainer.strategy.reduce(weighted, reduce_op=\"sum\")", "total, count = weighted", RANKS_DDP),
     Mutation("ranks: a global position refused on another world size", "tfbuilder/train/fit.py", 'origin.source is None or "data_position" in origin.source["tfbuilder"]:', "origin.source is None:", RANKS_DDP),
     Mutation("ranks: launched processes without a run directory not refused", "tfbuilder/train/fit.py", "if world > 1 and launched and origin.run_dir is None:", "if False:", ("tests/test_ranks.py", "-k", "need_one_run_directory")),
+    # --- FSDP2 and activation checkpointing (tfbuilder/train/sharding.py, tfbuilder/runs/sharded.py)
+    Mutation("fsdp: only the root wrapped, not each layer", "tfbuilder/train/sharding.py", "        fully_shard(block, mesh=mesh, mp_policy=policy)\n", "        pass\n", ("tests/test_fsdp.py", "-k", "shard_wraps")),
+    Mutation("fsdp: gradients reduced in the compute dtype", "tfbuilder/train/sharding.py", "MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32)", "MixedPrecisionPolicy(param_dtype=half, reduce_dtype=half)", ("tests/test_fsdp.py", "-k", "mixed_precision or shard_wraps")),
+    Mutation("fsdp: ranks compare their shards", "tfbuilder/train/sharding.py", "full = p.full_tensor() if isinstance(p, DTensor) else p", "full = p.to_local() if isinstance(p, DTensor) else p", ("tests/test_fsdp.py", "-k", "shards_every_layer")),
+    Mutation("activation checkpointing: never recomputes", "tfbuilder/train/sharding.py", "            if not (_block.training and torch.is_grad_enabled()):", "            if True:", ("tests/test_fsdp.py", "-k", "activation_checkpointing")),
+    Mutation("activation checkpointing: the recipe's switch ignored", "tfbuilder/train/task.py", "        if self.recipe.trainer.activation_checkpointing:", "        if False:", ("tests/test_fsdp.py", "-k", "activation_checkpointing")),
+    Mutation("sharded reader: the shards not read", "tfbuilder/runs/sharded.py", "        dcp.load({\"state_dict\": state}, storage_reader=_SafeReader(folder), no_dist=True)", "        pass", ("tests/test_fsdp.py", "-k", "loads_in_one_process")),
+    Mutation("sharded reader: the optimizer's tensors read as weights", "tfbuilder/runs/sharded.py", "        if not key.startswith(WEIGHTS):", "        if key.startswith(WEIGHTS):", ("tests/test_fsdp.py", "-k", "loads_in_one_process")),
+    Mutation("sharded reader: pieces outside the folder read", "tfbuilder/runs/sharded.py", "Path(name).name != name or ", "", ("tests/test_fsdp.py", "-k", "damaged_index")),
+    Mutation("sharded reader: the index unpickled unrestricted", "tfbuilder/runs/sharded.py", "        if (module, name) in _ALLOWED:", "        if True:", ("tests/test_fsdp.py", "-k", "damaged_index")),
 ]
 
 

@@ -246,5 +246,8 @@ def remove_temporaries(directory: Path) -> list[Path]:
         return []
     stale = [p for p in directory.iterdir() if p.name.startswith(".") and TEMP_MARK in p.name]
     for p in stale:
-        discard(p)
+        if p.is_dir() and not p.is_symlink():  # a sharded checkpoint's folder (trainer.strategy: fsdp)
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            discard(p)
     return stale

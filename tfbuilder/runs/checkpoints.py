@@ -46,6 +46,7 @@ from tfbuilder.model.sizing import check_size, count_parameters
 from tfbuilder.registry import missing
 from tfbuilder.runs import joblock
 from tfbuilder.runs.archive import ArchiveError, check_archive
+from tfbuilder.runs.sharded import ShardedError, is_sharded, read_sharded
 from tfbuilder.spec.recipe import Recipe, recipe_from_dict
 from tfbuilder.specials import OWN, SpecialIds
 from tfbuilder.streams import open_own
@@ -121,11 +122,11 @@ def check_foreign(run_dir: Path) -> None:
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file, or a run directory's ``checkpoints/last.ckpt``."""
+    """A checkpoint file or sharded checkpoint folder, or a run directory's ``checkpoints/last.ckpt``."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not is_sharded(path):
         for candidate in (path / "checkpoints" / "last.ckpt", path / "last.ckpt"):
-            if candidate.is_file():
+            if present(candidate):
                 return candidate
         raise CheckpointError(f"{path} has no checkpoints/last.ckpt: is it a tfbuilder run directory?")
     if not path.exists():
@@ -137,6 +138,33 @@ def read_checkpoint(path: str | Path) -> dict:
     """Load a checkpoint's raw dict with ``weights_only=True``; clear errors for anything else."""
 
     path = find_checkpoint(path)
+    if is_sharded(path):  # a folder written under trainer.strategy: fsdp
+        data = _read_sharded(path)
+    else:
+        data = _read_file(path)
+    return _checked(path, data)
+
+
+def present(path: Path) -> bool:
+    """Whether a checkpoint is at ``path``: a file, or a sharded checkpoint's folder."""
+    return path.is_file() or is_sharded(path)
+
+
+def _read_sharded(path: Path) -> object:
+    try:
+        return read_sharded(path)
+    except ShardedError as exc:
+        raise CheckpointError(str(exc)) from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path}: its meta.pt holds objects tfbuilder does not load: not a tfbuilder checkpoint"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - damaged shards fail in many ways
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read checkpoint {path}: damaged ({first})") from None
+
+
+def _read_file(path: Path) -> object:
     try:
         check_archive(path)  # a regular file, an archive of stored entries whose checksums match
     except ArchiveError as exc:
@@ -152,6 +180,10 @@ def read_checkpoint(path: str | Path) -> dict:
     except Exception as exc:  # noqa: BLE001 - unpickling damaged data fails in many ways (IndexError, KeyError, ...)
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot read checkpoint {path}: damaged ({first})") from None
+    return data
+
+
+def _checked(path: Path, data: object) -> dict:
     if not isinstance(data, dict) or "tfbuilder" not in data or "state_dict" not in data:
         raise CheckpointError(f"{path} is not a tfbuilder checkpoint")
     meta = data["tfbuilder"]
@@ -339,7 +371,7 @@ def default_checkpoint(run_dir: Path) -> Path:
     """The checkpoint of a run directory that commands use unless told otherwise: ``best.ckpt``, or
     ``last.ckpt`` (which may not exist yet) when the run never kept a best. The one place of this rule."""
     best = Path(run_dir) / "checkpoints" / "best.ckpt"
-    return best if best.is_file() else best.with_name("last.ckpt")
+    return best if present(best) else best.with_name("last.ckpt")
 
 
 def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
@@ -355,9 +387,9 @@ def choose_checkpoint(path: str | Path, which: str | None = None) -> Path:
     folder = path / "checkpoints"
     if which is None:
         chosen = default_checkpoint(path)
-        return chosen if chosen.is_file() else find_checkpoint(path)
+        return chosen if present(chosen) else find_checkpoint(path)
     chosen = folder / f"{which}.ckpt"
-    if not chosen.is_file():
+    if not present(chosen):
         hint = " (make it with: tfbuilder average RUN_DIR)" if which == "averaged" else ""
         raise CheckpointError(f"{path} has no checkpoints/{which}.ckpt{hint}")
     return chosen

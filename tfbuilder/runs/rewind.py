@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from tfbuilder import atomic
-from tfbuilder.runs.checkpoints import RunDirError, display_path, step_checkpoints
+from tfbuilder.runs import sharded
+from tfbuilder.runs.checkpoints import RunDirError, display_path, present, step_checkpoints
 from tfbuilder.runs.steps import OPTIMIZER, offset
 
 ABANDONED = "abandoned"
@@ -59,6 +60,8 @@ def checkpoint_step(path: Path, known: dict[tuple[int, int], int]) -> int | None
     if (st.st_dev, st.st_ino) in known:
         return known[(st.st_dev, st.st_ino)]
     try:
+        if path.is_dir():  # a sharded checkpoint: its step is in meta.pt
+            path = path / sharded.META
         step = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("global_step")
     except Exception:  # noqa: BLE001 - a damaged file is not ours to judge here: it stays
         return None
@@ -77,7 +80,7 @@ def set_aside(
     later = [p for n, p in steps if n > step]
     for name in ("best.ckpt", "last.ckpt", "averaged.ckpt"):
         path = ckpt_dir / name
-        if path.is_file() and not path.samefile(resumed):
+        if present(path) and not path.samefile(resumed):
             held = checkpoint_step(path, known)
             if held is not None and held > step:
                 later.append(path)
@@ -98,11 +101,11 @@ def set_aside(
         moved.files.append(str(relative))
     atomic.fsync_dir(ckpt_dir)
     if resumed.parent == ckpt_dir and not (ckpt_dir / "last.ckpt").exists():
-        atomic.link(resumed, ckpt_dir / "last.ckpt")
+        (sharded.link_folder if resumed.is_dir() else atomic.link)(resumed, ckpt_dir / "last.ckpt")
     if not (ckpt_dir / "best.ckpt").exists() and best_step is not None:
         best = resumed if best_step == step else ckpt_dir / f"step-{best_step:08d}.ckpt"
-        if best.is_file() and best.parent == ckpt_dir:
-            atomic.link(best, ckpt_dir / "best.ckpt")
+        if present(best) and best.parent == ckpt_dir:
+            (sharded.link_folder if best.is_dir() else atomic.link)(best, ckpt_dir / "best.ckpt")
     return moved
 
 

@@ -167,8 +167,17 @@ class TrainerSection(Section):
         description="devices (or CPU processes) per node: a count, 'auto', or the indices of the GPUs to use ([1] is "
         "the second GPU)",
     )
-    strategy: Literal["auto", "ddp", "fsdp"] = Field("auto", description="distribution strategy")
+    strategy: Literal["auto", "ddp", "fsdp"] = Field(
+        "auto",
+        description="distribution strategy: ddp (a replica per process) or fsdp (FSDP2: each layer's weights, "
+        "gradients and optimizer state sharded over the processes; checkpoints are folders of shards)",
+    )
     num_nodes: int = Field(1, ge=1, le=100_000, description="machines (launched by SLURM or torchrun)")
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute each encoder/decoder layer's activations in the backward instead of keeping them "
+        "(less memory, about one more forward of compute); any strategy",
+    )
     deterministic: bool = Field(False, description="deterministic algorithms (bit-equal resume on the CPU)")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="seed of initialisation, dropout and data order")
     compile: bool = Field(

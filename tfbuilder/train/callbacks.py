@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import Callback
 
 from tfbuilder import atomic
 from tfbuilder.errors import TfbuilderError
+from tfbuilder.runs import sharded
 from tfbuilder.runs.checkpoints import STEP_PREFIX, step_checkpoints
 from tfbuilder.train import stopping
 
@@ -214,10 +215,11 @@ class RunGuard(Callback):
         trainer.save_checkpoint(written, weights_only=False)
         if not trainer.is_global_zero:
             return
+        link = sharded.link_folder if written.is_dir() else atomic.link  # a folder under fsdp
         if improved:
-            atomic.link(written, self.ckpt_dir / "best.ckpt")
-        atomic.link(written, self.ckpt_dir / "last.ckpt")
+            link(written, self.ckpt_dir / "best.ckpt")
+        link(written, self.ckpt_dir / "last.ckpt")
         self.kept_step = step
         kept = step_checkpoints(self.ckpt_dir)
         for _, old in kept[: max(len(kept) - self.keep_last, 0)]:
-            old.unlink(missing_ok=True)
+            sharded.remove(old)

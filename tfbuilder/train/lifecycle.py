@@ -38,12 +38,14 @@ from tfbuilder.runs.checkpoints import (
     in_use,
     is_empty,
     new_run_dir,
+    present,
     read_checkpoint,
     run_dir_of,
     stored_vocab,
     write_recipe,
 )
 from tfbuilder.runs.rewind import ABANDONED, checkpoint_step, set_aside
+from tfbuilder.runs.sharded import SHARDED_OPTIMIZER
 from tfbuilder.spec.diffing import MISSING, differences
 from tfbuilder.spec.recipe import Recipe
 from tfbuilder.train import diskspace, stopping
@@ -59,7 +61,7 @@ def _resume_dir(ckpt_path: Path, ckpt: dict, *, force: bool) -> Path:
             f"{ckpt_path} is not in a run directory (<run>/checkpoints/): --resume continues a run where it lies. "
             f"To train on from its weights in a new run: tfbuilder fit RECIPE --init-from {ckpt_path}"
         )
-    if "optimizer_states" not in ckpt or "loops" not in ckpt:
+    if ("optimizer_states" not in ckpt and not ckpt.get(SHARDED_OPTIMIZER)) or "loops" not in ckpt:
         raise CheckpointError(f"{ckpt_path} holds weights only (an average?): start a new run from it with --init-from")
     recorded = ckpt["tfbuilder"].get("run_dir")
     if (
@@ -174,7 +176,7 @@ class Claim:
         name = stopping.name(signum)
         run_dir = self.run_dir or (self.origin.run_dir if self.origin is not None else None)
         last = run_dir / "checkpoints" / "last.ckpt" if run_dir is not None else None
-        if last is not None and last.is_file():
+        if last is not None and present(last):
             step = checkpoint_step(last, {})
             held = f"checkpoints/last.ckpt holds step {step}" if step is not None else "checkpoints/last.ckpt is kept"
             return f"{name}: stopped before training went on; {held}. Continue with: tfbuilder fit --resume {run_dir}"

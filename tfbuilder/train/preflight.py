@@ -75,21 +75,16 @@ def check_run(recipe: Recipe, *, vocab_given: bool = False) -> None:
 
 
 def check_strategy(recipe: Recipe) -> list[Problem]:
-    """A strategy this machine cannot run: FSDP shards over CUDA devices only (Lightning refuses it with
-    any other accelerator, after the data is prepared)."""
+    """A strategy this machine cannot run: FSDP shards over CUDA GPUs (NCCL) or CPU processes (gloo), but
+    no collective library reaches an Apple GPU's memory."""
     t = recipe.trainer
-    if t.strategy != "fsdp":
-        return []
-    if t.accelerator in ("cpu", "mps"):
-        why = f"trainer.accelerator is {t.accelerator}"
-    elif not torch.cuda.is_available():
-        why = "this machine has no CUDA GPU"
-    else:
+    if t.strategy != "fsdp" or t.accelerator != "mps":
         return []
     return [
         recipe.problem(
             ("trainer", "strategy"),
-            f"fsdp shards the model over CUDA GPUs, and {why}: use strategy ddp (or auto) here",
+            "fsdp shards the model over CUDA GPUs or CPU processes, and trainer.accelerator is mps (no process "
+            "group reaches an Apple GPU): use strategy auto here, or accelerator cpu",
         )
     ]
 

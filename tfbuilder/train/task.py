@@ -22,7 +22,7 @@ from tfbuilder.inference.translate import translate
 from tfbuilder.model.model import Model
 from tfbuilder.runs import steps as numbering
 from tfbuilder.spec.recipe import Recipe
-from tfbuilder.train import objectives
+from tfbuilder.train import objectives, sharding
 from tfbuilder.train.heads import metrics as head_metrics
 from tfbuilder.train.optimizers import build_optimizer
 from tfbuilder.train.schedules import learning_rate
@@ -262,6 +262,16 @@ class Task(L.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step + 1))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    # --- sharding -------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        # Called by Lightning under every strategy, before the optimizer is made (and again at a later
+        # stage: what is applied once is not applied again).
+        if self.recipe.trainer.activation_checkpointing:
+            sharding.checkpoint_activations(self.model)
+        mesh = self.device_mesh if self.recipe.trainer.strategy == "fsdp" else None
+        if mesh is not None and not sharding.is_sharded(self.model):
+            sharding.shard(self.model, mesh["data_parallel"], self.recipe.trainer.precision)
+
     # --- checkpoints ----------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tfbuilder"] = {
@@ -303,8 +313,9 @@ class Task(L.LightningModule):
     def on_train_end(self) -> None:
         if self.trainer.world_size > 1:
             # Every rank must end with the same weights; check it rather than assume it.
-            digest = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().reshape(1)
-            gathered = self.trainer.strategy.all_gather(digest.to(self.device)).flatten()
+            # Under FSDP each parameter's full tensor, gathered from its shards, not this rank's shard.
+            digest = sharding.digest(self.model).to(self.device)
+            gathered = self.trainer.strategy.all_gather(digest)
             self.ranks_agree = bool(torch.all(gathered == gathered[0]))
             # Throughput of the whole job: every rank's target tokens and tokens/s, summed.
             mine = [float(self.train_tokens), self.train_tokens / max(self.train_seconds, 1e-9)]

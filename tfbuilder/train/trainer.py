@@ -30,7 +30,7 @@ from tfbuilder.errors import TfbuilderError
 from tfbuilder.runs import steps as numbering
 from tfbuilder.runs.checkpoints import RUN_DIR_ENV, Interrupted, display_path
 from tfbuilder.spec.recipe import Recipe
-from tfbuilder.train import diskspace, loggers, memory, stopping
+from tfbuilder.train import diskspace, loggers, memory, sharding, stopping
 from tfbuilder.train.callbacks import AtomicCheckpointIO, RunGuard
 from tfbuilder.train.metrics_log import MetricsCSV
 from tfbuilder.train.progress import Progress
@@ -203,6 +203,14 @@ def _cluster_environment() -> list[SLURMEnvironment]:
     return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
 
 
+def strategy(recipe: Recipe) -> str | sharding.ShardedStrategy:
+    """Lightning's strategy for ``trainer.strategy``: fsdp is FSDP2 with a shard per process
+    (:mod:`tfbuilder.train.sharding`)."""
+    if recipe.trainer.strategy == "fsdp":
+        return sharding.ShardedStrategy(world_size(recipe))
+    return recipe.trainer.strategy
+
+
 def new_trainer(
     recipe: Recipe, run_dir: Path, callbacks: list[Callback], max_steps: int, logger: list[Logger]
 ) -> L.Trainer:
@@ -218,7 +226,7 @@ def new_trainer(
             precision=t.precision,
             accelerator=t.accelerator,
             devices=t.devices,
-            strategy=t.strategy,
+            strategy=strategy(recipe),
             num_nodes=t.num_nodes,
             deterministic=t.deterministic,
             accumulate_grad_batches=optim.accumulate,
@@ -292,7 +300,7 @@ def probe(recipe: Recipe) -> tuple[int, bool]:
         trial = L.Trainer(
             accelerator=t.accelerator,
             devices=t.devices,
-            strategy=t.strategy,
+            strategy=strategy(recipe),
             num_nodes=t.num_nodes,
             precision=t.precision,
             logger=False,

@@ -310,8 +310,8 @@ def probe(recipe: Recipe) -> tuple[int, bool]:
         )
     except (TypeError, ValueError, RuntimeError, MisconfigurationException) as exc:
         raise TfbuilderError(f"trainer: {exc}") from None
-    strategy = trial.strategy  # only a strategy of several processes has a cluster environment
-    environment = strategy.cluster_environment if isinstance(strategy, ParallelStrategy) else None
+    chosen = trial.strategy  # only a strategy of several processes has a cluster environment
+    environment = chosen.cluster_environment if isinstance(chosen, ParallelStrategy) else None
     external = environment is not None and environment.creates_processes_externally
     return trial.world_size, external
 

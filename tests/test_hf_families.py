@@ -408,6 +408,13 @@ CLASSIFIERS = {"llama-small": "LlamaForSequenceClassification", "mistral-small":
 
 def classifier(name: str, tmp_path, *changes: str):
     """A recipes/architectures/ decoder (shrunk) with a three-class head, every weight perturbed, saved."""
+    overrides = ["model.d_model=64", "model.decoder.layers=2", "model.ffn.hidden=48", f"model.vocab_size={V}",
+                 "model.pad_id=0", "model.head={type: classify, labels: [neg, neu, pos], bias: false}", *changes]
+    return saved_classifier(f"{name}.yaml", overrides, tmp_path)
+
+
+def saved_classifier(file: str, overrides: list[str], tmp_path):
+    """recipes/architectures/FILE with OVERRIDES, built, every weight perturbed, saved as tmp_path/x.ckpt."""
     from conftest import ROOT
 
     from tfbuilder.data.prepare import Vocab
@@ -416,9 +423,7 @@ def classifier(name: str, tmp_path, *changes: str):
     from tfbuilder.model.builder import build_model
     from tfbuilder.spec.recipe import load_recipe
 
-    overrides = ["model.d_model=64", "model.decoder.layers=2", "model.ffn.hidden=48", f"model.vocab_size={V}",
-                 "model.pad_id=0", "model.head={type: classify, labels: [neg, neu, pos], bias: false}", *changes]
-    recipe = load_recipe(ROOT / "recipes" / "architectures" / f"{name}.yaml", overrides)
+    recipe = load_recipe(ROOT / "recipes" / "architectures" / file, overrides)
     torch.manual_seed(0)
     model = build_model(recipe).eval()
     with torch.no_grad():
@@ -462,26 +467,10 @@ def test_a_sequence_head_transformers_does_not_compute_is_refused(changes, key, 
 def bert_classifier(tmp_path, *changes: str):
     """recipes/architectures/bert-base.yaml (shrunk) with a three-class head read through BERT's pooler,
     every weight perturbed, saved."""
-    from conftest import ROOT
-
-    from tfbuilder.data.prepare import Vocab
-    from tfbuilder.data.tokenizers import HFTokenizer
-    from tfbuilder.interop.hf.convert import checkpoint_dict
-    from tfbuilder.model.builder import build_model
-    from tfbuilder.spec.recipe import load_recipe
-
     overrides = ["model.d_model=64", "model.attention.heads=4", "model.encoder.layers=2", "model.ffn.hidden=48",
                  f"model.vocab_size={V}", "model.head={type: classify, labels: [neg, neu, pos], pooler: true}",
                  *changes]
-    recipe = load_recipe(ROOT / "recipes" / "architectures" / "bert-base.yaml", overrides)
-    torch.manual_seed(0)
-    model = build_model(recipe).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    tok = HFTokenizer.ids(V)
-    torch.save(checkpoint_dict(model, recipe, Vocab(tok, tok), source="test"), tmp_path / "x.ckpt")
-    return model
+    return saved_classifier("bert-base.yaml", overrides, tmp_path)
 
 
 def test_bert_with_a_sequence_head_exports_as_bert_for_sequence_classification(tmp_path):

@@ -374,3 +374,20 @@ def test_a_resume_from_an_older_sharded_checkpoint_sets_the_later_ones_aside(fsd
     assert sorted(p.name for p in aside.iterdir()) == ["best.ckpt", "last.ckpt", "step-00000004.ckpt"]
     assert read_checkpoint(aside / "step-00000004.ckpt")["global_step"] == 4
     assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 4  # trained again
+
+
+def test_a_sharded_run_of_two_processes_continues_on_one(fsdp_run, tmp_path):
+    """The shards of 2 processes are read into the one shard of 1 (torch.distributed.checkpoint reshards
+    on load); the global data position carries the run on from the first batch no process trained."""
+    import shutil
+
+    run = tmp_path / "run"  # a copy: the other tests read the original
+    shutil.copytree(fsdp_run[0], run)
+    one = tmp_path / "one"
+    fsdp_fit(tmp_path, ["fit", "--resume", str(run), "--force", *sets(["trainer.max_steps=6", "trainer.devices=1"])], one)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 6
+    state = read_checkpoint(run / "checkpoints" / "last.ckpt")
+    assert state["global_step"] == 6 and state["tfbuilder"]["world_size"] == 1
+    weights = torch.load(one / "rank-0.pt", weights_only=True)["full"]
+    assert all(torch.isfinite(w).all() for w in weights.values())

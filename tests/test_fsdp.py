@@ -384,7 +384,8 @@ def test_a_sharded_run_of_two_processes_continues_on_one(fsdp_run, tmp_path):
     run = tmp_path / "run"  # a copy: the other tests read the original
     shutil.copytree(fsdp_run[0], run)
     one = tmp_path / "one"
-    fsdp_fit(tmp_path, ["fit", "--resume", str(run), "--force", *sets(["trainer.max_steps=6", "trainer.devices=1"])], one)
+    resume = ["fit", "--resume", str(run), "--force", *sets(["trainer.max_steps=6", "trainer.devices=1"])]
+    fsdp_fit(tmp_path, resume, one)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 6
     state = read_checkpoint(run / "checkpoints" / "last.ckpt")

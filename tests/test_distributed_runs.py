@@ -172,6 +172,7 @@ def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
     return weights(tmp_path / "run")
 
 
+@pytest.mark.cluster
 def test_torchrun_restarts_both_workers_after_kill_9_and_the_run_ends_bit_equal(tmp_path, reference):
     """Two torchrun agents (two "nodes" on loopback), --max-restarts 1: rank 1 is killed at step 10;
     torchrun starts both workers again with the same command, and they continue from step 8."""
@@ -187,6 +188,7 @@ def test_torchrun_restarts_both_workers_after_kill_9_and_the_run_ends_bit_equal(
     assert_bit_equal(weights(run_dir), reference)
 
 
+@pytest.mark.cluster
 def test_sigterm_to_torchrun_checkpoints_and_the_same_command_finishes_bit_equal(tmp_path, reference):
     """torchrun passes SIGTERM on to its workers: they stop together after validating and checkpointing
     the step, each exits 143, only rank 0 speaks of the checkpoint, and torchrun reports a failure.
@@ -229,6 +231,7 @@ def slurm_tasks(tmp_path: Path, **extra: str) -> list[dict[str, str]]:
     return [{**job, "SLURM_PROCID": str(r), "SLURM_NODEID": str(r), "SLURM_LOCALID": "0"} for r in (0, 1)]
 
 
+@pytest.mark.cluster
 def test_sigusr1_under_slurm_checkpoints_and_requeues_once_and_the_requeued_job_ends_bit_equal(tmp_path, reference):
     """SLURM's warning (SIGUSR1) to both tasks during training: one checkpoint, one ``scontrol requeue``
     (rank 0's), both tasks exit 138; the requeued job (the same command and variables) continues from
@@ -265,7 +268,7 @@ time.sleep(600)
 """
 
 
-@pytest.mark.parametrize("case", ["lock held by another job", "corrupt last.ckpt"])
+@pytest.mark.parametrize("case", ["lock held by another job", pytest.param("corrupt last.ckpt", marks=pytest.mark.cluster)])
 def test_a_refusal_on_rank_0_is_a_refusal_on_every_rank_and_none_waits(tmp_path, case):
     """Both tasks of a SLURM job exit 2 with the reason, in seconds: none waits for a rank 0 that refused."""
     run_dir = tmp_path / "run"

@@ -178,6 +178,7 @@ def test_init_from_a_sharded_checkpoint(fsdp_run, tmp_path):
     assert summary.history[-1]["kind"] == "init_from" and summary.steps == 2
 
 
+@pytest.mark.cluster
 def test_a_resumed_fsdp_run_ends_where_an_uninterrupted_one_does(fsdp_run, tmp_path):
     """Steps 5-6 after a resume from the sharded step-4 checkpoint (weights and optimizer state from the
     shards) equal steps 5-6 of a run that never stopped: same weights to the last bit."""
@@ -360,6 +361,7 @@ def test_a_sharded_checkpoint_left_half_written_is_cleared_like_a_temporary_file
     assert atomic.remove_temporaries(tmp_path) == [left] and not left.exists()
 
 
+@pytest.mark.cluster
 def test_a_resume_from_an_older_sharded_checkpoint_sets_the_later_ones_aside(fsdp_run, tmp_path):
     """Resuming from step 2 moves the step-4 folder, and best.ckpt and last.ckpt that held step 4, into
     abandoned/from-step-2/, whole; the run then trains steps 3-4 again."""
@@ -376,6 +378,7 @@ def test_a_resume_from_an_older_sharded_checkpoint_sets_the_later_ones_aside(fsd
     assert read_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 4  # trained again
 
 
+@pytest.mark.cluster
 def test_a_sharded_run_of_two_processes_continues_on_one(fsdp_run, tmp_path):
     """The shards of 2 processes are read into the one shard of 1 (torch.distributed.checkpoint reshards
     on load); the global data position carries the run on from the first batch no process trained."""

@@ -74,6 +74,7 @@ def records(tmp_path: Path, phase: str, key: str) -> list[dict]:
     return sorted(out, key=lambda r: (r["step"], r["rank"]))  # the global order: step by step, rank by rank
 
 
+@pytest.mark.cluster
 def test_a_run_continues_the_global_order_on_another_number_of_processes(tmp_path):
     """One process trains 3 steps, two processes (torchrun) 3 more, one process 3 more, all through the
     same ``--run-dir``: the 12 batches are, in order, the first 12 of an uninterrupted one-process run

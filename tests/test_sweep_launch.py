@@ -31,6 +31,7 @@ def tfbuilder(*argv: str, cwd: Path, timeout: float = 400) -> subprocess.Complet
     )
 
 
+@pytest.mark.cluster
 def test_a_local_launch_runs_every_entry_once_and_writes_one_report(recipes, tmp_path):  # noqa: F811
     """About a minute on two cores: two jobs, each its own Python process training one tiny run."""
     out = tmp_path / "sweep"
@@ -49,6 +50,7 @@ def test_a_local_launch_runs_every_entry_once_and_writes_one_report(recipes, tmp
     assert len(logs) == 2  # one job per entry
 
 
+@pytest.mark.cluster
 def test_no_wait_prints_the_job_ids_and_the_report_command(recipes, tmp_path):  # noqa: F811
     out = tmp_path / "sweep"
     command = ["sweep", str(recipes[0]), "--seeds", "1", "--out", str(out), "--no-bleu", *TINY]
